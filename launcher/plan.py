@@ -108,12 +108,21 @@ class DistributedConfig:
     procs_per_node: int
     global_batch_size: int
     """Resolved: micro_batch_size * grad_accum_steps * world_size when the spec says 0."""
+    tensor_parallel: int
+    """Tensor-parallel degree inside a node; FSDP2 shards over world_size / tensor_parallel."""
+    async_tp: bool
+    """torch's async tensor parallel (compile + CUDA)."""
     fsdp2: FSDP2Config
     deepspeed: DeepSpeedConfig
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that hold different data: the world divided by the tensor-parallel degree."""
+        return self.world_size // self.tensor_parallel
 
 
 @frozen
@@ -143,15 +152,33 @@ class SlurmConfig:
 
 
 @frozen
+class KubernetesConfig:
+    api: str
+    """trainjob (Kubeflow Trainer v2) | pytorchjob (training-operator v1)"""
+    image: str
+    namespace: str
+    runtime: str
+    """The ClusterTrainingRuntime a TrainJob refers to."""
+    gpus_per_node: int
+    """0: procs_per_node (none on CPU)."""
+    volume_claim: str
+    """PersistentVolumeClaim mounted at train.output_dir on every node."""
+
+
+@frozen
 class LaunchConfig:
     launcher: str
+    """torchrun | slurm | kubernetes"""
     device: str
     """auto | cuda | cpu"""
+    gpu: str
+    """The GPU planned for (speed prediction, memory check): auto (= h100) | h100 | h200 | b200 | a100 | l40s | mi300x."""
     rdzv_endpoint: str
     rdzv_backend: str
     max_restarts: int
     env: dict[str, str]
     slurm: SlurmConfig
+    kubernetes: KubernetesConfig
 
 
 @frozen
@@ -180,6 +207,16 @@ class TrainConfig:
 
 
 @frozen
+class MonitorConfig:
+    fp8_stats_every: int
+    """Steps between FP8 numerics samples (fp8_stats.jsonl); 0 = off."""
+    underflow_warn: float
+    """Warn when a layer's share of nonzero values flushed to zero in FP8 exceeds this."""
+    overflow_warn: float
+    """Warn when a layer's share of values saturating at the FP8 max exceeds this."""
+
+
+@frozen
 class ExportConfig:
     accelerate: bool
     """Also write accelerate.yaml."""
@@ -197,6 +234,7 @@ class Plan:
     activation_checkpointing: ActivationCheckpointingConfig
     launch: LaunchConfig
     train: TrainConfig
+    monitor: MonitorConfig
     export: ExportConfig
     spec_sha256: str = ""
     """sha256 of the spec file's bytes (before --set overrides)."""

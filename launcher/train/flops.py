@@ -20,6 +20,8 @@ torch is imported only where a module is inspected.
 
 from __future__ import annotations
 
+from launcher.gpus import DTYPE_ALIASES, PEAK_TFLOPS, peak_tflops  # noqa: F401  (re-exported; the table lives in launcher/gpus.py)
+
 import typing
 from typing import Callable
 
@@ -83,35 +85,3 @@ def linear_flops_share(model: "nn.Module", is_fp8: Callable[[str, "nn.Module"], 
         return 0.0
     return sum(n for name, (m, n) in macs.items() if is_fp8(name, m)) / total
 
-
-# Dense (no sparsity) peak TFLOP/s per GPU from the vendors' datasheets, by a substring of
-# torch.cuda.get_device_name(). Matched in this order, case-insensitively: the more specific
-# names come first ("H100 PCIe" before "H100", "GB200" before "B200", "L40S" before "L40" before "L4").
-PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "H100 PCIe": {"fp8": 1513.0, "bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2},
-    "H100 NVL": {"fp8": 1671.0, "bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0},
-    "H100": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "tf32": 495.0, "fp32": 67.0},  # SXM5
-    "H200 NVL": {"fp8": 1671.0, "bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0},
-    "GH200": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "tf32": 495.0, "fp32": 67.0},
-    "H200": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "tf32": 495.0, "fp32": 67.0},  # SXM
-    "GB200": {"fp4": 10000.0, "fp8": 5000.0, "bf16": 2500.0, "fp16": 2500.0},
-    "B200": {"fp4": 9000.0, "fp8": 4500.0, "bf16": 2250.0, "fp16": 2250.0},
-    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
-    "L40S": {"fp8": 733.0, "bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6},
-    "L40": {"fp8": 362.0, "bf16": 181.0, "fp16": 181.0, "tf32": 90.5, "fp32": 90.5},
-    "L4": {"fp8": 242.0, "bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
-    "MI300X": {"fp8": 2615.0, "bf16": 1307.0, "fp16": 1307.0, "tf32": 654.0, "fp32": 163.4},
-}
-
-DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32", "float8": "fp8"}
-
-
-def peak_tflops(device_name: str, dtype: str) -> float | None:
-    """Dense peak TFLOP/s of `device_name` for `dtype` (fp8, bf16, fp16, tf32, fp32, fp4);
-    None for a CPU, an unknown device or a dtype it has no figure for (MFU is then null)."""
-    dtype = DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
-    name = device_name.lower()
-    for key, peaks in PEAK_TFLOPS.items():
-        if key.lower() in name:
-            return peaks.get(dtype)
-    return None
