@@ -252,11 +252,11 @@ def check_target(path: str, force: bool = False) -> None:
     from .errors import UsageError
 
     if os.path.isdir(path):
-        raise UsageError(f"error: {path} is a directory; give a file name such as {os.path.join(path, 'spec.toml')}")
+        raise UsageError(f"{path} is a directory; give a file name such as {os.path.join(path, 'spec.toml')}")
     if os.path.exists(path) and not force:
-        raise UsageError(f"error: {path} already exists; pass --force to overwrite it")
+        raise UsageError(f"{path} already exists; pass --force to overwrite it")
     if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise UsageError(f"error: the folder {os.path.dirname(path)} does not exist; create it first")
+        raise UsageError(f"the folder {os.path.dirname(path)} does not exist; create it first")
 
 
 def write_spec(text: str, path: str, force: bool = False):

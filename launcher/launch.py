@@ -69,7 +69,7 @@ def _path_env(environ: Mapping[str, str]) -> str:
 def _check_endpoint(endpoint: str) -> None:
     host, sep, port = endpoint.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"error: --rdzv-endpoint {endpoint!r} is not HOST:PORT (e.g. node0:29500)")
+        raise UsageError(f"--rdzv-endpoint {endpoint!r} is not HOST:PORT (e.g. node0:29500)")
 
 
 def launch_command(planned: Planned, *, node_rank: int | None = None, rdzv_endpoint: str | None = None,
@@ -80,7 +80,7 @@ def launch_command(planned: Planned, *, node_rank: int | None = None, rdzv_endpo
     env = {"PATH": _path_env(environ)}
     if plan.launch.launcher == "slurm":
         if node_rank is not None or rdzv_endpoint is not None:
-            raise UsageError("error: --node-rank and --rdzv-endpoint do not apply with launch.launcher = \"slurm\": "
+            raise UsageError("--node-rank and --rdzv-endpoint do not apply with launch.launcher = \"slurm\": "
                              "SLURM places the nodes and the script finds the head node itself; drop them")
         env["FP8LAUNCH_PLAN_DIR"] = os.path.abspath(folder)
         script = os.path.join(folder, "slurm.sbatch")
@@ -90,7 +90,7 @@ def launch_command(planned: Planned, *, node_rank: int | None = None, rdzv_endpo
     nodes = plan.distributed.nodes
     if node_rank is not None:
         if node_rank >= nodes:
-            raise UsageError(f"error: --node-rank {node_rank} is not below the number of nodes ({nodes}); node ranks are 0..{nodes - 1}")
+            raise UsageError(f"--node-rank {node_rank} is not below the number of nodes ({nodes}); node ranks are 0..{nodes - 1}")
         env["NODE_RANK"] = str(node_rank)
     if rdzv_endpoint is not None:
         _check_endpoint(rdzv_endpoint)
@@ -179,7 +179,7 @@ def _sbatch(command: Command, env: Mapping[str, str], on_job_id: Callable[[str],
         child.communicate()  # --parsable prints nothing more on stdout; errors go to stderr, inherited
     except KeyboardInterrupt:
         child.wait()
-        raise Interrupted(f"error: interrupted while waiting; batch job {job or '(not submitted)'} keeps running"
+        raise Interrupted(f"interrupted while waiting; batch job {job or '(not submitted)'} keeps running"
                           + (f"; `scancel {job}` stops it" if job else "")) from None
     return child.returncode
 

@@ -57,7 +57,7 @@ def explain_rule(rule_id: str) -> str:
     if rule is None:
         close = difflib.get_close_matches(rule_id.upper(), list(RULES_BY_ID), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        raise UsageError(f"error: no rule {rule_id!r}{hint}; `fp8launch explain` lists them")
+        raise UsageError(f"no rule {rule_id!r}{hint}; `fp8launch explain` lists them")
     checked = "when planning (fp8launch plan and run)" if rule.stage == "plan" else "at run time, on the machine that trains"
     return "\n".join([
         f"{rule.id} ({rule.severity}, checked {checked})",

@@ -410,21 +410,19 @@ class CheckpointManager:
         return result
 
 
-def _describe(error: BaseException | None) -> tuple[str, int] | None:
-    """An error as (message, exit code), to send to the other ranks."""
+def _describe(error: BaseException | None) -> tuple[str, int, str | None] | None:
+    """An error as (message, exit code, rule), to send to the other ranks; `where` is added to a foreign one."""
     if error is None:
         return None
     if isinstance(error, LauncherError):
-        return str(error), error.exit_code
-    return f"error: {type(error).__name__}: {_first_line(error)}", EnvironmentProblem.exit_code
+        return error.message, error.exit_code, error.rule or ""
+    return f"{type(error).__name__}: {_first_line(error)}", EnvironmentProblem.exit_code, None
 
 
-def _remote_error(failure: tuple[str, int], where: str) -> LauncherError:
+def _remote_error(failure: tuple[str, int, str | None], where: str) -> LauncherError:
     """The error another rank raised, raised here too (so no rank waits for the others forever)."""
-    message, exit_code = failure
-    error = LauncherError(message if message.startswith("error") else f"error: {where}: {message}")
-    error.exit_code = exit_code
-    return error
+    message, exit_code, rule = failure
+    return LauncherError(message if rule is not None else f"{where}: {message}", rule=rule or None, exit_code=exit_code)
 
 
 # -- DCP (DDP, FSDP2) ---------------------------------------------------------------------

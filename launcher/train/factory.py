@@ -27,7 +27,7 @@ class InputError(LauncherError):
         self.key = key
         self.detail = message
         self.fix = fix
-        super().__init__(f"error: {key}: {message}; fix: {fix}")
+        super().__init__(f"{key}: {message}; fix: {fix}")
 
 
 def did_you_mean(word: str, choices) -> str:

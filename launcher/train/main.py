@@ -187,9 +187,9 @@ def _load(plan_path: str, load_plan):
     try:
         return load_plan(plan_path)
     except FileNotFoundError:
-        raise LauncherError(f"error: {plan_path} does not exist; fix: write it with `fp8launch plan SPEC`") from None
+        raise LauncherError(f"{plan_path} does not exist; fix: write it with `fp8launch plan SPEC`") from None
     except (ValueError, KeyError, TypeError) as e:
-        raise LauncherError(f"error: {plan_path} is not a plan fp8launch can read ({e}); fix: regenerate it with `fp8launch plan SPEC`") from None
+        raise LauncherError(f"{plan_path} is not a plan fp8launch can read ({e}); fix: regenerate it with `fp8launch plan SPEC`") from None
 
 
 def _record_exit_code(code: int) -> None:
