@@ -52,7 +52,7 @@ def main() -> None:
 @click.option("--out", "out_dir", default=None,
               help="Write into OUT/<name>/ [default: [tool.fp8launch] out in ./pyproject.toml, else generated].")
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 when a generated file would be created, changed or removed.")
-@click.option("--diff", is_flag=True, help="With --check (or alone): print unified diffs of what would change.")
+@click.option("--diff", is_flag=True, help="Write nothing; print unified diffs of what writing would change (with --check: also exit 1 on drift).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a spec key by dotted path (repeatable).")
 @click.option("--nodes", type=click.IntRange(min=1), help="Same as --set distributed.nodes=N.")
 @click.option("--strict", is_flag=True, help="Treat warnings as errors.")
@@ -62,7 +62,7 @@ def main() -> None:
 def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
     """Validate SPECs and render their configs into OUT/<name>/."""
     from .memory import estimate, model_params
-    from .output import compare, write
+    from .output import DRIFT, compare, write
     from .planning import plan_many, warning_lines
     from .report import plan_summary
 
@@ -73,16 +73,17 @@ def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
     for p in planned:
         for line in warning_lines(p):
             click.echo(line, err=True)
-        changes = compare(p.folder, p.files) if (check or diff) else None
-        if not check:
-            changes = write(p.folder, p.files)
-        moved = [c for c in changes if c.status != "unchanged"]
+        changes = compare(p.folder, p.files) if (check or diff) else write(p.folder, p.files)
+        moved = [c for c in changes if c.status in DRIFT]
         drift |= bool(moved)
+        for c in changes:
+            if c.status == "extra":
+                click.echo(f"note: {c.path} is not a file fp8launch writes; left as it is", err=True)
         if diff:
             for c in moved:
                 if c.diff:
                     click.echo(c.diff, nl=False)
-        if check:
+        if check or diff:
             for c in moved:
                 click.echo(f"would {_verb(c.status)} {c.path}", err=True)
         if fmt == "json":
@@ -95,17 +96,17 @@ def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
                       "files": [{"path": c.path, "status": c.status} for c in changes],
                       "warnings": [{"rule": f.rule.id, "message": f.message, "fix": f.rule.fix} for f in p.warnings]}
             click.echo(json.dumps(record, sort_keys=True))
-        elif not check:
+        elif not (check or diff):
             click.echo(plan_summary(p.plan, p.folder, changes, int(params) if params else None))
-    if check:
+    if check or diff:
         n = len(planned)
         click.echo(f"{'drift found' if drift else 'up to date'}: {n} spec{'s' * (n != 1)} checked.", err=True)
-        if drift:
+        if drift and check:
             sys.exit(EXIT_DRIFT)
 
 
 def _verb(status: str) -> str:
-    return {"create": "create", "update": "update", "remove": "remove", "extra": "remove extra file"}[status]
+    return {"create": "create", "update": "update", "remove": "remove"}[status]
 
 
 @main.command()
