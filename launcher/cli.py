@@ -207,6 +207,7 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict) -> N
     """Plan SPEC into <train.output_dir>/plan/ and start the training (torchrun, or srun/sbatch under SLURM).
 
     Exits with the training's exit code."""
+    from . import preflight
     from .launch import describe, execute, job_log, launch_command, plan_for_run, write_plan
     from .planning import warning_lines
 
@@ -214,6 +215,7 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict) -> N
     for line in warning_lines(planned):
         click.echo(line, err=True)
     command = launch_command(planned, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, wait=wait)
+    preflight.check(planned.plan, local=command.kind != "sbatch" and not dry_run)
     write_plan(planned)
     if dry_run:
         click.echo(describe(command))
