@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan", required=True, help="plan.json written by `fp8launch plan` or `fp8launch run`")
     args = parser.parse_args(argv)
-    from launcher.train import preempt
+    from launcher.train import preempt, quiet
 
+    quiet.install()  # known-harmless library messages, dropped by their exact text
     preempt.install()  # before importing torch: a SIGTERM from now on asks for a clean stop
     _forget_exit_code_of_earlier_attempt()
     from launcher.train import distributed
