@@ -32,6 +32,8 @@ class Facts:
     """The backend package that failed to import, at run time."""
     fp8_layers: int | None = None
     """Linear layers converted to FP8, at run time."""
+    foreign_matmuls: tuple[str, ...] = ()
+    """Type names of the model's weight-matrix layers that are not nn.Linear (no backend converts them), at run time."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -229,7 +231,11 @@ RULES: tuple[Rule, ...] = (
          when="fp8 requested but zero Linear layers were converted",
          why="a run that asks for FP8 and trains in high precision is a silent fallback (LlamaFactory #9500).",
          fix="check precision.keep, precision.keep_first_last and precision.torchao.skip_small (or use a model whose Linear dims are multiples of 16)",
-         condition=lambda f: _fp8(f) and f.fp8_layers == 0),
+         condition=lambda f: _fp8(f) and f.fp8_layers == 0,
+         detail=lambda f: ("a run that asks for FP8 and trains in high precision is a silent fallback (LlamaFactory #9500)."
+                           + (f" The model's matrix layers are {', '.join(f.foreign_matmuls)}, not nn.Linear: no FP8 backend converts "
+                              "that module type (transformers' Conv1D is converted for you); write the model with nn.Linear"
+                              if f.foreign_matmuls else ""))),
     Rule(id="BACKEND-MISSING", severity="error", stage="run",
          when="the chosen backend package is not importable",
          why="the backend package is needed to apply the precision the spec asks for.",
