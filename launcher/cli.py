@@ -222,9 +222,11 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict) -> N
         return
     click.echo(f"fp8launch: {planned.plan.name}: planned into {planned.folder}/; starting {command.kind}", err=True)
     announce = lambda job: click.echo(f"submitted batch job {job}; log: {job_log(planned, job)}")  # noqa: E731
-    code = execute(command, on_job_id=announce)
+    code = execute(command, on_job_id=announce, out=lambda line: click.echo(line, nl=False),
+                   err=lambda line: click.echo(line, nl=False, err=True))
     if code != 0:
-        click.echo(f"fp8launch: {planned.plan.name}: {command.kind} exited with code {code}", err=True)
+        logs = f"; full logs (torchrun's report, each rank's output): {command.logs}/" if command.logs else ""
+        click.echo(f"fp8launch: {planned.plan.name}: {command.kind} exited with code {code}{logs}", err=True)
     sys.exit(code)
 
 
