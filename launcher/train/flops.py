@@ -21,7 +21,6 @@ torch is imported only where a module is inspected.
 from __future__ import annotations
 
 import typing
-from typing import Callable
 
 from launcher.train.models.config import LlamaConfig, linear_params
 
@@ -73,15 +72,6 @@ def is_linear(module: "nn.Module") -> bool:
 def linear_macs(model: "nn.Module") -> dict[str, int]:
     """Multiply-adds per token of each Linear layer (in_features * out_features), by FQN."""
     return {name: m.in_features * m.out_features for name, m in model.named_modules() if is_linear(m)}
-
-
-def linear_flops_share(model: "nn.Module", is_fp8: Callable[[str, "nn.Module"], bool]) -> float:
-    """Share (0..1) of the Linear FLOPs done by the layers for which `is_fp8(fqn, module)` holds."""
-    macs = {name: (m, m.in_features * m.out_features) for name, m in model.named_modules() if is_linear(m)}
-    total = sum(n for _, n in macs.values())
-    if not total:
-        return 0.0
-    return sum(n for name, (m, n) in macs.items() if is_fp8(name, m)) / total
 
 
 # Dense (no sparsity) peak TFLOP/s per GPU from the vendors' datasheets, by a substring of
