@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from . import preflight
 from .errors import TrainingFailed, UsageError
+from .hardware import INSTALL
 from .launch import execute, launch_command, plan_for_run, write_plan
 from .planning import Planned
 
@@ -187,7 +188,7 @@ def plot(record: dict, path: str) -> str:
     try:
         import matplotlib
     except ImportError as e:
-        raise UsageError("the plot needs matplotlib: pip install 'fp8launch[bench]'") from e
+        raise UsageError(f"the plot needs matplotlib: {INSTALL['matplotlib']}") from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

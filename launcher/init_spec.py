@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .doctor import DEFAULT_RECIPE, Machine, assess
-from .hardware import capability_text, requirement, supports
+from .hardware import INSTALL, capability_text, requirement, supports
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
 
@@ -121,7 +121,7 @@ def _why(machine: Machine, choices: Choices, backend: str | None, rows: dict) ->
     if mode == "fp16":
         return f"fp16: this GPU has compute capability {capability_text(machine.capability)}; bf16 needs {requirement('bf16')}, FP8 {requirement('fp8')}"
     return f"{mode}, not fp8: " + rows["torchao", "tensorwise"].reasons[0].split(" fix: ")[0].rstrip(".") + \
-        ("" if "FP8-HARDWARE" in rows["torchao", "tensorwise"].rules else " (install torchao for FP8: pip install 'fp8launch[torchao]')")
+        ("" if "FP8-HARDWARE" in rows["torchao", "tensorwise"].rules else f" (install torchao for FP8: {INSTALL['torchao']})")
 
 
 def _fit_model(machine: Machine, strategy: str, world: int) -> str:

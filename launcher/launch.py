@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from .errors import EnvironmentProblem, LauncherError, UsageError
+from .hardware import INSTALL
 from .output import Change, write
 from .planning import Planned, plan_one
 
@@ -225,7 +226,7 @@ def _require(command: Command, env: Mapping[str, str]) -> None:
     needed = {"torchrun": "torchrun", "srun": "srun", "sbatch": "sbatch"}[command.kind]
     if shutil.which(needed, path=env.get("PATH")) is None:
         if needed == "torchrun":
-            raise EnvironmentProblem("torchrun is not on PATH; fix: install torch in this environment (pip install 'fp8launch[torch]')")
+            raise EnvironmentProblem(f"torchrun is not on PATH; fix: install torch in this environment: {INSTALL['torch']}")
         raise EnvironmentProblem(f"{needed} is not on PATH: launch.launcher = \"slurm\" needs SLURM's client commands; "
                                  "fix: run on a SLURM login node, or set launch.launcher = \"torchrun\"")
 

@@ -11,7 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .hardware import FP8_MIN_CAPABILITY, capability_text, requirement, supports
+from .hardware import FP8_MIN_CAPABILITY, INSTALL, capability_text, requirement, supports
 
 if typing.TYPE_CHECKING:
     from .plan import Plan
@@ -239,7 +239,8 @@ RULES: tuple[Rule, ...] = (
     Rule(id="BACKEND-MISSING", severity="error", stage="run",
          when="the chosen backend package is not importable",
          why="the backend package is needed to apply the precision the spec asks for.",
-         fix="install it: torchao: pip install 'fp8launch[torchao]'; te: pip install 'fp8launch[te]'; msamp: build MS-AMP from source (github.com/Azure/MS-AMP); deepspeed: pip install 'fp8launch[deepspeed]'",
+         fix="install it: " + "; ".join(f"{name}: {INSTALL[package]}" for name, package in
+                                        (("torchao", "torchao"), ("te", "transformer_engine"), ("msamp", "msamp"), ("deepspeed", "deepspeed"))),
          condition=lambda f: f.missing_package is not None,
          detail=lambda f: f"the {f.missing_package} package is not importable here."),
 )
