@@ -21,13 +21,14 @@ from typing import Callable
 
 from .doctor import DEFAULT_RECIPE, Machine, assess
 from .hardware import INSTALL, capability_text, requirement, supports
+from .memory import model_params
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
-MODELS = (("builtin:llama3-8b", 8.0e9), ("builtin:llama3-1b", 1.5e9), ("builtin:llama-small", 0.134e9))
-"""Builtin models init may pick for GPUs, largest first, with their parameter counts."""
+GPU_MODELS = ("builtin:llama3-8b", "builtin:llama3-1b", "builtin:llama-small")
+"""Builtin models init may pick for GPUs, largest first (their parameter counts come from the size table)."""
 
 
 @frozen
@@ -132,7 +133,7 @@ def _fit_model(machine: Machine, strategy: str, world: int) -> str:
         return "builtin:llama3-1b"
     shards = world if strategy in ("fsdp2", "deepspeed") else 1
     budget = 0.5 * min(g.memory_gib for g in machine.gpus) * 1024**3
-    return next((m for m, params in MODELS if 16 * params / shards <= budget), "builtin:llama-debug")
+    return next((m for m in GPU_MODELS if 16 * model_params(m) / shards <= budget), "builtin:llama-debug")
 
 
 def default_name(d: Decision) -> str:
