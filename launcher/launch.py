@@ -54,7 +54,8 @@ class Command:
     """One command to start, and the variables it gets on top of the current environment."""
 
     kind: str
-    """torchrun | srun (slurm.sbatch run inside an allocation) | sbatch"""
+    """torchrun (torchrun.sh) | slurm.sbatch (the script run with bash inside an allocation: its srun starts
+    one torchrun per node) | sbatch (the script submitted)"""
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     logs: str | None = None
@@ -101,7 +102,7 @@ def launch_command(planned: Planned, *, node_rank: int | None = None, rdzv_endpo
         env["FP8LAUNCH_PLAN_DIR"] = os.path.abspath(folder)
         script = os.path.join(folder, "slurm.sbatch")
         if environ.get("SLURM_JOB_ID"):
-            return Command(kind="srun", argv=("bash", script), env=env)
+            return Command(kind="slurm.sbatch", argv=("bash", script), env=env)
         return Command(kind="sbatch", argv=("sbatch", "--parsable", *(("--wait",) if wait else ()), script), env=env)
     nodes = plan.distributed.nodes
     if node_rank is not None:
@@ -223,7 +224,7 @@ def _untagged(rank: int, text: str) -> str:
 
 
 def _require(command: Command, env: Mapping[str, str]) -> None:
-    needed = {"torchrun": "torchrun", "srun": "srun", "sbatch": "sbatch"}[command.kind]
+    needed = {"torchrun": "torchrun", "slurm.sbatch": "srun", "sbatch": "sbatch"}[command.kind]
     if shutil.which(needed, path=env.get("PATH")) is None:
         if needed == "torchrun":
             raise EnvironmentProblem(f"torchrun is not on PATH; fix: install torch in this environment: {INSTALL['torch']}")
