@@ -64,7 +64,7 @@ def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
     from .memory import estimate, model_params
     from .output import DRIFT, compare, write
     from .planning import plan_many, warning_lines
-    from .report import plan_summary
+    from .plan_text import plan_summary
 
     from .project import default_out
 
@@ -118,7 +118,7 @@ def schema(fmt: str) -> None:
 
     text = resources.files("launcher").joinpath("spec.schema.json").read_text("utf-8")
     if fmt == "markdown":
-        from .report import schema_markdown
+        from .plan_text import schema_markdown
         from .spec import schema as load_schema
 
         text = schema_markdown(load_schema())
@@ -130,7 +130,7 @@ def schema(fmt: str) -> None:
 @_errors
 def explain(rule_id: str | None) -> None:
     """List the known-bad-combination rules, or explain RULE_ID."""
-    from .report import explain_rule, rules_table
+    from .plan_text import explain_rule, rules_table
 
     click.echo(rules_table() if rule_id is None else explain_rule(rule_id))
 
