@@ -18,7 +18,7 @@ from . import preflight
 from .errors import TrainingFailed, UsageError
 from .hardware import INSTALL
 from .launch import execute, launch_command, plan_for_run, write_plan
-from .planning import Planned
+from .pipeline import Planned
 
 FIGURES = ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu", "peak_mem_gib", "final_loss")
 

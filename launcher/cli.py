@@ -63,7 +63,7 @@ def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
     """Validate SPECs and render their configs into OUT/<name>/."""
     from .memory import estimate, model_params
     from .output import DRIFT, compare, write
-    from .planning import plan_many, warning_lines
+    from .pipeline import plan_many, warning_lines
     from .plan_text import plan_summary
 
     from .project import default_out
@@ -170,7 +170,7 @@ def init(name, backend, strategy, model, nodes, procs_per_node, out, force) -> N
 
     from .doctor import assess_plan, gather
     from .init_spec import Choices, check_target, decide, interview, render_spec, write_spec
-    from .planning import warning_lines
+    from .pipeline import warning_lines
 
     if out:
         check_target(out, force)
@@ -209,7 +209,7 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict) -> N
     Exits with the training's exit code."""
     from . import preflight
     from .launch import describe, execute, job_log, launch_command, plan_for_run, write_plan
-    from .planning import warning_lines
+    from .pipeline import warning_lines
 
     planned = plan_for_run(spec, _overrides(sets, nodes), strict)
     for line in warning_lines(planned):

@@ -384,7 +384,7 @@ def diagnose(machine: Machine, spec_path: str | None = None) -> Diagnosis:
     and assess its own precision, engine and device on this machine."""
     spec = None
     if spec_path is not None:
-        from .planning import plan_one
+        from .pipeline import plan_one
 
         spec = assess_plan(machine, plan_one(spec_path, out_dir="generated").plan)
     return Diagnosis(machine=machine, supports=tuple(assess(machine)), spec_path=spec_path, spec=spec)

@@ -267,7 +267,7 @@ def write_spec(text: str, path: str, force: bool = False):
     spec does not plan; nothing is written then.
     """
     from .errors import SpecError
-    from .planning import plan_one
+    from .pipeline import plan_one
 
     check_target(path, force)
     folder = os.path.dirname(os.path.abspath(path))

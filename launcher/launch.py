@@ -29,7 +29,7 @@ from typing import Callable, Mapping
 from .errors import EnvironmentProblem, LauncherError, UsageError
 from .hardware import INSTALL
 from .output import Change, write
-from .planning import Planned, plan_one
+from .pipeline import Planned, plan_one
 
 PLAN_SUBDIR = "plan"
 LOGS_SUBDIR = "logs"

@@ -286,7 +286,7 @@ def _present_sections(data: dict, prefix: str = "") -> set[str]:
 
 def resolve(source: SpecSource) -> Plan:
     """Validated spec -> Plan. spec_dir is the spec's absolute folder until the planner knows where
-    plan.json goes (planning.plan_one makes it relative to that folder)."""
+    plan.json goes (pipeline.plan_one makes it relative to that folder)."""
     data = _merge(defaults(), source.data)
     data.pop("$schema", None)
     d, t = data["distributed"], data["train"]

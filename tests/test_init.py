@@ -15,7 +15,7 @@ from conftest import REPO
 from launcher import doctor
 from launcher.doctor import gather
 from launcher.init_spec import Choices, _toml_str, decide, default_name, interview, render_spec, starter_spec
-from launcher.planning import plan_one
+from launcher.pipeline import plan_one
 from launcher.spec import read_spec, validate
 from test_doctor import A100, ALL, CPU_TORCHAO, H100_TE, NO_TORCH, cpu_machine, gpu_machine
 
