@@ -252,3 +252,15 @@ def check(facts: Facts, stage: str = "plan") -> list[Finding]:
     """Every rule of `stage` whose condition holds for `facts`, errors first."""
     found = [Finding(r, r.detail(facts) if r.detail else r.why) for r in RULES if r.stage == stage and r.condition(facts)]
     return sorted(found, key=lambda f: not f.is_error)
+
+
+def rule_error(rule_id: str, facts: Facts | None = None):
+    """The error a rule reports (message and fix from this table), for a run-time guard that meets the
+    rule's condition where the rule check itself cannot be called. Plan-stage rules exit 2, run-stage 3."""
+    from .errors import EnvironmentProblem, LauncherError
+
+    rule = RULES_BY_ID[rule_id]
+    message = rule.detail(facts) if rule.detail and facts is not None else rule.why
+    if rule.stage == "run":
+        return EnvironmentProblem(f"{message} fix: {rule.fix}", rule=rule.id)
+    return LauncherError(f"{message} fix: {rule.fix}", rule=rule.id)
