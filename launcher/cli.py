@@ -215,7 +215,7 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict) -> N
     for line in warning_lines(planned):
         click.echo(line, err=True)
     command = launch_command(planned, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, wait=wait)
-    preflight.check(planned.plan, local=command.kind != "sbatch" and not dry_run)
+    preflight.check(planned.plan, local=command.kind != "sbatch" and not dry_run, gpu_here=command.kind == "torchrun" and not dry_run)
     write_plan(planned)
     if dry_run:
         click.echo(describe(command))

@@ -4,7 +4,8 @@ imported torch and torchrun has printed its failure table.
 
 - the packages the plan imports are importable (`importlib.util.find_spec`, nothing imported);
 - launch.device = "cuda" finds a GPU on this machine (device files, the driver's /proc entries,
-  or `nvidia-smi -L`), when the processes start here (not for `sbatch` from a login node);
+  or `nvidia-smi -L`), when torchrun starts the processes here (not under SLURM: the job's nodes
+  are not the machine that submits it);
 - train.output_dir can be created and written.
 """
 
@@ -24,9 +25,11 @@ from .plan import Plan
 from .rules import RULES_BY_ID, Facts
 
 
-def check(plan: Plan, *, local: bool, environ: Mapping[str, str] | None = None) -> None:
+def check(plan: Plan, *, local: bool, gpu_here: bool | None = None, environ: Mapping[str, str] | None = None) -> None:
     """Raise EnvironmentProblem (exit 3) for the first thing that keeps `plan` from running here.
-    `local`: the training processes start on this machine (torchrun, or srun inside an allocation)."""
+    `local`: the training processes use this Python environment (torchrun, or slurm.sbatch run inside an
+    allocation); `gpu_here` (default: `local`): they run on this machine, so its GPUs are theirs
+    (not so for slurm.sbatch from an salloc shell, which may sit on a login node)."""
     environ = os.environ if environ is None else environ
     check_output_dir(plan.train.output_dir)
     if not local:
@@ -35,7 +38,7 @@ def check(plan: Plan, *, local: bool, environ: Mapping[str, str] | None = None) 
         if not importable(package):
             detail = RULES_BY_ID["BACKEND-MISSING"].detail(Facts(plan=plan, missing_package=package))
             raise EnvironmentProblem(f"{detail} fix: install it: {INSTALL[package]}", rule="BACKEND-MISSING")
-    if plan.launch.device == "cuda" and not gpu_present(environ):
+    if plan.launch.device == "cuda" and (local if gpu_here is None else gpu_here) and not gpu_present(environ):
         raise EnvironmentProblem('launch.device = "cuda" but this machine shows no GPU (no /dev/nvidia*, no /proc/driver/nvidia/gpus, '
                                  'no GPU in `nvidia-smi -L`, or CUDA_VISIBLE_DEVICES hides them); fix: run on a GPU machine, '
                                  'or set launch.device = "cpu" (or "auto")')

@@ -87,3 +87,16 @@ def test_gpu_detection_without_torch(tmp_path):
     assert gpu_present(empty, str(smi_only))
     smi.write_text("#!/bin/sh\necho 'No devices were found'\nexit 6\n")
     assert not gpu_present(empty, str(smi_only))
+
+
+def test_slurm_inside_an_allocation_does_not_look_for_a_gpu_here(tmp_path):
+    """salloc's shell may sit on a login node without GPUs: the job's nodes have them."""
+    from launcher.pipeline import plan_one
+    from launcher.preflight import check
+
+    (tmp_path / "s.toml").write_text('version = 1\nname = "s"\n[launch]\ndevice = "cuda"\nlauncher = "slurm"\n'
+                                     f'[train]\noutput_dir = "{tmp_path}/runs/s"\n')
+    plan = plan_one(str(tmp_path / "s.toml"), str(tmp_path / "out")).plan
+    check(plan, local=True, gpu_here=False, environ={"CUDA_VISIBLE_DEVICES": ""})  # no error
+    with pytest.raises(Exception, match="shows no GPU"):
+        check(plan, local=True, environ={"CUDA_VISIBLE_DEVICES": ""})
