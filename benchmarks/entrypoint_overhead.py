@@ -103,7 +103,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from launcher.planning import plan_one
+    from launcher.pipeline import plan_one
     from launcher.output import write
     from launcher.train import distributed
     from launcher.train.main import build_run

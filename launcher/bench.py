@@ -14,9 +14,11 @@ import shutil
 import statistics
 from dataclasses import dataclass, field
 
-from .errors import UsageError
+from . import preflight
+from .errors import TrainingFailed, UsageError
+from .hardware import INSTALL
 from .launch import execute, launch_command, plan_for_run, write_plan
-from .planning import Planned
+from .pipeline import Planned
 
 FIGURES = ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu", "peak_mem_gib", "final_loss")
 
@@ -39,7 +41,7 @@ def variants(spec: str, vs: str, overrides: list[str]) -> tuple[Variant, Variant
     if vs in ("bf16", "fp16", "fp32"):
         return Variant("spec", spec, list(overrides)), Variant(vs, spec, list(overrides) + [f"precision.mode={vs}"])
     if not os.path.isfile(vs):
-        raise UsageError(f"error: --vs {vs!r} is neither bf16/fp16/fp32 nor a spec file")
+        raise UsageError(f"--vs {vs!r} is neither bf16/fp16/fp32 nor a spec file")
     return Variant("spec", spec, list(overrides)), Variant("baseline", vs, list(overrides))
 
 
@@ -48,10 +50,9 @@ def run_bench(spec: str, *, vs: str = "bf16", steps: int | None = None, repeats:
     """Train both variants `repeats` times, alternating; return the bench record (also bench.json in out_dir)."""
     a, b = variants(spec, vs, list(overrides))
     first = _plan(a, "probe", out_dir, steps)
+    preflight.check(first.plan, local=True)
     out_dir = out_dir or os.path.join(os.path.dirname(first.plan.train.output_dir.rstrip("/")) or ".", f"{first.plan.name}-bench")
-    if os.path.exists(out_dir):
-        shutil.rmtree(out_dir)
-    os.makedirs(out_dir)
+    prepare_out(out_dir, [f"{v.label}-{i + 1}" for i in range(repeats) for v in (a, b)])
     for i in range(repeats):
         for v in (a, b):
             run_dir = os.path.join(out_dir, f"{v.label}-{i + 1}")
@@ -61,13 +62,44 @@ def run_bench(spec: str, *, vs: str = "bf16", steps: int | None = None, repeats:
             code = execute(launch_command(planned), log=os.path.join(run_dir, "train.log"))
             v.runs.append(_read_run(run_dir, code, warmup))
             if code != 0:
-                raise UsageError(f"error: bench: the {v.label} run exited with code {code}; see {run_dir}/train.log")
+                raise TrainingFailed(f"bench: the {v.label} run exited with code {code}; see {run_dir}/train.log", code)
     record = _record(a, b, warmup=warmup, repeats=repeats)
     with open(os.path.join(out_dir, "bench.json"), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=2, sort_keys=True)
         f.write("\n")
     record["out_dir"] = out_dir
     return record
+
+
+MARKER = ".fp8launch-bench"
+"""Written first into a bench's --out folder: the entries this bench writes there, one a line."""
+OWN_FILES = ("bench.json", "bench.png", MARKER)
+
+
+def prepare_out(out_dir: str, run_dirs: list[str]) -> None:
+    """Make `out_dir` ready for a bench writing `run_dirs` (+ bench.json, bench.png) into it. A new or empty
+    folder is used as it is; a previous bench's folder loses only what that bench wrote (its marker lists it);
+    any other non-empty folder is refused: bench never deletes a file it did not write."""
+    marker = os.path.join(out_dir, MARKER)
+    if os.path.isdir(out_dir) and os.listdir(out_dir):
+        if not os.path.isfile(marker):
+            raise UsageError(f"bench --out {out_dir}: the folder is not empty and is not a bench's output, and bench "
+                             "writes its runs there; fix: name a new or empty folder")
+        with open(marker, encoding="utf-8") as f:
+            previous = [line.strip() for line in f if line.strip()]
+        for name in previous:
+            path = os.path.join(out_dir, name)
+            if os.path.basename(name) != name or name in ("", ".", ".."):
+                continue  # a marker edited to name something outside the folder: ignore that line
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            elif os.path.lexists(path):
+                os.remove(path)
+    elif os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UsageError(f"bench --out {out_dir}: exists and is not a folder; fix: name a new or empty folder")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(marker, "w", encoding="utf-8") as f:
+        f.write("".join(f"{name}\n" for name in [*run_dirs, *OWN_FILES]))
 
 
 def _plan(v: Variant, run_dir: str, out_dir: str | None, steps: int | None) -> Planned:
@@ -156,7 +188,7 @@ def plot(record: dict, path: str) -> str:
     try:
         import matplotlib
     except ImportError as e:
-        raise UsageError("error: the plot needs matplotlib: pip install 'fp8launch[bench]'") from e
+        raise UsageError(f"the plot needs matplotlib: {INSTALL['matplotlib']}") from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

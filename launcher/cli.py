@@ -52,7 +52,7 @@ def main() -> None:
 @click.option("--out", "out_dir", default=None,
               help="Write into OUT/<name>/ [default: [tool.fp8launch] out in ./pyproject.toml, else generated].")
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 when a generated file would be created, changed or removed.")
-@click.option("--diff", is_flag=True, help="With --check (or alone): print unified diffs of what would change.")
+@click.option("--diff", is_flag=True, help="Write nothing; print unified diffs of what writing would change (with --check: also exit 1 on drift).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a spec key by dotted path (repeatable).")
 @click.option("--nodes", type=click.IntRange(min=1), help="Same as --set distributed.nodes=N.")
 @click.option("--strict", is_flag=True, help="Treat warnings as errors.")
@@ -62,9 +62,9 @@ def main() -> None:
 def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
     """Validate SPECs and render their configs into OUT/<name>/."""
     from .memory import estimate, model_params
-    from .output import compare, write
-    from .planning import plan_many, warning_lines
-    from .report import plan_summary
+    from .output import DRIFT, compare, write
+    from .pipeline import plan_many, warning_lines
+    from .plan_text import plan_summary
 
     from .project import default_out
 
@@ -73,16 +73,17 @@ def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
     for p in planned:
         for line in warning_lines(p):
             click.echo(line, err=True)
-        changes = compare(p.folder, p.files) if (check or diff) else None
-        if not check:
-            changes = write(p.folder, p.files)
-        moved = [c for c in changes if c.status != "unchanged"]
+        changes = compare(p.folder, p.files) if (check or diff) else write(p.folder, p.files)
+        moved = [c for c in changes if c.status in DRIFT]
         drift |= bool(moved)
+        for c in changes:
+            if c.status == "extra":
+                click.echo(f"note: {c.path} is not a file fp8launch writes; left as it is", err=True)
         if diff:
             for c in moved:
                 if c.diff:
                     click.echo(c.diff, nl=False)
-        if check:
+        if check or diff:
             for c in moved:
                 click.echo(f"would {_verb(c.status)} {c.path}", err=True)
         if fmt == "json":
@@ -95,17 +96,17 @@ def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
                       "files": [{"path": c.path, "status": c.status} for c in changes],
                       "warnings": [{"rule": f.rule.id, "message": f.message, "fix": f.rule.fix} for f in p.warnings]}
             click.echo(json.dumps(record, sort_keys=True))
-        elif not check:
+        elif not (check or diff):
             click.echo(plan_summary(p.plan, p.folder, changes, int(params) if params else None))
-    if check:
+    if check or diff:
         n = len(planned)
         click.echo(f"{'drift found' if drift else 'up to date'}: {n} spec{'s' * (n != 1)} checked.", err=True)
-        if drift:
+        if drift and check:
             sys.exit(EXIT_DRIFT)
 
 
 def _verb(status: str) -> str:
-    return {"create": "create", "update": "update", "remove": "remove", "extra": "remove extra file"}[status]
+    return {"create": "create", "update": "update", "remove": "remove"}[status]
 
 
 @main.command()
@@ -117,7 +118,7 @@ def schema(fmt: str) -> None:
 
     text = resources.files("launcher").joinpath("spec.schema.json").read_text("utf-8")
     if fmt == "markdown":
-        from .report import schema_markdown
+        from .plan_text import schema_markdown
         from .spec import schema as load_schema
 
         text = schema_markdown(load_schema())
@@ -129,7 +130,7 @@ def schema(fmt: str) -> None:
 @_errors
 def explain(rule_id: str | None) -> None:
     """List the known-bad-combination rules, or explain RULE_ID."""
-    from .report import explain_rule, rules_table
+    from .plan_text import explain_rule, rules_table
 
     click.echo(rules_table() if rule_id is None else explain_rule(rule_id))
 
@@ -169,7 +170,7 @@ def init(name, backend, strategy, model, nodes, procs_per_node, out, force) -> N
 
     from .doctor import assess_plan, gather
     from .init_spec import Choices, check_target, decide, interview, render_spec, write_spec
-    from .planning import warning_lines
+    from .pipeline import warning_lines
 
     if out:
         check_target(out, force)
@@ -206,22 +207,26 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict) -> N
     """Plan SPEC into <train.output_dir>/plan/ and start the training (torchrun, or srun/sbatch under SLURM).
 
     Exits with the training's exit code."""
+    from . import preflight
     from .launch import describe, execute, job_log, launch_command, plan_for_run, write_plan
-    from .planning import warning_lines
+    from .pipeline import warning_lines
 
     planned = plan_for_run(spec, _overrides(sets, nodes), strict)
     for line in warning_lines(planned):
         click.echo(line, err=True)
     command = launch_command(planned, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, wait=wait)
+    preflight.check(planned.plan, local=command.kind != "sbatch" and not dry_run, gpu_here=command.kind == "torchrun" and not dry_run)
     write_plan(planned)
     if dry_run:
         click.echo(describe(command))
         return
     click.echo(f"fp8launch: {planned.plan.name}: planned into {planned.folder}/; starting {command.kind}", err=True)
     announce = lambda job: click.echo(f"submitted batch job {job}; log: {job_log(planned, job)}")  # noqa: E731
-    code = execute(command, on_job_id=announce)
+    code = execute(command, on_job_id=announce, out=lambda line: click.echo(line, nl=False),
+                   err=lambda line: click.echo(line, nl=False, err=True))
     if code != 0:
-        click.echo(f"fp8launch: {planned.plan.name}: {command.kind} exited with code {code}", err=True)
+        logs = f"; full logs (torchrun's report, each rank's output): {command.logs}/" if command.logs else ""
+        click.echo(f"fp8launch: {planned.plan.name}: {command.kind} exited with code {code}{logs}", err=True)
     sys.exit(code)
 
 

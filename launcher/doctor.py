@@ -241,7 +241,7 @@ def assess_plan(machine: Machine, plan: Plan) -> Support:
                 reasons[f"distributed.procs_per_node = {plan.distributed.procs_per_node} but this machine has "
                         f"{len(machine.gpus)} GPU{'s' * (len(machine.gpus) != 1)}. fix: set distributed.procs_per_node = "
                         f"{len(machine.gpus)}"] = None
-    for package in _packages(plan):
+    for package in packages_needed(plan):
         if not machine.has(package):
             missing(package)
     ok = not reasons
@@ -255,7 +255,7 @@ def _recipe(plan: Plan) -> str:
     return {"torchao": p.torchao.recipe, "te": p.te.recipe, "msamp": p.msamp.opt_level}[p.backend]
 
 
-def _packages(plan: Plan) -> list[str]:
+def packages_needed(plan: Plan) -> list[str]:
     """The optional packages a run of `plan` imports (torch itself is checked first)."""
     p = plan.precision
     out = [BACKEND_PACKAGE[p.backend]] if p.fp8 else []
@@ -353,8 +353,8 @@ class Diagnosis:
         out += [f"{name:<20} {m.packages.get(name) or 'not installed'}" for name in PACKAGES]
         out += [f"note: {n}" for n in m.notes]
         out += ["", f"{'precision':<34} {'here':<5} why"]
-        for s in self.supports:
-            out.append(f"{s.label:<34} {'yes' if s.supported else 'no':<5} {s.note if s.supported else s.reasons[0]}")
+        for label, s in grouped(self.supports):
+            out.append(f"{label:<34} {'yes' if s.supported else 'no':<5} {s.note if s.supported else s.reasons[0]}")
             out += [f"{'':<40} {r}" for r in s.reasons[1:]]
         if self.spec is not None:
             verdict = f"yes, {self.spec.note}" if self.spec.supported else "no"
@@ -363,12 +363,28 @@ class Diagnosis:
         return "\n".join(out)
 
 
+def grouped(supports: tuple[Support, ...]) -> list[tuple[str, Support]]:
+    """The rows as the text report shows them: a backend whose every recipe fails for the same
+    reasons is one row ("fp8 te: every recipe"), not the same reasons once per recipe."""
+    out: list[tuple[str, Support]] = []
+    by_backend: dict[tuple[str, str | None], list[Support]] = {}
+    for s in supports:
+        by_backend.setdefault((s.mode, s.backend), []).append(s)
+    for (mode, backend), group in by_backend.items():
+        same = len(group) > 1 and all(not s.supported and s.reasons == group[0].reasons for s in group)
+        if same:
+            out.append((f"{mode} {backend}: every recipe", group[0]))
+        else:
+            out += [(s.label, s) for s in group]
+    return out
+
+
 def diagnose(machine: Machine, spec_path: str | None = None) -> Diagnosis:
     """Assess every row; with `spec_path`, also plan that spec (raising SpecError when it is invalid)
     and assess its own precision, engine and device on this machine."""
     spec = None
     if spec_path is not None:
-        from .planning import plan_one
+        from .pipeline import plan_one
 
         spec = assess_plan(machine, plan_one(spec_path, out_dir="generated").plan)
     return Diagnosis(machine=machine, supports=tuple(assess(machine)), spec_path=spec_path, spec=spec)

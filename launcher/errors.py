@@ -29,9 +29,24 @@ class Problem:
 
 
 class LauncherError(Exception):
-    """Base of every error fp8launch reports to a user without a traceback."""
+    """Base of every error fp8launch reports to a user without a traceback. The message is the text
+    after the prefix: `str(error)` adds "error: " (or "error[RULE]: "), here and nowhere else."""
 
     exit_code = EXIT_INVALID
+    label: str | None = "error"
+    """The prefix; None for a message that is not an error (a preemption's clean stop)."""
+
+    def __init__(self, message: str = "", *, rule: str | None = None, exit_code: int | None = None):
+        self.message = message
+        self.rule = rule
+        if exit_code is not None:
+            self.exit_code = exit_code
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        if self.label is None:
+            return self.message
+        return f"{self.label}[{self.rule}]: {self.message}" if self.rule else f"{self.label}: {self.message}"
 
 
 class SpecError(LauncherError):
@@ -40,6 +55,9 @@ class SpecError(LauncherError):
     def __init__(self, problems: list[Problem]):
         self.problems = list(problems)
         super().__init__("\n".join(str(p) for p in self.problems))
+
+    def __str__(self) -> str:
+        return self.message  # each Problem line carries its own location and severity
 
 
 class UsageError(LauncherError):
@@ -52,8 +70,7 @@ class EnvironmentProblem(LauncherError):
     exit_code = EXIT_ENVIRONMENT
 
     def __init__(self, message: str, rule: str | None = None):
-        self.rule = rule
-        super().__init__(f"error[{rule}]: {message}" if rule else f"error: {message}")
+        super().__init__(message, rule=rule)
 
 
 class BackendMissing(EnvironmentProblem):
@@ -61,3 +78,10 @@ class BackendMissing(EnvironmentProblem):
 
     def __init__(self, package: str, install: str):
         super().__init__(f"the {package} package is not importable here; install it: {install}", rule="BACKEND-MISSING")
+
+
+class TrainingFailed(LauncherError):
+    """A training run that fp8launch started (bench) ended with a non-zero code; that code is the exit code."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message, exit_code=exit_code)

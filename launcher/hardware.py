@@ -25,6 +25,8 @@ INSTALL = {
     "deepspeed": "pip install 'fp8launch[deepspeed]'",
     "transformers": "pip install 'fp8launch[hf]'",
     "accelerate": "pip install 'fp8launch[accelerate]'",
+    "tokenizers": "pip install 'fp8launch[hf]'",
+    "matplotlib": "pip install 'fp8launch[bench]'",
 }
 """How to install each optional package, as the error messages say it."""
 

@@ -20,14 +20,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .doctor import DEFAULT_RECIPE, Machine, assess
-from .hardware import capability_text, requirement, supports
+from .hardware import INSTALL, capability_text, requirement, supports
+from .memory import model_params
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
-MODELS = (("builtin:llama3-8b", 8.0e9), ("builtin:llama3-1b", 1.5e9), ("builtin:llama-small", 0.134e9))
-"""Builtin models init may pick for GPUs, largest first, with their parameter counts."""
+GPU_MODELS = ("builtin:llama3-8b", "builtin:llama3-1b", "builtin:llama-small")
+"""Builtin models init may pick for GPUs, largest first (their parameter counts come from the size table)."""
 
 
 @frozen
@@ -121,7 +122,7 @@ def _why(machine: Machine, choices: Choices, backend: str | None, rows: dict) ->
     if mode == "fp16":
         return f"fp16: this GPU has compute capability {capability_text(machine.capability)}; bf16 needs {requirement('bf16')}, FP8 {requirement('fp8')}"
     return f"{mode}, not fp8: " + rows["torchao", "tensorwise"].reasons[0].split(" fix: ")[0].rstrip(".") + \
-        ("" if "FP8-HARDWARE" in rows["torchao", "tensorwise"].rules else " (install torchao for FP8: pip install 'fp8launch[torchao]')")
+        ("" if "FP8-HARDWARE" in rows["torchao", "tensorwise"].rules else f" (install torchao for FP8: {INSTALL['torchao']})")
 
 
 def _fit_model(machine: Machine, strategy: str, world: int) -> str:
@@ -132,7 +133,7 @@ def _fit_model(machine: Machine, strategy: str, world: int) -> str:
         return "builtin:llama3-1b"
     shards = world if strategy in ("fsdp2", "deepspeed") else 1
     budget = 0.5 * min(g.memory_gib for g in machine.gpus) * 1024**3
-    return next((m for m, params in MODELS if 16 * params / shards <= budget), "builtin:llama-debug")
+    return next((m for m in GPU_MODELS if 16 * model_params(m) / shards <= budget), "builtin:llama-debug")
 
 
 def default_name(d: Decision) -> str:
@@ -252,11 +253,11 @@ def check_target(path: str, force: bool = False) -> None:
     from .errors import UsageError
 
     if os.path.isdir(path):
-        raise UsageError(f"error: {path} is a directory; give a file name such as {os.path.join(path, 'spec.toml')}")
+        raise UsageError(f"{path} is a directory; give a file name such as {os.path.join(path, 'spec.toml')}")
     if os.path.exists(path) and not force:
-        raise UsageError(f"error: {path} already exists; pass --force to overwrite it")
+        raise UsageError(f"{path} already exists; pass --force to overwrite it")
     if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise UsageError(f"error: the folder {os.path.dirname(path)} does not exist; create it first")
+        raise UsageError(f"the folder {os.path.dirname(path)} does not exist; create it first")
 
 
 def write_spec(text: str, path: str, force: bool = False):
@@ -266,7 +267,7 @@ def write_spec(text: str, path: str, force: bool = False):
     spec does not plan; nothing is written then.
     """
     from .errors import SpecError
-    from .planning import plan_one
+    from .pipeline import plan_one
 
     check_target(path, force)
     folder = os.path.dirname(os.path.abspath(path))

@@ -15,20 +15,34 @@ are the ones of the environment fp8launch is installed in.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from .errors import EnvironmentProblem, LauncherError, UsageError
+from .hardware import INSTALL
 from .output import Change, write
-from .planning import Planned, plan_one
+from .pipeline import Planned, plan_one
 
 PLAN_SUBDIR = "plan"
+LOGS_SUBDIR = "logs"
+LOG_DIR_ENV = "FP8LAUNCH_LOG_DIR"
+"""torchrun.sh adds `--log-dir $FP8LAUNCH_LOG_DIR --tee 3` when set: every rank's output also goes to a file."""
+RANK_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+RANK_PREFIX = "[fp8launch-rank${rank}]:"
+"""What torchrun puts before each line a worker writes (its tee), so that `execute` can tell the
+workers' lines (shown) from torchrun's own (its traceback and failure table: to the log only)."""
+WORKER_LINE = re.compile(r"\[fp8launch-rank(\d+)\]:(.*)", re.DOTALL)
+TRACEBACK = re.compile(r"(\[rank\d+\]: ?)?Traceback \(most recent call last\):")
+OUR_CODES = (2, 3, 4, 75)
+"""Exit codes the entrypoint chooses (train/main.py), after printing its own one-line message."""
 EXIT_FILE_ENV = "FP8LAUNCH_EXIT_FILE"
 """The entrypoint writes its exit code here on a reported error (torchrun itself exits 1); see train/main.py."""
 DISPLAY_HIDDEN = ("PATH", EXIT_FILE_ENV)
@@ -40,9 +54,12 @@ class Command:
     """One command to start, and the variables it gets on top of the current environment."""
 
     kind: str
-    """torchrun | srun (slurm.sbatch run inside an allocation) | sbatch"""
+    """torchrun (torchrun.sh) | slurm.sbatch (the script run with bash inside an allocation: its srun starts
+    one torchrun per node) | sbatch (the script submitted)"""
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    logs: str | None = None
+    """torchrun: the folder for torchrun's own log (torchrun.log) and each rank's output files."""
 
     def text(self) -> str:
         """The command as a shell line, with its variables (PATH left out)."""
@@ -69,7 +86,7 @@ def _path_env(environ: Mapping[str, str]) -> str:
 def _check_endpoint(endpoint: str) -> None:
     host, sep, port = endpoint.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"error: --rdzv-endpoint {endpoint!r} is not HOST:PORT (e.g. node0:29500)")
+        raise UsageError(f"--rdzv-endpoint {endpoint!r} is not HOST:PORT (e.g. node0:29500)")
 
 
 def launch_command(planned: Planned, *, node_rank: int | None = None, rdzv_endpoint: str | None = None,
@@ -80,22 +97,23 @@ def launch_command(planned: Planned, *, node_rank: int | None = None, rdzv_endpo
     env = {"PATH": _path_env(environ)}
     if plan.launch.launcher == "slurm":
         if node_rank is not None or rdzv_endpoint is not None:
-            raise UsageError("error: --node-rank and --rdzv-endpoint do not apply with launch.launcher = \"slurm\": "
+            raise UsageError("--node-rank and --rdzv-endpoint do not apply with launch.launcher = \"slurm\": "
                              "SLURM places the nodes and the script finds the head node itself; drop them")
         env["FP8LAUNCH_PLAN_DIR"] = os.path.abspath(folder)
         script = os.path.join(folder, "slurm.sbatch")
         if environ.get("SLURM_JOB_ID"):
-            return Command(kind="srun", argv=("bash", script), env=env)
+            return Command(kind="slurm.sbatch", argv=("bash", script), env=env)
         return Command(kind="sbatch", argv=("sbatch", "--parsable", *(("--wait",) if wait else ()), script), env=env)
     nodes = plan.distributed.nodes
     if node_rank is not None:
         if node_rank >= nodes:
-            raise UsageError(f"error: --node-rank {node_rank} is not below the number of nodes ({nodes}); node ranks are 0..{nodes - 1}")
+            raise UsageError(f"--node-rank {node_rank} is not below the number of nodes ({nodes}); node ranks are 0..{nodes - 1}")
         env["NODE_RANK"] = str(node_rank)
     if rdzv_endpoint is not None:
         _check_endpoint(rdzv_endpoint)
         env["RDZV_ENDPOINT"] = rdzv_endpoint
-    return Command(kind="torchrun", argv=(os.path.join(folder, "torchrun.sh"),), env=env)
+    return Command(kind="torchrun", argv=(os.path.join(folder, "torchrun.sh"),), env=env,
+                   logs=os.path.join(plan.train.output_dir, LOGS_SUBDIR))
 
 
 def describe(command: Command, environ: Mapping[str, str] | None = None) -> str:
@@ -111,24 +129,105 @@ def describe(command: Command, environ: Mapping[str, str] | None = None) -> str:
 
 
 def execute(command: Command, *, on_job_id: Callable[[str], None] = lambda job: None,
-            environ: Mapping[str, str] | None = None, log: str | None = None) -> int:
+            environ: Mapping[str, str] | None = None, log: str | None = None,
+            out: Callable[[str], None] | None = None, err: Callable[[str], None] | None = None) -> int:
     """Start `command`, wait for it, and return the training's exit code. With `log`, the
-    training's stdout and stderr go to that file instead of the terminal (torchrun only)."""
+    training's stdout and stderr go to that file instead of the terminal (torchrun only).
+
+    A torchrun command with `logs` (and no `log`) shows its workers' lines through `out`/`err`
+    and writes everything, torchrun's own report of a failure included, to `logs`/torchrun.log
+    (and each rank's output to its own file there): a worker that stops with a code of ours has
+    printed its one-line error, and that stays the last thing on the terminal."""
     env = {**(os.environ if environ is None else environ), **command.env}
     _require(command, env)
     if command.kind == "sbatch":
         return _sbatch(command, env, on_job_id)
     with tempfile.TemporaryDirectory(prefix="fp8launch-") as tmp:
         exit_file = os.path.join(tmp, "exit-code")
-        code = _run(command.argv, {**env, EXIT_FILE_ENV: exit_file}, log)
+        env = {**env, EXIT_FILE_ENV: exit_file}
+        if command.kind == "torchrun" and command.logs and log is None:
+            logs = os.path.abspath(command.logs)
+            env.update({LOG_DIR_ENV: logs, RANK_PREFIX_ENV: RANK_PREFIX})
+            shown = _run_shown(command.argv, env, logs, out or _stdout, err or _stderr)
+            code = _reported_code(exit_file, shown.code)
+            if code not in (0, *OUR_CODES) and not shown.worker_lines:  # torchrun itself failed: its lines are all there is
+                for line in shown.agent_lines:
+                    (err or _stderr)(line)
+            return code
+        code = _run(command.argv, env, log)
         return _reported_code(exit_file, code)
 
 
+def _stdout(line: str) -> None:
+    sys.stdout.write(line)
+    sys.stdout.flush()
+
+
+def _stderr(line: str) -> None:
+    sys.stderr.write(line)
+    sys.stderr.flush()
+
+
+@dataclass
+class _Shown:
+    code: int = 0
+    worker_lines: int = 0
+    agent_lines: list[str] = field(default_factory=list)
+    crashed: int | None = None
+    """The rank whose traceback is shown; a traceback of another rank goes to the log only."""
+    hidden: set[int] = field(default_factory=set)
+
+
+def _run_shown(argv: tuple[str, ...], env: Mapping[str, str], logs: str,
+               out: Callable[[str], None], err: Callable[[str], None]) -> _Shown:
+    """Run torchrun with its workers' lines (tagged by RANK_PREFIX) shown on out/err, untagged,
+    and every line, torchrun's own included, in `logs`/torchrun.log."""
+    os.makedirs(logs, exist_ok=True)
+    shown, lock = _Shown(), threading.Lock()
+    with open(os.path.join(logs, "torchrun.log"), "w", encoding="utf-8") as full:
+        child = subprocess.Popen(argv, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, errors="replace", bufsize=1)
+
+        def pump(pipe, echo):
+            for line in pipe:
+                with lock:
+                    full.write(line)
+                    full.flush()
+                    match = WORKER_LINE.match(line)
+                    if not match:
+                        shown.agent_lines.append(line)
+                        continue
+                    rank, text = int(match.group(1)), match.group(2)
+                    shown.worker_lines += 1
+                    if TRACEBACK.match(text):  # one crash shown: the others are its consequences (peers gone)
+                        shown.crashed = rank if shown.crashed is None else shown.crashed
+                        if shown.crashed != rank:
+                            shown.hidden.add(rank)
+                    if rank not in shown.hidden:
+                        echo(_untagged(rank, text))
+
+        pumps = [threading.Thread(target=pump, args=(child.stdout, out), daemon=True),
+                 threading.Thread(target=pump, args=(child.stderr, err), daemon=True)]
+        for t in pumps:
+            t.start()
+        shown.code = _wait(child)
+        for t in pumps:
+            t.join()
+    return shown
+
+
+def _untagged(rank: int, text: str) -> str:
+    """A worker's line as it wrote it; rank N > 0 named once in front (its error lines already are)."""
+    if rank == 0 or text.startswith((f"[rank {rank}] ", f"[rank{rank}]:")):
+        return text
+    return f"[rank {rank}] {text}"
+
+
 def _require(command: Command, env: Mapping[str, str]) -> None:
-    needed = {"torchrun": "torchrun", "srun": "srun", "sbatch": "sbatch"}[command.kind]
+    needed = {"torchrun": "torchrun", "slurm.sbatch": "srun", "sbatch": "sbatch"}[command.kind]
     if shutil.which(needed, path=env.get("PATH")) is None:
         if needed == "torchrun":
-            raise EnvironmentProblem("torchrun is not on PATH; fix: install torch in this environment (pip install 'fp8launch[torch]')")
+            raise EnvironmentProblem(f"torchrun is not on PATH; fix: install torch in this environment: {INSTALL['torch']}")
         raise EnvironmentProblem(f"{needed} is not on PATH: launch.launcher = \"slurm\" needs SLURM's client commands; "
                                  "fix: run on a SLURM login node, or set launch.launcher = \"torchrun\"")
 
@@ -179,7 +278,7 @@ def _sbatch(command: Command, env: Mapping[str, str], on_job_id: Callable[[str],
         child.communicate()  # --parsable prints nothing more on stdout; errors go to stderr, inherited
     except KeyboardInterrupt:
         child.wait()
-        raise Interrupted(f"error: interrupted while waiting; batch job {job or '(not submitted)'} keeps running"
+        raise Interrupted(f"interrupted while waiting; batch job {job or '(not submitted)'} keeps running"
                           + (f"; `scancel {job}` stops it" if job else "")) from None
     return child.returncode
 

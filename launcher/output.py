@@ -1,4 +1,5 @@
-"""Write rendered files atomically into DIR/<name>/, or compare them with what is there (--check)."""
+"""Write rendered files atomically into DIR/<name>/, or compare them with what is there (--check, --diff).
+Only files fp8launch writes (GENERATED_NAMES) are ever replaced or removed."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import tempfile
 from dataclasses import dataclass
 
 EXECUTABLE = (".sh", ".sbatch")
+DRIFT = ("create", "update", "remove")
+"""The changes --check reports as drift. An "extra" file (one fp8launch does not write) is the user's: noted, never removed."""
 GENERATED_NAMES = ("plan.json", "torchrun.sh", "deepspeed.json", "fsdp2.json", "slurm.sbatch", "accelerate.yaml")
 
 

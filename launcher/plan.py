@@ -322,8 +322,9 @@ def _present_sections(data: dict, prefix: str = "") -> set[str]:
     return out
 
 
-def resolve(source: SpecSource, out_dir: str | None = None) -> Plan:
-    """Validated spec -> Plan. `out_dir` is where plan.json goes, to make spec_dir relative to it."""
+def resolve(source: SpecSource) -> Plan:
+    """Validated spec -> Plan. spec_dir is the spec's absolute folder until the planner knows where
+    plan.json goes (pipeline.plan_one makes it relative to that folder)."""
     data = _merge(defaults(), source.data)
     data.pop("$schema", None)
     d, t = data["distributed"], data["train"]
@@ -334,7 +335,7 @@ def resolve(source: SpecSource, out_dir: str | None = None) -> Plan:
     return dataclasses.replace(
         plan,
         spec_sha256=source.sha256,
-        spec_dir=spec_dir_from(source.path, out_dir),
+        spec_dir=spec_dir_from(source.path, None),
         overrides=tuple(source.overridden.values()),
         present=frozenset(_present_sections(source.data)),
     )

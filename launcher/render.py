@@ -68,8 +68,9 @@ def canonical_json(data: object) -> str:
 
 
 def render(plan: Plan, plan_dir: str = "generated") -> dict[str, str]:
-    """Render every file of `plan`. `plan_dir` is the folder they are written to, as the user named it
-    (relative paths stay relative: the SLURM script finds plan.json there unless told otherwise)."""
+    """Render every file of `plan`. `plan_dir` is the folder they are written to, relative to the
+    project root (`project.relative_to_root`): the SLURM script, submitted from that root, finds
+    plan.json there unless told otherwise, and no machine path goes into a committed file."""
     p = plan.precision
     gpus = plan.launch.slurm.gpus_per_node or (0 if plan.launch.device == "cpu" else plan.distributed.procs_per_node)
     context = {

@@ -11,7 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .hardware import FP8_MIN_CAPABILITY, capability_text, requirement, supports
+from .hardware import FP8_MIN_CAPABILITY, INSTALL, capability_text, requirement, supports
 
 if typing.TYPE_CHECKING:
     from .plan import Plan
@@ -32,6 +32,8 @@ class Facts:
     """The backend package that failed to import, at run time."""
     fp8_layers: int | None = None
     """Linear layers converted to FP8, at run time."""
+    foreign_matmuls: tuple[str, ...] = ()
+    """Type names of the model's weight-matrix layers that are not nn.Linear (no backend converts them), at run time."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -229,11 +231,16 @@ RULES: tuple[Rule, ...] = (
          when="fp8 requested but zero Linear layers were converted",
          why="a run that asks for FP8 and trains in high precision is a silent fallback (LlamaFactory #9500).",
          fix="check precision.keep, precision.keep_first_last and precision.torchao.skip_small (or use a model whose Linear dims are multiples of 16)",
-         condition=lambda f: _fp8(f) and f.fp8_layers == 0),
+         condition=lambda f: _fp8(f) and f.fp8_layers == 0,
+         detail=lambda f: ("a run that asks for FP8 and trains in high precision is a silent fallback (LlamaFactory #9500)."
+                           + (f" The model's matrix layers are {', '.join(f.foreign_matmuls)}, not nn.Linear: no FP8 backend converts "
+                              "that module type (transformers' Conv1D is converted for you); write the model with nn.Linear"
+                              if f.foreign_matmuls else ""))),
     Rule(id="BACKEND-MISSING", severity="error", stage="run",
          when="the chosen backend package is not importable",
          why="the backend package is needed to apply the precision the spec asks for.",
-         fix="install it: torchao: pip install 'fp8launch[torchao]'; te: pip install 'fp8launch[te]'; msamp: build MS-AMP from source (github.com/Azure/MS-AMP); deepspeed: pip install 'fp8launch[deepspeed]'",
+         fix="install it: " + "; ".join(f"{name}: {INSTALL[package]}" for name, package in
+                                        (("torchao", "torchao"), ("te", "transformer_engine"), ("msamp", "msamp"), ("deepspeed", "deepspeed"))),
          condition=lambda f: f.missing_package is not None,
          detail=lambda f: f"the {f.missing_package} package is not importable here."),
 )
@@ -245,3 +252,15 @@ def check(facts: Facts, stage: str = "plan") -> list[Finding]:
     """Every rule of `stage` whose condition holds for `facts`, errors first."""
     found = [Finding(r, r.detail(facts) if r.detail else r.why) for r in RULES if r.stage == stage and r.condition(facts)]
     return sorted(found, key=lambda f: not f.is_error)
+
+
+def rule_error(rule_id: str, facts: Facts | None = None):
+    """The error a rule reports (message and fix from this table), for a run-time guard that meets the
+    rule's condition where the rule check itself cannot be called. Plan-stage rules exit 2, run-stage 3."""
+    from .errors import EnvironmentProblem, LauncherError
+
+    rule = RULES_BY_ID[rule_id]
+    message = rule.detail(facts) if rule.detail and facts is not None else rule.why
+    if rule.stage == "run":
+        return EnvironmentProblem(f"{message} fix: {rule.fix}", rule=rule.id)
+    return LauncherError(f"{message} fix: {rule.fix}", rule=rule.id)

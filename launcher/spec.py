@@ -6,7 +6,6 @@ Every problem is collected and reported together, each located as `FILE:LINE: er
 from __future__ import annotations
 
 import datetime as _dt
-import difflib
 import json
 import os
 import tomllib
@@ -19,6 +18,7 @@ import jsonschema
 
 from .errors import Problem, SpecError
 from .sourcemap import Path, json_lines, locate, toml_lines
+from .suggest import closest, did_you_mean
 
 MAX_SPEC_BYTES = 1 << 20  # a precision spec is a few KiB; anything this large is a mistake
 
@@ -242,15 +242,15 @@ def _did_you_mean(value: Any, options: list) -> str:
         return ""
     strs = [str(o) for o in options]
     alias = ALIASES.get(value.lower())
-    match = ([o for o in strs if o.lower() == value.lower()] or ([alias] if alias in strs else [])
-             or difflib.get_close_matches(value, strs, n=1, cutoff=0.6))
-    return f" (did you mean {json.dumps(match[0])}?)" if match else ""
+    if alias in strs and not any(o.lower() == value.lower() for o in strs):
+        return f" (did you mean {json.dumps(alias)}?)"
+    return did_you_mean(value, strs, show=json.dumps)
 
 
 def _did_you_mean_key(key: str, siblings: list[str], parent: Path) -> str:
-    match = difflib.get_close_matches(key, siblings, n=1, cutoff=0.6)
-    if match:
-        return f" (did you mean '{match[0]}'?)"
+    match = closest(key, siblings)
+    if match is not None:
+        return f" (did you mean '{match}'?)"
     elsewhere = [p for p in _all_paths() if p[-1] == key and p[:-1] != parent]
     if elsewhere:
         return f" (did you mean '{'.'.join(elsewhere[0])}'? it belongs in [{'.'.join(elsewhere[0][:-1])}])"

@@ -1,6 +1,8 @@
 """A real two-node SLURM cluster on this one machine, for the tests in test_slurm.py.
 
-The session fixture `slurm_cluster`:
+The session fixture `slurm_cluster` does nothing, and skips the tests saying why, unless the
+environment variable FP8LAUNCH_TEST_SLURM is 1 (`.ci/run` sets it): it installs system packages and
+writes /etc/munge/munge.key, which a developer's `pytest` must not do unasked. When asked, it:
   1. installs Debian's `slurmctld slurmd slurm-client munge` when a binary is missing (as root;
      `apt-get update` first when the package lists do not know them) - skips the tests, saying
      why, only when they cannot be installed (not root, no apt, no network);
@@ -33,6 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+REQUEST_ENV = "FP8LAUNCH_TEST_SLURM"
+"""Set to 1 to let the fixture install and start a cluster (as root); otherwise the SLURM tests skip."""
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 BINARIES = ("slurmctld", "slurmd", "sbatch", "srun", "salloc", "scancel", "scontrol", "sinfo", "squeue", "munged", "munge", "unmunge")
@@ -271,6 +276,9 @@ def _teardown(cluster: SlurmCluster) -> None:
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
+    if os.environ.get(REQUEST_ENV) != "1":
+        pytest.skip(f"{REQUEST_ENV} is not 1: these tests install SLURM and munge (as root) and start a two-node cluster "
+                    f"only when asked; run them with {REQUEST_ENV}=1 (.ci/run sets it)")
     install_s = _install()
     root = Path(tempfile.mkdtemp(prefix="fp8launch-slurm-"))
     conf = root / "slurm.conf"

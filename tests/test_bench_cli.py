@@ -23,3 +23,34 @@ def test_table_shows_figures_and_ratios():
     assert lines[1].split() == ["tokens/s", "1,300", "1,000", "1.300"]
     assert lines[4].split() == ["MFU", "n/a", "n/a", "n/a"]
     assert "NVIDIA H100 x 1, torch 2.11, torchao 0.18.0" in lines[-1]
+
+
+def test_out_that_holds_other_files_is_refused_and_kept(cli, spec, tmp_path):
+    path = spec('version = 1\nname = "b"\n[launch]\ndevice = "cpu"\n[distributed]\nprocs_per_node = 1\n')
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "mine.csv").write_text("keep me\n")
+    r = cli("bench", path, "--out", "results")
+    assert r.exit_code == 2
+    assert r.stderr.strip() == ("error: bench --out results: the folder is not empty and is not a bench's output, and bench "
+                                "writes its runs there; fix: name a new or empty folder")
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["mine.csv"]
+    assert (tmp_path / "results" / "mine.csv").read_text() == "keep me\n"
+
+
+def test_a_previous_bench_folder_loses_only_what_that_bench_wrote(tmp_path):
+    from launcher.bench import MARKER, prepare_out
+
+    out = tmp_path / "b"
+    prepare_out(str(out), ["spec-1", "bf16-1"])
+    for run in ("spec-1", "bf16-1"):
+        (out / run).mkdir()
+        (out / run / "train.log").write_text("log\n")
+    (out / "bench.json").write_text("{}\n")
+    (out / "notes.txt").write_text("the user's\n")
+    prepare_out(str(out), ["spec-1", "bf16-1", "spec-2", "bf16-2"])
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "notes.txt"]
+    assert (out / MARKER).read_text().split() == ["spec-1", "bf16-1", "spec-2", "bf16-2", "bench.json", "bench.png", MARKER]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    prepare_out(str(empty), ["spec-1"])  # an empty folder is used as it is
+    assert sorted(p.name for p in empty.iterdir()) == [MARKER]

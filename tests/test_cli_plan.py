@@ -35,15 +35,21 @@ def test_check_reports_drift_and_writes_nothing(cli, spec, tmp_path):
     assert cli("plan", path, "--out", "out").exit_code == 0
     r = cli("plan", path, "--out", "out", "--check")
     assert r.exit_code == 0 and "up to date: 1 spec checked." in r.stderr
-    # a hand edit, an extra file, and a spec change are all drift
-    (tmp_path / "out" / "t" / "fsdp2.json").write_text("{}\n")
+    # a file of the user's is noted once, not drift, and stays
     (tmp_path / "out" / "t" / "notes.txt").write_text("mine\n")
+    r = cli("plan", path, "--out", "out", "--check")
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr.count("notes.txt") == 1
+    assert "note: out/t/notes.txt is not a file fp8launch writes; left as it is" in r.stderr
+    # a hand edit and a spec change are drift
+    (tmp_path / "out" / "t" / "fsdp2.json").write_text("{}\n")
     r = cli("plan", path, "--out", "out", "--check", "--set", "distributed.strategy=ddp")
     assert r.exit_code == 1
     assert "would update out/t/plan.json" in r.stderr
     assert "would remove out/t/fsdp2.json" in r.stderr
-    assert "would remove extra file out/t/notes.txt" in r.stderr
+    assert "notes.txt" not in r.stderr.replace("note: out/t/notes.txt is not a file fp8launch writes; left as it is", "")
     assert (tmp_path / "out" / "t" / "fsdp2.json").read_text() == "{}\n"
+    assert (tmp_path / "out" / "t" / "notes.txt").read_text() == "mine\n"
 
 
 def test_switching_strategy_removes_the_stale_generated_file_but_not_user_files(cli, spec, tmp_path):
@@ -63,6 +69,19 @@ def test_diff_prints_unified_diffs_on_stdout(cli, spec, tmp_path):
     assert "--- a/out/t/plan.json\n+++ b/out/t/plan.json\n" in r.stdout
     assert '-    "steps": 100,\n+    "steps": 7,\n' in r.stdout
     assert "would update out/t/plan.json" in r.stderr and "would update" not in r.stdout
+
+
+def test_diff_alone_writes_nothing(cli, spec, tmp_path):
+    path = spec(MINIMAL)
+    r = cli("plan", path, "--out", "out", "--diff")
+    assert r.exit_code == 0, r.stderr
+    assert not (tmp_path / "out").exists()
+    assert "+++ b/out/t/plan.json\n" in r.stdout and "would create out/t/plan.json" in r.stderr
+    cli("plan", path, "--out", "out")
+    before = (tmp_path / "out" / "t" / "plan.json").read_bytes()
+    r = cli("plan", path, "--out", "out", "--diff", "--set", "train.steps=7")
+    assert r.exit_code == 0 and '+    "steps": 7,\n' in r.stdout
+    assert (tmp_path / "out" / "t" / "plan.json").read_bytes() == before
 
 
 def test_set_and_nodes_override_the_file(cli, spec, tmp_path):

@@ -223,7 +223,22 @@ def test_cli_text_here(cli):
     lines = result.stdout.splitlines()
     assert f"torchao              {metadata.version('torchao')}" in lines
     assert any(line.startswith("fp8 torchao tensorwise") and " yes " in line for line in lines)
-    assert any(line.startswith("fp8 te current") and " no " in line for line in lines)
+    assert any(line.startswith("fp8 te: every recipe") and " no " in line for line in lines)
+
+
+def test_cli_text_says_a_reason_shared_by_every_recipe_once(cli, monkeypatch):
+    monkeypatch.setattr(doctor, "gather", lambda: CPU_TORCHAO)
+    result = cli("doctor")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    te = [line for line in lines if line.startswith("fp8 te")]
+    assert te == ["fp8 te: every recipe               no    Transformer Engine and MS-AMP run only on CUDA GPUs; torchao FP8 is the "
+                  "backend that runs on CPU. fix: set precision.backend = \"torchao\", or launch.device = \"cuda\""]
+    assert sum("the transformer_engine package is not importable here" in line for line in lines) == 1
+    assert sum("the msamp package is not importable here" in line for line in lines) == 1
+    assert [line.split(":")[0] for line in lines if line.startswith("fp8 msamp")] == ["fp8 msamp"]
+    assert [line.split()[:3] for line in lines if line.startswith("fp8 torchao")] == [
+        ["fp8", "torchao", "tensorwise"], ["fp8", "torchao", "rowwise"], ["fp8", "torchao", "rowwise_with_gw_hp"]]
 
 
 def test_cli_exit_3_without_fp8(cli, monkeypatch):

@@ -15,7 +15,7 @@ from conftest import REPO
 from launcher import doctor
 from launcher.doctor import gather
 from launcher.init_spec import Choices, _toml_str, decide, default_name, interview, render_spec, starter_spec
-from launcher.planning import plan_one
+from launcher.pipeline import plan_one
 from launcher.spec import read_spec, validate
 from test_doctor import A100, ALL, CPU_TORCHAO, H100_TE, NO_TORCH, cpu_machine, gpu_machine
 
@@ -236,3 +236,17 @@ def test_interactive_through_a_pty(tmp_path):
         os.close(master)
     data = tomllib.loads((tmp_path / "pty.toml").read_text())
     assert data["name"] == "from-the-prompt" and data["precision"]["backend"] == "torchao"
+
+
+@pytest.mark.parametrize("model", ["builtin:llama3-8b", "builtin:llama3-1b", "builtin:llama-small"])
+def test_the_model_that_fits_comes_from_the_size_table(model):
+    from launcher.doctor import Gpu, Machine
+    from launcher.init_spec import _fit_model
+    from launcher.memory import model_params
+
+    def machine(gib):
+        return Machine(python="3.11", torch="2.13", gpus=(Gpu(index=0, name="G", capability=(9, 0), memory_gib=gib),))
+
+    exact = 2 * 16 * model_params(model) / 1024**3  # model states take half of the GPU: exactly the budget
+    assert _fit_model(machine(exact), "ddp", 1) == model
+    assert _fit_model(machine(exact * 0.999), "ddp", 1) != model

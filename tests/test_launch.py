@@ -115,6 +115,8 @@ def test_slurm_inside_an_allocation_runs_the_script_srun_line(cli, spec, tmp_pat
     r = cli("run", spec(SLURM_SPEC.replace('device = "cpu"', 'device = "cpu"\nlauncher = "slurm"')), "--dry-run")
     assert r.exit_code == 0, r.stderr
     assert r.stdout == f"FP8LAUNCH_PLAN_DIR={tmp_path / 'runs/t/plan'} bash runs/t/plan/slurm.sbatch\n"
+    command = launch_command(plan_for_run("spec.toml"), environ={"SLURM_JOB_ID": "77", "PATH": "/usr/bin"})
+    assert command.kind == "slurm.sbatch" and command.argv == ("bash", os.path.join("runs", "t", "plan", "slurm.sbatch"))
 
 
 def test_slurm_refuses_node_rank_and_endpoint(cli, spec):

@@ -38,7 +38,6 @@ or piece by piece:
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -46,7 +45,6 @@ import shutil
 import sys
 import time
 import typing
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -57,6 +55,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from launcher import __version__
 from launcher.errors import EnvironmentProblem, LauncherError
+from launcher.train.checkpoint_dcp import _load_dcp, _save_dcp
+from launcher.train.checkpoint_deepspeed import _clean_param_names, clean_fqn
 from launcher.train.factory import InputError
 from launcher.train.rng import rng_state, set_rng_state
 
@@ -75,8 +75,6 @@ FORMAT_VERSION = 1
 KEY = "train.resume"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP, _TRASH = ".tmp-", ".trash-"
-_WRAPPER_NAMES = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
-"""Module names that wrappers (torch.compile, checkpoint_wrapper, FSDP1) insert into parameter names."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,12 +91,6 @@ class LoadedState:
     saved_world_size: int
     warnings: tuple[str, ...] = ()
     """Things the user should know (e.g. the world size changed); the caller logs them."""
-
-
-def clean_fqn(name: str) -> str:
-    """A parameter name without the modules wrappers insert (`_orig_mod`, `_checkpoint_wrapped_module`,
-    `_fsdp_wrapped_module`): the name the parameter has in the model as the user built it."""
-    return ".".join(part for part in name.split(".") if part not in _WRAPPER_NAMES)
 
 
 def read_marker(path: str) -> dict | None:
@@ -410,142 +402,19 @@ class CheckpointManager:
         return result
 
 
-def _describe(error: BaseException | None) -> tuple[str, int] | None:
-    """An error as (message, exit code), to send to the other ranks."""
+def _describe(error: BaseException | None) -> tuple[str, int, str | None] | None:
+    """An error as (message, exit code, rule), to send to the other ranks; `where` is added to a foreign one."""
     if error is None:
         return None
     if isinstance(error, LauncherError):
-        return str(error), error.exit_code
-    return f"error: {type(error).__name__}: {_first_line(error)}", EnvironmentProblem.exit_code
+        return error.message, error.exit_code, error.rule or ""
+    return f"{type(error).__name__}: {_first_line(error)}", EnvironmentProblem.exit_code, None
 
 
-def _remote_error(failure: tuple[str, int], where: str) -> LauncherError:
+def _remote_error(failure: tuple[str, int, str | None], where: str) -> LauncherError:
     """The error another rank raised, raised here too (so no rank waits for the others forever)."""
-    message, exit_code = failure
-    error = LauncherError(message if message.startswith("error") else f"error: {where}: {message}")
-    error.exit_code = exit_code
-    return error
-
-
-# -- DCP (DDP, FSDP2) ---------------------------------------------------------------------
-
-def _save_dcp(tmp: str, model, optimizer) -> tuple[bool, dict]:
-    """Weights and optimizer state, sharded. Returns whether torchao float8 weights carried
-    precomputed scales (loading recomputes them), and this rank's modules' `_extra_state`."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-    weights, extra_state = _split_extra_state(_plain(get_model_state_dict(model)))
-    dcp.save(weights, checkpoint_id=os.path.join(tmp, "model"))
-    if optimizer is not None:
-        dcp.save(_plain(get_optimizer_state_dict(model, optimizer)), checkpoint_id=os.path.join(tmp, "optim"))
-    scales = any(w._precomputed_scale is not None for w in _float8_weights(model))
-    return scales, {k: _as_tensor(v) for k, v in extra_state.items()}
-
-
-def _load_dcp(path: str, model, optimizer, extra_state: dict, float8_precomputed_scale: bool) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    weights, wanted = _split_extra_state(_plain(get_model_state_dict(model)))
-    dcp.load(weights, checkpoint_id=os.path.join(path, "model"))
-    if wanted.keys() != extra_state.keys():
-        raise ValueError(f"the model's FP8 extra state ({len(wanted)} modules) is not the saved one ({len(extra_state)} modules)")
-    set_model_state_dict(model, {**weights, **extra_state})
-    if optimizer is not None:
-        state = _plain(get_optimizer_state_dict(model, optimizer))
-        dcp.load(state, checkpoint_id=os.path.join(path, "optim"))
-        set_optimizer_state_dict(model, optimizer, state)
-    _restore_float8_scales(model, float8_precomputed_scale)
-
-
-def _plain(tree):
-    """State dict values as plain tensors (DTensors of plain tensors). torchao's float8 all-gather
-    wraps FSDP2 weights in WeightWithDynamicFloat8CastTensor, which DCP would pickle as that class:
-    the checkpoint would then need torchao (and weights_only=False) to read. The wrapper holds
-    the high-precision weight itself in `_tensor`, same dtype and shape: save that, sharing memory."""
-    from torch.distributed.tensor import DTensor
-    from torch.utils._pytree import tree_map_only
-
-    def inner(t: torch.Tensor) -> torch.Tensor:
-        while type(t) not in (torch.Tensor, torch.nn.Parameter):
-            wrapped = getattr(t, "_tensor", None)
-            if not (isinstance(wrapped, torch.Tensor) and wrapped.dtype == t.dtype and wrapped.shape == t.shape):
-                break  # a quantized container (e.g. TE's Float8Tensor) is not a wrapper: keep it
-            t = wrapped
-        return t
-
-    def plain(t: torch.Tensor) -> torch.Tensor:
-        if isinstance(t, DTensor):
-            local = inner(t._local_tensor)
-            if local is t._local_tensor:
-                return t
-            return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
-        return inner(t)
-
-    return tree_map_only(torch.Tensor, plain, tree)
-
-
-def _split_extra_state(state: dict) -> tuple[dict, dict]:
-    """(weights, extra state). Modules' `_extra_state` (Transformer Engine's FP8 scaling state: amax
-    history, scales) is per rank and changes size as it fills, which DCP cannot load into: it goes to
-    the rank files, and `model/` holds the high-precision weights only."""
-    weights = {k: v for k, v in state.items() if not k.endswith("._extra_state") and k != "_extra_state"}
-    return weights, {k: v for k, v in state.items() if k not in weights}
-
-
-def _as_tensor(value):
-    """An `_extra_state` value the rank file can hold with weights_only: TE's BytesIO as uint8 bytes."""
-    if isinstance(value, io.BytesIO):
-        return torch.frombuffer(bytearray(value.getvalue()), dtype=torch.uint8)
-    return value
-
-
-def _float8_weights(model) -> list:
-    """torchao WeightWithDynamicFloat8CastTensor locals of the model's FSDP2 parameters (float8 all-gather)."""
-    from torch.distributed.tensor import DTensor
-
-    out = []
-    for p in model.parameters():
-        local = p._local_tensor if isinstance(p, DTensor) else p
-        if hasattr(local, "_precomputed_scale") and hasattr(local, "_tensor"):
-            out.append(local)
-    return out
-
-
-def _restore_float8_scales(model, precomputed: bool) -> None:
-    """Scales precomputed before the save are recomputed from the loaded weights (as the run did
-    after its last optimizer step); stale scales from before the load are dropped."""
-    weights = _float8_weights(model)
-    for w in weights:
-        w._precomputed_scale = None
-    if weights and precomputed:
-        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
-
-        precompute_float8_dynamic_scale_for_fsdp(model)
-
-
-# -- DeepSpeed ----------------------------------------------------------------------------
-
-@contextmanager
-def _clean_param_names(engine):
-    """DeepSpeed names parameters in its checkpoint (and so in zero_to_fp32's output) by
-    `module.named_parameters()`, wrappers included; give it the clean FQNs while it saves or loads."""
-    names = getattr(engine, "param_names", None)
-    clean = {p: clean_fqn(n) for p, n in names.items()} if isinstance(names, dict) else None
-    if clean is None or len(set(clean.values())) != len(clean):
-        yield
-        return
-    engine.param_names = clean
-    try:
-        yield
-    finally:
-        engine.param_names = names
+    message, exit_code, rule = failure
+    return LauncherError(message if rule is not None else f"{where}: {message}", rule=rule or None, exit_code=exit_code)
 
 
 # -- files --------------------------------------------------------------------------------

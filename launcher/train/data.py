@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from launcher.errors import BackendMissing
+from launcher.hardware import INSTALL
 from launcher.train.factory import InputError, load_factory, resolve_path
 
 KEY = "train.data"
@@ -268,7 +269,7 @@ def _text_corpus(path: str, vocab_size: int) -> tuple[np.ndarray, str]:
         try:
             from tokenizers import Tokenizer
         except ImportError as e:
-            raise BackendMissing("tokenizers", "pip install 'fp8launch[hf]'") from e
+            raise BackendMissing("tokenizers", INSTALL["tokenizers"]) from e
         try:
             with open(path, encoding="utf-8") as f:
                 text = f.read()

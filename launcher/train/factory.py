@@ -9,7 +9,6 @@ propagate unchanged, with their traceback.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import os
@@ -18,6 +17,7 @@ import traceback
 from typing import Any, Callable
 
 from launcher.errors import LauncherError
+from launcher.suggest import did_you_mean
 
 
 class InputError(LauncherError):
@@ -27,13 +27,7 @@ class InputError(LauncherError):
         self.key = key
         self.detail = message
         self.fix = fix
-        super().__init__(f"error: {key}: {message}; fix: {fix}")
-
-
-def did_you_mean(word: str, choices) -> str:
-    """' (did you mean 'x'?)' for the closest of `choices`, or ''."""
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+        super().__init__(f"{key}: {message}; fix: {fix}")
 
 
 def resolve_path(path: str, spec_dir: str, key: str) -> str:

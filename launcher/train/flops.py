@@ -23,7 +23,6 @@ from __future__ import annotations
 from launcher.gpus import DTYPE_ALIASES, PEAK_TFLOPS, peak_tflops  # noqa: F401  (re-exported; the table lives in launcher/gpus.py)
 
 import typing
-from typing import Callable
 
 from launcher.train.models.config import LlamaConfig, linear_params
 
@@ -76,12 +75,4 @@ def linear_macs(model: "nn.Module") -> dict[str, int]:
     """Multiply-adds per token of each Linear layer (in_features * out_features), by FQN."""
     return {name: m.in_features * m.out_features for name, m in model.named_modules() if is_linear(m)}
 
-
-def linear_flops_share(model: "nn.Module", is_fp8: Callable[[str, "nn.Module"], bool]) -> float:
-    """Share (0..1) of the Linear FLOPs done by the layers for which `is_fp8(fqn, module)` holds."""
-    macs = {name: (m, m.in_features * m.out_features) for name, m in model.named_modules() if is_linear(m)}
-    total = sum(n for _, n in macs.values())
-    if not total:
-        return 0.0
-    return sum(n for name, (m, n) in macs.items() if is_fp8(name, m)) / total
 

@@ -132,7 +132,7 @@ class Trainer:
             tokens = next(self.state.data)
         except StopIteration:
             raise LauncherError(
-                f"error: train.data ran out of batches at step {self.state.step + 1} of {self.plan.train.steps}; "
+                f"train.data ran out of batches at step {self.state.step + 1} of {self.plan.train.steps}; "
                 "fix: give it more data, or lower train.steps"
             ) from None
         return tokens.to(self.device, non_blocking=True)
@@ -191,13 +191,13 @@ class Trainer:
                  else "make the change and start again")
         if self.plan.train.on_nan == "stop":
             raise TrainingDiverged(
-                f"error: step {step}: non-finite {what}; every rank stopped before the update (train.on_nan = \"stop\"); "
+                f"step {step}: non-finite {what}; every rank stopped before the update (train.on_nan = \"stop\"); "
                 f"{where}; {causes}; fix: {again}, or set train.on_nan = \"skip\" to step over isolated bad batches"
             )
         self._consecutive_skips += 1
         if self._consecutive_skips >= MAX_CONSECUTIVE_SKIPS:
             raise TrainingDiverged(
-                f"error: step {step}: non-finite {what} for {MAX_CONSECUTIVE_SKIPS} steps in a row, the most "
+                f"step {step}: non-finite {what} for {MAX_CONSECUTIVE_SKIPS} steps in a row, the most "
                 f"train.on_nan = \"skip\" steps over (MAX_CONSECUTIVE_SKIPS); every rank stopped, "
                 f"{self.state.skipped_steps + 1} steps skipped in all; {where}; {causes}; fix: {again}"
             )

@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan", required=True, help="plan.json written by `fp8launch plan` or `fp8launch run`")
     args = parser.parse_args(argv)
-    from launcher.train import preempt
+    from launcher.train import preempt, quiet
 
+    quiet.install()  # known-harmless library messages, dropped by their exact text
     preempt.install()  # before importing torch: a SIGTERM from now on asks for a clean stop
     _forget_exit_code_of_earlier_attempt()
     from launcher.train import distributed
@@ -187,9 +188,9 @@ def _load(plan_path: str, load_plan):
     try:
         return load_plan(plan_path)
     except FileNotFoundError:
-        raise LauncherError(f"error: {plan_path} does not exist; fix: write it with `fp8launch plan SPEC`") from None
+        raise LauncherError(f"{plan_path} does not exist; fix: write it with `fp8launch plan SPEC`") from None
     except (ValueError, KeyError, TypeError) as e:
-        raise LauncherError(f"error: {plan_path} is not a plan fp8launch can read ({e}); fix: regenerate it with `fp8launch plan SPEC`") from None
+        raise LauncherError(f"{plan_path} is not a plan fp8launch can read ({e}); fix: regenerate it with `fp8launch plan SPEC`") from None
 
 
 def _record_exit_code(code: int) -> None:

@@ -40,6 +40,7 @@ class Preempted(LauncherError):
     """The run stopped on a signal, after a checkpoint every rank finished writing."""
 
     exit_code = EXIT_PREEMPTED
+    label = None  # "preempted: ..." is a clean stop, not an error
 
 
 def _handler(signum, frame) -> None:  # noqa: ARG001 - the signal module's signature

@@ -8,10 +8,14 @@ importing torch and torchao in every process, joining the rendezvous).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from .helpers import FP8, FP8_LAYERS, TOTAL_LINEAR, check_run, free_port, output_of, records, run, start, write_spec
+from .helpers import FP8, FP8_LAYERS, RUN_TIMEOUT_S, TOTAL_LINEAR, check_run, env, free_port, output_of, records, run, start, write_spec
 
 pytestmark = pytest.mark.slow
 
@@ -159,7 +163,14 @@ def test_cuda_without_a_gpu_exits_3_with_one_line(tmp_path):
     """An environment problem inside the workers: one clear line, exit code 3 through torchrun. ~4 s."""
     spec = write_spec(tmp_path, "no-gpu", launch__device="cuda", train__steps=2)
     r, _ = run(tmp_path, "run", str(spec))
-    assert r.returncode == 3, output_of(r)
+    assert r.returncode == 3, output_of(r)  # fp8launch run finds it before starting torchrun
+    assert [line for line in r.stderr.splitlines() if "warning" not in line] == [
+        'error: launch.device = "cuda" but this machine shows no GPU (no /dev/nvidia*, no /proc/driver/nvidia/gpus, no GPU in '
+        '`nvidia-smi -L`, or CUDA_VISIBLE_DEVICES hides them); fix: run on a GPU machine, or set launch.device = "cpu" (or "auto")']
+    # the generated script started by hand: the workers find it, and say it once
+    assert run(tmp_path, "run", str(spec), "--dry-run")[0].returncode == 0
+    r = subprocess.run(["bash", str(tmp_path / "runs" / "no-gpu" / "plan" / "torchrun.sh")], cwd=tmp_path, env={**env(), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"},
+                       capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert r.returncode != 0, output_of(r)
     assert r.stderr.count('error: launch.device = "cuda" but torch sees no CUDA GPU here') == 1
-    assert "fp8launch: no-gpu: torchrun exited with code 3" in r.stderr
     assert not (tmp_path / "runs" / "no-gpu" / "metrics.jsonl").exists()

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.output import write
-from launcher.planning import plan_one
+from launcher.pipeline import plan_one
 from launcher.train.distributed import DistEnv
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")

@@ -29,8 +29,9 @@ def msamp_plan(opt_level="O2", use_te=False, strategy="ddp", zero_stage=2, **pre
 def test_initialize_arguments():
     assert msamp_init_args(msamp_plan("O1")) == {"opt_level": "O1"}
     assert msamp_init_args(msamp_plan("O2", use_te=True)) == {"opt_level": "O2", "use_te": True}
-    with pytest.raises(LauncherError, match='distributed.strategy = "deepspeed"'):
+    with pytest.raises(LauncherError, match='distributed.strategy = "deepspeed"') as e:
         msamp_init_args(msamp_plan("O3"))
+    assert e.value.rule == "MSAMP-O3-STRATEGY" and e.value.exit_code == 2  # the rule table's message
 
 
 def test_deepspeed_section_and_who_initializes():

@@ -58,8 +58,9 @@ def test_every_kwarg_is_a_field_of_the_te_2_20_class(recipe):
 
 
 def test_block_with_fp8_attention_is_refused_with_the_fix():
-    with pytest.raises(LauncherError, match="precision.te.fp8_dpa = false"):
+    with pytest.raises(LauncherError, match="precision.te.fp8_dpa = false") as e:
         recipe_kwargs(te_plan(recipe="block", fp8_dpa=True).precision.te)
+    assert e.value.rule == "TE-BLOCK-FP8-ATTENTION"  # the rule table's message, not a copy of it
 
 
 def test_unread_fields_name_what_the_recipe_ignores():

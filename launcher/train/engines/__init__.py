@@ -130,9 +130,9 @@ def read_config(plan_dir: str, name: str) -> dict:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except FileNotFoundError as e:
-        raise LauncherError(f"error: {path} is missing; fix: regenerate the plan with `fp8launch plan SPEC`") from e
+        raise LauncherError(f"{path} is missing; fix: regenerate the plan with `fp8launch plan SPEC`") from e
     except json.JSONDecodeError as e:
-        raise LauncherError(f"error: {path} is not valid JSON ({e.msg} at line {e.lineno}); fix: regenerate it with `fp8launch plan SPEC`") from e
+        raise LauncherError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}); fix: regenerate it with `fp8launch plan SPEC`") from e
 
 
 def wrap(model: nn.Module, plan: Plan, precision: Precision, plan_dir: str, *, env: DistEnv,
@@ -152,4 +152,4 @@ def wrap(model: nn.Module, plan: Plan, precision: Precision, plan_dir: str, *, e
         from .deepspeed_engine import wrap_deepspeed
 
         return wrap_deepspeed(model, plan, precision, read_config(plan_dir, "deepspeed.json"), env=env)
-    raise LauncherError(f"error: unknown distributed.strategy {strategy!r} in plan.json; fix: use ddp, fsdp2 or deepspeed")
+    raise LauncherError(f"unknown distributed.strategy {strategy!r} in plan.json; fix: use ddp, fsdp2 or deepspeed")

@@ -35,7 +35,7 @@ class FSDP2Engine(Engine):
 def _dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
-        raise LauncherError(f"error: fsdp2.json names dtype {name!r}, which torch does not have; fix: regenerate it with `fp8launch plan SPEC`")
+        raise LauncherError(f"fsdp2.json names dtype {name!r}, which torch does not have; fix: regenerate it with `fp8launch plan SPEC`")
     return dtype
 
 
@@ -48,12 +48,12 @@ def fsdp2_kwargs(config: dict, precision: Precision, device: torch.device) -> di
     expected = precision.param_dtype or torch.float32
     if param_dtype != expected:
         raise LauncherError(
-            f"error: fsdp2.json has param_dtype {mp['param_dtype']} but the precision in plan.json computes in {expected}; "
+            f"fsdp2.json has param_dtype {mp['param_dtype']} but the precision in plan.json computes in {expected}; "
             "fix: regenerate the plan folder with `fp8launch plan SPEC` (do not edit generated files)"
         )
     if bool(config["float8"]["enable_fsdp_float8_all_gather"]) != bool(precision.fsdp_float8_all_gather):
         raise LauncherError(
-            f"error: fsdp2.json has enable_fsdp_float8_all_gather = {config['float8']['enable_fsdp_float8_all_gather']} but the "
+            f"fsdp2.json has enable_fsdp_float8_all_gather = {config['float8']['enable_fsdp_float8_all_gather']} but the "
             f"precision backend converted the model with {precision.fsdp_float8_all_gather}; "
             "fix: regenerate the plan folder with `fp8launch plan SPEC` (do not edit generated files)"
         )
@@ -72,7 +72,7 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
     shape = tuple(config["mesh"]["shape"])
     if shape != (env.world_size,):
         raise LauncherError(
-            f"error: fsdp2.json shards over a mesh of {list(shape)} but this job has world size {env.world_size}; "
+            f"fsdp2.json shards over a mesh of {list(shape)} but this job has world size {env.world_size}; "
             "fix: regenerate the plan for this many nodes and processes (`fp8launch run` does it)"
         )
     mesh = init_device_mesh(env.device.type, shape, mesh_dim_names=tuple(config["mesh"]["dim_names"]))

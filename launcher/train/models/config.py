@@ -7,7 +7,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from launcher.train.factory import InputError, did_you_mean
+from launcher.suggest import did_you_mean
+from launcher.train.factory import InputError
 
 KEY = "train.model"
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from launcher.errors import BackendMissing
+from launcher.hardware import INSTALL
 from launcher.train.factory import InputError, resolve_path
 
 KEY = "train.model"
@@ -25,7 +26,7 @@ def _transformers():
     try:
         import transformers
     except ImportError as e:
-        raise BackendMissing("transformers", "pip install 'fp8launch[hf]'") from e
+        raise BackendMissing("transformers", INSTALL["transformers"]) from e
     return transformers
 
 

@@ -21,6 +21,7 @@ from launcher.errors import EnvironmentProblem, LauncherError
 from launcher.rules import Facts, check
 
 from .amp import Precision, apply_amp
+from .conv1d import foreign_matmuls, linearize
 from .report import PrecisionReport
 
 if typing.TYPE_CHECKING:
@@ -58,6 +59,7 @@ def apply_precision(model: nn.Module, plan: Plan, device: torch.device) -> Preci
     if not p.fp8:
         return apply_amp(model, plan, device)
     raise_run_errors(plan, device, capability=capability(device))
+    linearize(model)  # transformers' Conv1D (GPT-2) -> the equivalent nn.Linear, which every backend converts
     if p.backend == "torchao":
         from .torchao_fp8 import apply_torchao
 
@@ -72,5 +74,6 @@ def apply_precision(model: nn.Module, plan: Plan, device: torch.device) -> Preci
         precision = apply_msamp(model, plan, device)
     else:  # the schema allows no other value; a hand-edited plan.json could
         raise LauncherError(f"unknown precision.backend {p.backend!r} in the plan; use torchao, te or msamp")
-    raise_run_errors(plan, device, fp8_layers=precision.report.fp8_layers)
+    fp8_layers = precision.report.fp8_layers
+    raise_run_errors(plan, device, fp8_layers=fp8_layers, foreign_matmuls=tuple(foreign_matmuls(model)) if fp8_layers == 0 else ())
     return precision

@@ -25,7 +25,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from launcher.errors import BackendMissing, LauncherError
+from launcher.errors import BackendMissing
+from launcher.rules import Facts, rule_error
 
 from . import select
 from .amp import Precision, amp_settings
@@ -45,9 +46,7 @@ def msamp_init_args(plan: Plan) -> dict:
     """Keyword arguments of msamp.initialize(model, optimizer, **args)."""
     m = plan.precision.msamp
     if m.opt_level not in ("O1", "O2"):
-        raise LauncherError(
-            f"MS-AMP opt_level {m.opt_level} exists only through its DeepSpeed integration; "
-            'fix: set distributed.strategy = "deepspeed", or precision.msamp.opt_level = "O2"')
+        raise rule_error("MSAMP-O3-STRATEGY", Facts(plan=plan))  # O3 goes through DeepSpeed, never msamp.initialize
     args = {"opt_level": m.opt_level}
     if m.use_te:  # the use_te argument exists from MS-AMP 0.3 on; older versions take three arguments
         args["use_te"] = True

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typing
 
-from launcher.errors import LauncherError
+from launcher.rules import rule_error
 
 if typing.TYPE_CHECKING:
     from launcher.plan import TEConfig
@@ -64,10 +64,7 @@ def recipe_kwargs(te: TEConfig) -> tuple[str, dict]:
     """(TE recipe class name, constructor kwargs). `fp8_format` is the Format member's name;
     te.py turns it into `Format[name]`."""
     if te.recipe == "block" and (te.fp8_dpa or te.fp8_mha):
-        raise LauncherError(
-            'precision.te.recipe = "block" does not support FP8 attention (Transformer Engine asserts '
-            'fp8_dpa and fp8_mha are false for Float8BlockScaling); fix: set precision.te.fp8_dpa = false '
-            'and precision.te.fp8_mha = false, or precision.te.recipe = "current"')
+        raise rule_error("TE-BLOCK-FP8-ATTENTION")  # planning refuses it; a hand-edited plan.json could hold it
     kwargs = {name: getattr(te, name) for name in READS[te.recipe]}
     return RECIPE_CLASS[te.recipe], kwargs
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 
 from .errors import UsageError
 from .memory import estimate, model_params
@@ -10,6 +9,7 @@ from .output import Change
 from .plan import Plan
 from .precision_table import ROWS, precision_table
 from .rules import RULES, RULES_BY_ID
+from .suggest import did_you_mean
 
 
 def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | None = None) -> str:
@@ -55,9 +55,8 @@ def rules_table() -> str:
 def explain_rule(rule_id: str) -> str:
     rule = RULES_BY_ID.get(rule_id.upper())
     if rule is None:
-        close = difflib.get_close_matches(rule_id.upper(), list(RULES_BY_ID), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        raise UsageError(f"error: no rule {rule_id!r}{hint}; `fp8launch explain` lists them")
+        hint = did_you_mean(rule_id.upper(), RULES_BY_ID, show=str)
+        raise UsageError(f"no rule {rule_id!r}{hint}; `fp8launch explain` lists them")
     checked = "when planning (fp8launch plan and run)" if rule.stage == "plan" else "at run time, on the machine that trains"
     return "\n".join([
         f"{rule.id} ({rule.severity}, checked {checked})",

@@ -9,6 +9,7 @@ from typing import Callable
 
 from .errors import Problem, SpecError
 from .plan import Plan, resolve, spec_dir_from
+from .project import relative_to_root
 from .render import render
 from .rules import Facts, Finding, check
 from .spec import apply_overrides, read_spec, validate
@@ -37,7 +38,7 @@ def plan_one(path: str, out_dir: str, overrides: list[str] = (), strict: bool = 
     plan = resolve(source)
     folder = folder_of(plan) if folder_of else os.path.join(out_dir, plan.name)
     plan = dataclasses.replace(plan, spec_dir=spec_dir_from(path, folder))
-    files = render(plan, plan_dir=folder)
+    files = render(plan, plan_dir=relative_to_root(folder))
     findings = check(Facts(plan=plan, rendered=files), stage="plan")
     errors = [f for f in findings if f.is_error or strict]
     warnings = [f for f in findings if f not in errors]

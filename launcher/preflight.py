@@ -1,0 +1,83 @@
+"""What `fp8launch run` checks in the launching process before it starts any: torch-free, so that a
+run that cannot work stops at once with one line (exit 3) instead of after every worker has
+imported torch and torchrun has printed its failure table.
+
+- the packages the plan imports are importable (`importlib.util.find_spec`, nothing imported);
+- launch.device = "cuda" finds a GPU on this machine (device files, the driver's /proc entries,
+  or `nvidia-smi -L`), when torchrun starts the processes here (not under SLURM: the job's nodes
+  are not the machine that submits it);
+- train.output_dir can be created and written.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+from importlib import util
+from typing import Mapping
+
+from .doctor import packages_needed
+from .errors import EnvironmentProblem
+from .hardware import INSTALL
+from .plan import Plan
+from .rules import RULES_BY_ID, Facts
+
+
+def check(plan: Plan, *, local: bool, gpu_here: bool | None = None, environ: Mapping[str, str] | None = None) -> None:
+    """Raise EnvironmentProblem (exit 3) for the first thing that keeps `plan` from running here.
+    `local`: the training processes use this Python environment (torchrun, or slurm.sbatch run inside an
+    allocation); `gpu_here` (default: `local`): they run on this machine, so its GPUs are theirs
+    (not so for slurm.sbatch from an salloc shell, which may sit on a login node)."""
+    environ = os.environ if environ is None else environ
+    check_output_dir(plan.train.output_dir)
+    if not local:
+        return
+    for package in ["torch", *packages_needed(plan)]:
+        if not importable(package):
+            detail = RULES_BY_ID["BACKEND-MISSING"].detail(Facts(plan=plan, missing_package=package))
+            raise EnvironmentProblem(f"{detail} fix: install it: {INSTALL[package]}", rule="BACKEND-MISSING")
+    if plan.launch.device == "cuda" and (local if gpu_here is None else gpu_here) and not gpu_present(environ):
+        raise EnvironmentProblem('launch.device = "cuda" but this machine shows no GPU (no /dev/nvidia*, no /proc/driver/nvidia/gpus, '
+                                 'no GPU in `nvidia-smi -L`, or CUDA_VISIBLE_DEVICES hides them); fix: run on a GPU machine, '
+                                 'or set launch.device = "cpu" (or "auto")')
+
+
+def importable(module: str) -> bool:
+    try:
+        return util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def gpu_present(environ: Mapping[str, str], root: str = "/") -> bool:
+    """Whether a CUDA (or ROCm) GPU is visible here, without torch. `root` stands for / in tests."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    at = lambda path: os.path.join(root, path)  # noqa: E731
+    if glob.glob(at("dev/nvidia[0-9]*")) or glob.glob(at("proc/driver/nvidia/gpus/*")) or os.path.exists(at("dev/kfd")):
+        return True
+    smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
+    if smi is None:
+        return False
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return listed.returncode == 0 and any(line.startswith("GPU ") for line in listed.stdout.splitlines())
+
+
+def check_output_dir(output_dir: str) -> None:
+    """train.output_dir exists as a writable folder, or can be created (its nearest existing parent is one)."""
+    path = os.path.abspath(output_dir)
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise EnvironmentProblem(f"train.output_dir = {output_dir!r} cannot be created: {existing} is a file, not a folder; "
+                                 "fix: set train.output_dir to a folder you can write")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise EnvironmentProblem(f"train.output_dir = {output_dir!r} is not writable here ({existing} is not); "
+                                 "fix: set train.output_dir to a folder you can write")

@@ -1,0 +1,111 @@
+"""The DCP half of checkpoint.py (DDP, FSDP2): weights and optimizer state through
+torch.distributed.checkpoint, sharded, with plain tensors and the FP8 extra state kept apart."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import torch
+
+# -- DCP (DDP, FSDP2) ---------------------------------------------------------------------
+
+def _save_dcp(tmp: str, model, optimizer) -> tuple[bool, dict]:
+    """Weights and optimizer state, sharded. Returns whether torchao float8 weights carried
+    precomputed scales (loading recomputes them), and this rank's modules' `_extra_state`."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    weights, extra_state = _split_extra_state(_plain(get_model_state_dict(model)))
+    dcp.save(weights, checkpoint_id=os.path.join(tmp, "model"))
+    if optimizer is not None:
+        dcp.save(_plain(get_optimizer_state_dict(model, optimizer)), checkpoint_id=os.path.join(tmp, "optim"))
+    scales = any(w._precomputed_scale is not None for w in _float8_weights(model))
+    return scales, {k: _as_tensor(v) for k, v in extra_state.items()}
+
+
+def _load_dcp(path: str, model, optimizer, extra_state: dict, float8_precomputed_scale: bool) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    weights, wanted = _split_extra_state(_plain(get_model_state_dict(model)))
+    dcp.load(weights, checkpoint_id=os.path.join(path, "model"))
+    if wanted.keys() != extra_state.keys():
+        raise ValueError(f"the model's FP8 extra state ({len(wanted)} modules) is not the saved one ({len(extra_state)} modules)")
+    set_model_state_dict(model, {**weights, **extra_state})
+    if optimizer is not None:
+        state = _plain(get_optimizer_state_dict(model, optimizer))
+        dcp.load(state, checkpoint_id=os.path.join(path, "optim"))
+        set_optimizer_state_dict(model, optimizer, state)
+    _restore_float8_scales(model, float8_precomputed_scale)
+
+
+def _plain(tree):
+    """State dict values as plain tensors (DTensors of plain tensors). torchao's float8 all-gather
+    wraps FSDP2 weights in WeightWithDynamicFloat8CastTensor, which DCP would pickle as that class:
+    the checkpoint would then need torchao (and weights_only=False) to read. The wrapper holds
+    the high-precision weight itself in `_tensor`, same dtype and shape: save that, sharing memory."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_map_only
+
+    def inner(t: torch.Tensor) -> torch.Tensor:
+        while type(t) not in (torch.Tensor, torch.nn.Parameter):
+            wrapped = getattr(t, "_tensor", None)
+            if not (isinstance(wrapped, torch.Tensor) and wrapped.dtype == t.dtype and wrapped.shape == t.shape):
+                break  # a quantized container (e.g. TE's Float8Tensor) is not a wrapper: keep it
+            t = wrapped
+        return t
+
+    def plain(t: torch.Tensor) -> torch.Tensor:
+        if isinstance(t, DTensor):
+            local = inner(t._local_tensor)
+            if local is t._local_tensor:
+                return t
+            return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+        return inner(t)
+
+    return tree_map_only(torch.Tensor, plain, tree)
+
+
+def _split_extra_state(state: dict) -> tuple[dict, dict]:
+    """(weights, extra state). Modules' `_extra_state` (Transformer Engine's FP8 scaling state: amax
+    history, scales) is per rank and changes size as it fills, which DCP cannot load into: it goes to
+    the rank files, and `model/` holds the high-precision weights only."""
+    weights = {k: v for k, v in state.items() if not k.endswith("._extra_state") and k != "_extra_state"}
+    return weights, {k: v for k, v in state.items() if k not in weights}
+
+
+def _as_tensor(value):
+    """An `_extra_state` value the rank file can hold with weights_only: TE's BytesIO as uint8 bytes."""
+    if isinstance(value, io.BytesIO):
+        return torch.frombuffer(bytearray(value.getvalue()), dtype=torch.uint8)
+    return value
+
+
+def _float8_weights(model) -> list:
+    """torchao WeightWithDynamicFloat8CastTensor locals of the model's FSDP2 parameters (float8 all-gather)."""
+    from torch.distributed.tensor import DTensor
+
+    out = []
+    for p in model.parameters():
+        local = p._local_tensor if isinstance(p, DTensor) else p
+        if hasattr(local, "_precomputed_scale") and hasattr(local, "_tensor"):
+            out.append(local)
+    return out
+
+
+def _restore_float8_scales(model, precomputed: bool) -> None:
+    """Scales precomputed before the save are recomputed from the loaded weights (as the run did
+    after its last optimizer step); stale scales from before the load are dropped."""
+    weights = _float8_weights(model)
+    for w in weights:
+        w._precomputed_scale = None
+    if weights and precomputed:
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        precompute_float8_dynamic_scale_for_fsdp(model)
