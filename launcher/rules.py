@@ -107,7 +107,14 @@ def _accelerate_unsupported(f: Facts) -> str:
 
 def _derived_batch(f: Facts) -> int:
     t, d = f.plan.train, f.plan.distributed
-    return t.micro_batch_size * t.grad_accum_steps * d.world_size
+    return t.micro_batch_size * t.grad_accum_steps * d.data_parallel
+
+
+def _batch_ranks(f: Facts) -> str:
+    d = f.plan.distributed
+    if d.tensor_parallel > 1:
+        return f"data-parallel ranks {d.data_parallel} (world size {d.world_size} / tensor_parallel {d.tensor_parallel})"
+    return f"world size {d.world_size}"
 
 
 RULES: tuple[Rule, ...] = (
@@ -187,11 +194,11 @@ RULES: tuple[Rule, ...] = (
          fix="enable one of them in templates/deepspeed.json.j2, or set precision.high_precision to one dtype",
          condition=_ds_both),
     Rule(id="BATCH-MISMATCH", severity="error", stage="plan",
-         when="global_batch_size != micro_batch_size * grad_accum_steps * nodes * procs_per_node",
+         when="global_batch_size != micro_batch_size * grad_accum_steps * nodes * procs_per_node / tensor_parallel",
          why="DeepSpeed asserts train_batch_size == micro * accum * world size; checked before launch for every strategy.",
          fix="set distributed.global_batch_size = 0 (derive it), or change train.micro_batch_size / train.grad_accum_steps",
          condition=lambda f: f.plan.distributed.global_batch_size != _derived_batch(f),
-         detail=lambda f: f"distributed.global_batch_size = {f.plan.distributed.global_batch_size} but micro_batch_size {f.plan.train.micro_batch_size} * grad_accum_steps {f.plan.train.grad_accum_steps} * world size {f.plan.world_size} = {_derived_batch(f)}."),
+         detail=lambda f: f"distributed.global_batch_size = {f.plan.distributed.global_batch_size} but micro_batch_size {f.plan.train.micro_batch_size} * grad_accum_steps {f.plan.train.grad_accum_steps} * {_batch_ranks(f)} = {_derived_batch(f)}."),
     Rule(id="SECTION-UNUSED", severity="warning", stage="plan",
          when="a backend/strategy/launcher section is present that the chosen one never reads",
          why="a section nothing reads is a silent no-op; that is how Accelerate configs go wrong (misnamed keys ignored).",

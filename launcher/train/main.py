@@ -152,8 +152,9 @@ def build_run(plan_path: str, *, stream=None):
     blocks = prepare_blocks(model, plan)
     engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks)
     torch.manual_seed(t.seed + env.rank)
+    dp_rank, dp_size = distributed.data_rank(env, plan.distributed.tensor_parallel)  # a TP group reads the same batches
     data = build_data(t.data, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, vocab_size=model.vocab_size,
-                      rank=env.rank, world_size=env.world_size, seed=t.seed, spec_dir=spec_dir)
+                      rank=dp_rank, world_size=dp_size, seed=t.seed, spec_dir=spec_dir)
     state = TrainState(engine=engine, data=data)
     # After the engine and the data exist, before the logger (it starts at the restored step); it sets the RNG last.
     loaded = checkpoints.restore_train_state(state, resume) if resume else None
