@@ -33,7 +33,7 @@ import typing
 
 from torch import nn
 
-from launcher.errors import LauncherError
+from launcher.errors import EnvironmentProblem, LauncherError
 
 if typing.TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -90,6 +90,16 @@ def _check_model(model: nn.Module, tp: int) -> None:
             )
 
 
+def _unwrapped(block: nn.Module) -> nn.Module:
+    """The transformer block inside activation-checkpoint and torch.compile wrappers (they share its
+    submodules and parameters, so hooks and DTensor parameters put on it are what they run)."""
+    while True:
+        inner = getattr(block, "_orig_mod", None) or getattr(block, "_checkpoint_wrapped_module", None)
+        if not isinstance(inner, nn.Module):
+            return block
+        block = inner
+
+
 def tp_styles_used(model: nn.Module) -> dict[str, str]:
     """{module FQN: its parallel style's class name} after `parallelize` (for reports and tests)."""
     out = {}
@@ -125,6 +135,7 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> nn.Module:
     }
     _apply(model, mesh, top)
     for block in model.layers:
+        block = _unwrapped(block)  # prepare_blocks may have wrapped it (checkpoint_wrapper, torch.compile): both are lazy
         layer_plan: dict[str, object] = {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()}
         for parent, cols, row in (("attention", ("wq", "wk", "wv"), "wo"), ("feed_forward", ("w1", "w3"), "w2")):
             owner = block.get_submodule(parent)
@@ -190,8 +201,9 @@ def _enable_async_tp(mesh: DeviceMesh) -> None:
     import torch._inductor.config
 
     if mesh.device_type != "cuda":
-        raise LauncherError(
-            'error: distributed.async_tp needs CUDA GPUs (symmetric memory); fix: set distributed.async_tp = false, '
-            'or launch.device = "cuda"'
+        raise EnvironmentProblem(
+            f'distributed.async_tp needs CUDA GPUs (symmetric memory) and this run is on {mesh.device_type}; '
+            'fix: set distributed.async_tp = false, or launch.device = "cuda"',
+            rule="TP-ASYNC-CPU",
         )
     torch._inductor.config._micro_pipeline_tp = True
