@@ -131,6 +131,7 @@ def build_run(plan_path: str, *, stream=None):
     from launcher.train.metrics import MetricsLogger, start_record, throughput_for
     from launcher.train.models import build_model
     from launcher.train.precision import apply_precision
+    from launcher.train.tensor_parallel import tp_line, tp_report
 
     plan_dir = os.path.dirname(os.path.abspath(plan_path))
     plan = _load(plan_path, load_plan)
@@ -165,6 +166,10 @@ def build_run(plan_path: str, *, stream=None):
     record["resumed_from"] = loaded.path if loaded else None
     record["restart_count"] = restart
     line = precision.report.line()
+    tp = tp_report(engine.module, plan)
+    record["tensor_parallel"] = tp
+    if tp:
+        line += "\n" + tp_line(tp)
     if loaded:
         line += f"\nresumed from {_shown(loaded.path)} at step {loaded.step}"
         if restart:

@@ -40,7 +40,7 @@ if typing.TYPE_CHECKING:
 
     from launcher.plan import Plan
 
-__all__ = ["parallelize", "float8_tp", "tp_styles_used"]
+__all__ = ["parallelize", "float8_tp", "tp_styles_used", "tp_report", "tp_line"]
 
 
 def float8_tp(plan: Plan) -> bool:
@@ -108,6 +108,28 @@ def tp_styles_used(model: nn.Module) -> dict[str, str]:
         if styles:
             out[name] = styles
     return out
+
+
+def tp_report(model: nn.Module, plan: Plan) -> dict | None:
+    """What `parallelize` did, for the start record: None without tensor parallelism, else the
+    degree, the mesh, and how many Linear layers use the float8 TP styles (their all-gathers
+    carry float8) and how many the plain ones (their collectives move the compute dtype)."""
+    d = plan.distributed
+    if d.tensor_parallel <= 1:
+        return None
+    styles = tp_styles_used(model)
+    float8 = sorted(n for n, st in styles.items() if st.startswith("Float8") and st.endswith("Parallel"))
+    plain = sorted(n for n, st in styles.items() if st in ("ColwiseParallel", "RowwiseParallel"))
+    return {"tensor_parallel": d.tensor_parallel, "data_parallel": d.data_parallel, "mesh": ["dp_shard", "tp"],
+            "float8_tp_layers": len(float8), "plain_tp_layers": len(plain), "async_tp": d.async_tp}
+
+
+def tp_line(report: dict) -> str:
+    """One line for the terminal: the layout and what the TP collectives carry."""
+    return (f"tensor parallel: mesh dp {report['data_parallel']} x tp {report['tensor_parallel']}; "
+            f"{report['float8_tp_layers']} Linear layers with float8 TP all-gathers, "
+            f"{report['plain_tp_layers']} with high-precision TP collectives (embedding and output included)"
+            + ("; async TP" if report["async_tp"] else ""))
 
 
 def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> nn.Module:
