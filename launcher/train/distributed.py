@@ -143,7 +143,11 @@ def device_mesh(env: DistEnv, tensor_parallel: int = 1):
             f"distributed.tensor_parallel = {tensor_parallel} does not divide the world size {env.world_size}; "
             "fix: set distributed.tensor_parallel to a divisor of distributed.procs_per_node"
         )
-    return init_device_mesh(env.device.type, (env.world_size // tensor_parallel, tensor_parallel), mesh_dim_names=("dp_shard", "tp"))
+    mesh = init_device_mesh(env.device.type, (env.world_size // tensor_parallel, tensor_parallel), mesh_dim_names=("dp_shard", "tp"))
+    # A flattened view of both dimensions lets DTensor reduce a 2D partial value (the gradient norm)
+    # in one all-reduce instead of one per dimension.
+    mesh["dp_shard", "tp"]._flatten("dp_shard_tp")
+    return mesh
 
 
 def data_rank(env: DistEnv, tensor_parallel: int = 1) -> tuple[int, int]:

@@ -3,7 +3,8 @@
 It reads a plan written by `fp8launch plan` (or `fp8launch run`, which plans into
 `<train.output_dir>/plan/` and starts this through torchrun for you), then: joins the
 process group -> builds the model -> applies the precision backend -> wraps the blocks for
-activation checkpointing and torch.compile -> wraps the model in DDP / FSDP2 / DeepSpeed ->
+activation checkpointing and torch.compile -> wraps the model in DDP / FSDP2 / DeepSpeed (FSDP2 with
+distributed.tensor_parallel: tensor parallel first, then FSDP2 over the data-parallel dimension) ->
 resumes from a checkpoint (train.resume) -> trains and logs (rank 0 writes
 <train.output_dir>/metrics.jsonl) -> checkpoints every train.checkpoint_every steps and after
 the last one (docs/checkpoints.md).

@@ -30,6 +30,7 @@ collectives with the GEMMs of the compiled blocks (CUDA with symmetric memory; r
 from __future__ import annotations
 
 import typing
+import warnings
 
 from torch import nn
 
@@ -156,6 +157,10 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> nn.Module:
         "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate(), use_local_output=True),
     }
     _apply(model, mesh, top)
+    # The output head's ColwiseParallel hands back its all-gathered logits as a view (to_local), which
+    # FSDP2's root warns about on every rank in case the caller modifies them in place; the loop
+    # only reads them (cross_entropy), so the warning is noise here.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor", category=UserWarning)
     for block in model.layers:
         block = _unwrapped(block)  # prepare_blocks may have wrapped it (checkpoint_wrapper, torch.compile): both are lazy
         layer_plan: dict[str, object] = {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()}

@@ -1,8 +1,8 @@
 """Tensor parallelism end to end: real `fp8launch run` jobs (torchrun, gloo, CPU) of the builtin
 debug Llama with distributed.tensor_parallel.
 
-- TP only (2 processes, mesh dp 1 x tp 2) and 2D (FSDP2 2 x TP 2, 4 processes) in torchao FP8
-  (tensorwise: the float8 TP styles) and in bf16: the FP8 layers and the float8 TP layers are
+- TP only (2 processes, mesh dp 1 x tp 2) and 2D (FSDP2 2 x TP 2, 4 processes, with FSDP2's float8
+  all-gather) in torchao FP8 (tensorwise: the float8 TP styles) and in bf16: the FP8 layers and the float8 TP layers are
   reported, the loss falls, and the final losses are within 5% of the bf16 twin's.
 - TP computes what one process computes: the bf16 TP-only run's losses track a 1-process run on
   the same batches step by step (a wrong sharding, head count or data split would not).
@@ -35,6 +35,7 @@ COMMON = dict(train__model=MODEL, train__seq_len=32, train__micro_batch_size=4, 
 TP2 = dict(distributed__procs_per_node=2, distributed__tensor_parallel=2)
 TWO_D = dict(distributed__procs_per_node=4, distributed__tensor_parallel=2)
 BF16 = dict(precision__mode="bf16")
+FP8_2D = dict(FP8, precision__torchao__fsdp_float8_all_gather=True)  # 2D: FSDP2 float8 all-gathers over dp, float8 TP over tp
 STEPS = 20
 
 
@@ -55,7 +56,7 @@ def runs(tmp_path_factory) -> Path:
     _run(folder, "tp2-fp8", **TP2, **FP8, **ckpt)
     _run(folder, "tp2-bf16", **TP2, **BF16)
     _run(folder, "one-bf16", distributed__procs_per_node=1, **BF16)
-    _run(folder, "2d-fp8", **TWO_D, **FP8, **ckpt)
+    _run(folder, "2d-fp8", **TWO_D, **FP8_2D, **ckpt)
     _run(folder, "2d-bf16", **TWO_D, **BF16)
     return folder
 
@@ -104,12 +105,12 @@ def test_throughput_counts_data_parallel_ranks_once(runs, name, world, dp):
         assert r["tflops_per_device"] == pytest.approx(flops * r["tokens_per_s"] / world / 1e12, rel=1e-9)
 
 
-@pytest.mark.parametrize("name,layout", [("tp2-fp8", TP2), ("2d-fp8", TWO_D)])
+@pytest.mark.parametrize("name,layout", [("tp2-fp8", {**TP2, **FP8}), ("2d-fp8", {**TWO_D, **FP8_2D})])
 def test_resume_under_tp_is_bit_exact(runs, tmp_path, name, layout):
     """Losses 11-20 equal the uninterrupted run's as floats, and the step-20 weights and optimizer state bit for bit."""
     ref = runs / "runs" / name
     assert read_marker(str(ref / "checkpoints" / "step-10"))["tensor_parallel"] == 2
-    out = _run(runs, f"{name}-resumed", **layout, **FP8, train__checkpoint_every=10, train__resume=f"runs/{name}/checkpoints/step-10")
+    out = _run(runs, f"{name}-resumed", **layout, train__checkpoint_every=10, train__resume=f"runs/{name}/checkpoints/step-10")
     assert f"resumed from runs/{name}/checkpoints/step-10 at step 10" in _stdout(runs, f"{name}-resumed")
     expected, got = losses(metrics(ref)), losses(metrics(out))
     assert sorted(got) == list(range(11, STEPS + 1))
@@ -121,7 +122,7 @@ def test_a_2d_checkpoint_loads_into_fsdp2_without_tp(runs):
     """FSDP2 2 x TP 2 -> FSDP2 2: the data-parallel ranks read the same batches in both layouts, so the
     resumed losses follow the 2D run's (up to the reduction order); wrongly placed shards would not."""
     ref = losses(metrics(runs / "runs" / "2d-fp8"))
-    out = _run(runs, "2d-to-dp2", distributed__procs_per_node=2, distributed__tensor_parallel=1, **FP8,
+    out = _run(runs, "2d-to-dp2", distributed__procs_per_node=2, distributed__tensor_parallel=1, **FP8_2D,
                train__resume="runs/2d-fp8/checkpoints/step-10")
     got = losses(metrics(out))
     assert sorted(got) == list(range(11, STEPS + 1))
@@ -136,7 +137,7 @@ def test_a_2d_checkpoint_loads_into_fsdp2_without_tp(runs):
 def test_a_2d_checkpoint_loads_into_tp_alone(runs):
     """FSDP2 2 x TP 2 (4 processes) -> TP 2 (2 processes): DCP reshards; half the batch per step now (dp 1)."""
     ref = losses(metrics(runs / "runs" / "2d-fp8"))
-    out = _run(runs, "2d-to-tp2", **TP2, **FP8, train__resume="runs/2d-fp8/checkpoints/step-10")
+    out = _run(runs, "2d-to-tp2", **TP2, **FP8_2D, train__resume="runs/2d-fp8/checkpoints/step-10")
     got = losses(metrics(out))
     assert sorted(got) == list(range(11, STEPS + 1))
     assert all(math.isfinite(v) for v in got.values())
