@@ -91,6 +91,7 @@ PLAN_CASES.update({
     "TP-BACKEND": ({"precision": {**MSAMP}, "distributed": TP2}, {"precision": TAO, "distributed": TP2}),
     "TP-ROWWISE-BF16-COMM": ({"precision": {**TAO, "torchao": {"recipe": "rowwise"}}, "distributed": TP2},
                              {"precision": {**TAO, "torchao": {"recipe": "tensorwise"}}, "distributed": TP2}),
+    "TP-COMPILE-CPU": ({"distributed": TP2, "launch": {"device": "cpu"}, **COMPILED}, {"distributed": TP2, "launch": {"device": "cpu"}}),
     "TP-ASYNC-COMPILE": ({"distributed": {**TP2, "async_tp": True}, "launch": {"device": "cuda"}},
                          {"distributed": {**TP2, "async_tp": True}, "launch": {"device": "cuda"}, **COMPILED}),
     "TP-ASYNC-CPU": ({"distributed": {**TP2, "async_tp": True}, "launch": {"device": "cpu"}, **COMPILED},

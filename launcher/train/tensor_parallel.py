@@ -143,6 +143,12 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> nn.Module:
     if mesh.size() != tp:
         raise LauncherError(f"error: the tensor-parallel mesh has {mesh.size()} ranks but the plan says {tp}; fix: regenerate the plan")
     _check_model(model, tp)
+    if plan.compile.enabled and mesh.device_type == "cpu":  # launch.device = "auto" on a machine without a GPU
+        raise EnvironmentProblem(
+            "torch.compile of tensor-parallel blocks is broken on CPU (wrong gradients or a crash in backward); "
+            "fix: set compile.enabled = false for CPU runs with tensor parallelism, or run on CUDA GPUs",
+            rule="TP-COMPILE-CPU",
+        )
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 

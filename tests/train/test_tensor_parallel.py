@@ -70,6 +70,16 @@ def test_head_counts_tp_does_not_divide_are_refused():
         parallelize(model, tp_plan(2), FakeMesh(4))
 
 
+def test_compiled_tp_blocks_are_refused_on_cpu_at_run_time():
+    """launch.device = "auto" on a machine without a GPU: the plan-time rule could not see it."""
+    plan = make_plan(precision={"mode": "bf16"}, compile={"enabled": True}, launch={"device": "auto"},
+                     distributed={"strategy": "fsdp2", "procs_per_node": 2, "tensor_parallel": 2}, train={"seq_len": 16})
+    with pytest.raises(EnvironmentProblem) as e:
+        parallelize(tiny_model(), plan, FakeMesh(2, "cpu"))
+    assert e.value.exit_code == 3 and e.value.rule == "TP-COMPILE-CPU"
+    assert "fix: set compile.enabled = false" in str(e.value)
+
+
 def test_async_tp_needs_cuda():
     with pytest.raises(EnvironmentProblem) as e:
         _enable_async_tp(FakeMesh(2, "cpu"))
