@@ -24,6 +24,8 @@ class MemoryRow:
     shards: int
     """How many ranks split it (1 = replicated)."""
     offloaded: bool = False
+    layout: str = ""
+    """How the shards are laid out, for the text (e.g. "dp 4 x tp 2"); empty for a 1D split."""
 
     def bytes_per_gpu(self, params: int) -> float:
         return 0.0 if self.offloaded else params * self.bytes_per_param / self.shards
@@ -42,7 +44,8 @@ class MemoryEstimate:
         gib = 1024**3
         out = [f"model states per GPU for {self.params / 1e9:.3g}B parameters (activations not included):"]
         for r in self.rows:
-            where = "offloaded to CPU" if r.offloaded else (f"/ {r.shards} ranks" if r.shards > 1 else "replicated")
+            where = "offloaded to CPU" if r.offloaded else (
+                f"/ {r.shards} ranks{f' = {r.layout}' if r.layout else ''}" if r.shards > 1 else "replicated")
             out.append(f"    {r.name:<17} {r.dtype:<8} {r.bytes_per_gpu(self.params) / gib:8.2f} GiB  ({r.bytes_per_param:g} B/param, {where})")
         out.append(f"    {'total':<17} {'':<8} {self.total_bytes / gib:8.2f} GiB")
         return out
@@ -68,9 +71,15 @@ def estimate(plan: Plan, params: int) -> MemoryEstimate:
     elif d.strategy == "fsdp2":
         # FSDP2 shards the fp32 parameters, their gradients and the optimizer states; the compute-dtype
         # copy exists only for the blocks being all-gathered.
+        # With tensor parallelism (2D mesh) TP splits each Linear weight over tp ranks and FSDP2 shards
+        # those pieces over dp ranks: dp x tp = world size pieces (the norm weights, replicated over
+        # tp, are a negligible exception).
         off = d.fsdp2.cpu_offload
-        rows = [MemoryRow("params", "fp32", 4, n, off), MemoryRow("grads", "fp32", 4, n, off),
-                MemoryRow("optimizer_states", "fp32", 4 * states, n, off)]
+        tp = d.tensor_parallel
+        n = d.data_parallel * tp
+        layout = f"dp {d.data_parallel} x tp {tp}" if tp > 1 else ""
+        rows = [MemoryRow("params", "fp32", 4, n, off, layout), MemoryRow("grads", "fp32", 4, n, off, layout),
+                MemoryRow("optimizer_states", "fp32", 4 * states, n, off, layout)]
     elif d.strategy == "deepspeed":
         z, ds = d.deepspeed.zero_stage, d.deepspeed
         low = hp in ("bf16", "fp16")

@@ -329,7 +329,9 @@ def resolve(source: SpecSource) -> Plan:
     data.pop("$schema", None)
     d, t = data["distributed"], data["train"]
     if not d["global_batch_size"]:
-        d["global_batch_size"] = t["micro_batch_size"] * t["grad_accum_steps"] * d["nodes"] * d["procs_per_node"]
+        # Data-parallel ranks only: the ranks of one tensor-parallel group train on the same sequences.
+        dp = d["nodes"] * d["procs_per_node"] // max(1, d["tensor_parallel"])
+        d["global_batch_size"] = t["micro_batch_size"] * t["grad_accum_steps"] * max(1, dp)
     t["output_dir"] = t["output_dir"].replace("{name}", data["name"])
     plan = _build(Plan, data)
     return dataclasses.replace(

@@ -22,15 +22,17 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
         f"  precision   {precision}",
         f"  engine      {d.strategy}{f' ZeRO-{d.deepspeed.zero_stage}' if d.strategy == 'deepspeed' else ''}, "
         f"{d.nodes} node{'s' * (d.nodes != 1)} x {d.procs_per_node} = world size {plan.world_size}"
+        f"{f', tensor parallel {d.tensor_parallel} (mesh dp {d.data_parallel} x tp {d.tensor_parallel})' if d.tensor_parallel > 1 else ''}"
+        f"{', async TP' if d.async_tp else ''}"
         f"{', compiled' if plan.compile.enabled else ''}"
         f"{f', activation checkpointing {plan.activation_checkpointing.mode}' if plan.activation_checkpointing.mode != 'none' else ''}",
-        f"  batch       {t.micro_batch_size} micro x {t.grad_accum_steps} accum x {plan.world_size} ranks = {d.global_batch_size} sequences"
+        f"  batch       {t.micro_batch_size} micro x {t.grad_accum_steps} accum x {d.data_parallel} {'data-parallel ' if d.tensor_parallel > 1 else ''}ranks = {d.global_batch_size} sequences"
         f" = {plan.tokens_per_step:,} tokens/step (seq_len {t.seq_len})",
         "  what runs in which dtype:",
     ]
     table = precision_table(plan)
     width = max(len(k) for k, _ in ROWS)
-    lines += [f"    {key:<{width}}  {table[key]}" for key, _ in ROWS]
+    lines += [f"    {key:<{width}}  {table[key]}" for key, _ in ROWS if key in table]
     params = params or model_params(plan.train.model)
     if params:
         lines += ["  " + line for line in estimate(plan, params).lines()]

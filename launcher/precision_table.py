@@ -19,6 +19,7 @@ ROWS = (
     ("weight_grads", "weight gradients as accumulated"),
     ("master_weights", "master weights the optimizer updates"),
     ("optimizer_states", "optimizer states (moments)"),
+    ("tp_comm", "tensor-parallel collectives (only with distributed.tensor_parallel > 1)"),
 )
 
 _TORCHAO_GEMM = {
@@ -77,7 +78,7 @@ def precision_table(plan: Plan) -> dict[str, str]:
             master = "fp16 with scale"
             states = "fp8 first moment, fp16 second moment"
 
-    return {
+    table = {
         "gemm": gemm,
         "other_compute": hp,
         "weights": stored,
@@ -87,3 +88,18 @@ def precision_table(plan: Plan) -> dict[str, str]:
         "master_weights": master,
         "optimizer_states": states,
     }
+    if d.tensor_parallel > 1:
+        table["tp_comm"] = tp_comm(plan)
+    return table
+
+
+def tp_comm(plan: Plan) -> str:
+    """The dtype of the tensor-parallel all-gathers and reduce-scatters (launcher/train/tensor_parallel.py)."""
+    p = plan.precision
+    hp = p.compute_dtype
+    if p.fp8 and p.backend == "torchao" and p.torchao.recipe == "tensorwise":
+        return (f"all-gathers in fp8 (torchao Float8 TP styles: e4m3 activations forward, e5m2 gradients backward); "
+                f"reduce-scatters and the logits all-gather in {hp}")
+    if p.fp8 and p.backend == "torchao":
+        return f"{hp} all-gathers and reduce-scatters (torchao has float8 TP for tensorwise only; rule TP-ROWWISE-BF16-COMM)"
+    return f"{hp} all-gathers and reduce-scatters"

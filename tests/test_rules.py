@@ -77,6 +77,28 @@ RUN_CASES = {
 }
 
 
+# -- tensor parallel (issue 15): each rule on its bad combination and on its fixed twin ----------
+TP2 = {"strategy": "fsdp2", "procs_per_node": 4, "tensor_parallel": 2}
+PLAN_CASES.update({
+    "TP-DIVIDES-PROCS": ({"distributed": {"procs_per_node": 6, "tensor_parallel": 4}},
+                         {"distributed": {"procs_per_node": 8, "tensor_parallel": 4}}),
+    # builtin:llama-debug has 8 attention heads and 4 KV heads; llama3-8b has 32 and 8
+    "TP-HEADS": ({"distributed": {"procs_per_node": 8, "tensor_parallel": 8}, "train": {"model": "builtin:llama-debug"}},
+                 {"distributed": {"procs_per_node": 8, "tensor_parallel": 8}, "train": {"model": "builtin:llama3-8b"}}),
+    "TP-SEQ-LEN": ({"distributed": TP2, "train": {"seq_len": 255}}, {"distributed": TP2, "train": {"seq_len": 256}}),
+    "TP-STRATEGY": ({"distributed": {**TP2, "strategy": "ddp"}}, {"distributed": TP2}),
+    "TP-MODEL": ({"distributed": TP2, "train": {"model": "hf:./llama"}}, {"distributed": TP2, "train": {"model": "builtin:llama-small"}}),
+    "TP-BACKEND": ({"precision": {**MSAMP}, "distributed": TP2}, {"precision": TAO, "distributed": TP2}),
+    "TP-ROWWISE-BF16-COMM": ({"precision": {**TAO, "torchao": {"recipe": "rowwise"}}, "distributed": TP2},
+                             {"precision": {**TAO, "torchao": {"recipe": "tensorwise"}}, "distributed": TP2}),
+    "TP-COMPILE-CPU": ({"distributed": TP2, "launch": {"device": "cpu"}, **COMPILED}, {"distributed": TP2, "launch": {"device": "cpu"}}),
+    "TP-ASYNC-COMPILE": ({"distributed": {**TP2, "async_tp": True}, "launch": {"device": "cuda"}},
+                         {"distributed": {**TP2, "async_tp": True}, "launch": {"device": "cuda"}, **COMPILED}),
+    "TP-ASYNC-CPU": ({"distributed": {**TP2, "async_tp": True}, "launch": {"device": "cpu"}, **COMPILED},
+                     {"distributed": {**TP2, "async_tp": True}, "launch": {"device": "cuda"}, **COMPILED}),
+    "TP-ASYNC-NO-TP": ({"distributed": {"async_tp": True}, **COMPILED}, {"distributed": {**TP2, "async_tp": True}, **COMPILED}),
+})
+
 @pytest.mark.parametrize("rule_id", sorted(PLAN_CASES))
 def test_plan_rule_fires_and_its_fix_silences_it(rule_id):
     bad, fixed = PLAN_CASES[rule_id]
@@ -179,3 +201,38 @@ def test_explain_lists_and_explains(cli):
     assert "fix:  set distributed.deepspeed.zero_stage = 2" in r.stdout
     r = cli("explain", "FP8-DDP-COMPLIE")
     assert r.exit_code == 2 and "did you mean FP8-DDP-COMPILE?" in r.stderr
+
+
+def test_tp_rules_cover_each_case_of_their_condition():
+    # TE is refused like MS-AMP; a KV-head count alone is enough to refuse (llama-debug: 8 heads, 4 KV heads)
+    assert "TP-BACKEND" in fired({"precision": {**TE, "te": {"recipe": "current"}}, "distributed": TP2})
+    assert "TP-STRATEGY" in fired({"distributed": {**TP2, "strategy": "deepspeed"}})
+    assert "TP-MODEL" in fired({"distributed": TP2, "train": {"model": "py:my_model:build"}})
+    assert "TP-HEADS" not in fired({"distributed": {"procs_per_node": 8, "tensor_parallel": 4}})
+    msg = next(f.message for f in check(Facts(plan=plan_of({"distributed": {"procs_per_node": 8, "tensor_parallel": 8}}))) if f.rule.id == "TP-HEADS")
+    assert msg == "distributed.tensor_parallel = 8 does not divide builtin:llama-debug's 4 KV heads."
+    msg = next(f.message for f in check(Facts(plan=plan_of({"distributed": {"procs_per_node": 16, "tensor_parallel": 16},
+                                                              "train": {"model": "builtin:llama-debug"}}))) if f.rule.id == "TP-HEADS")
+    assert msg == "distributed.tensor_parallel = 16 does not divide builtin:llama-debug's 8 attention heads and 4 KV heads."
+    # no tensor parallelism: none of the TP rules but the async one looks at the plan
+    assert not {r for r in fired({"train": {"seq_len": 255}, "distributed": {"strategy": "ddp"}}) if r.startswith("TP-")}
+
+
+def test_tp_global_batch_counts_data_parallel_ranks_only():
+    plan = plan_of({"distributed": {"procs_per_node": 8, "tensor_parallel": 4}, "train": {"micro_batch_size": 3, "grad_accum_steps": 2}})
+    assert plan.distributed.data_parallel == 2
+    assert plan.distributed.global_batch_size == 3 * 2 * 2
+    assert "BATCH-MISMATCH" not in fired({"distributed": {"procs_per_node": 8, "tensor_parallel": 4, "global_batch_size": 12},
+                                          "train": {"micro_batch_size": 3, "grad_accum_steps": 2}})
+    msg = next(f.message for f in check(Facts(plan=plan_of({"distributed": {"procs_per_node": 8, "tensor_parallel": 4, "global_batch_size": 48},
+                                                              "train": {"micro_batch_size": 3, "grad_accum_steps": 2}}))) if f.rule.id == "BATCH-MISMATCH")
+    assert "data-parallel ranks 2 (world size 8 / tensor_parallel 4) = 12" in msg
+
+
+def test_tp_error_stops_plan_with_exit_2_and_nothing_written(cli, spec, tmp_path):
+    path = spec('version = 1\nname = "tp"\n[distributed]\nprocs_per_node = 2\ntensor_parallel = 2\nstrategy = "ddp"\n')
+    r = cli("plan", path, "--out", "out")
+    assert r.exit_code == 2
+    assert 'error[TP-STRATEGY]:' in r.stderr and 'fix: set distributed.strategy = "fsdp2", or distributed.tensor_parallel = 1' in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()

@@ -107,7 +107,7 @@ class CheckpointManager:
     """Saves and finds the checkpoints of one run (`<output_dir>/checkpoints`), for this rank."""
 
     def __init__(self, output_dir: str, *, keep: int, strategy: str, every: int = 0, total_steps: int | None = None,
-                 at_end: bool = True, rank: int | None = None, world_size: int | None = None):
+                 at_end: bool = True, rank: int | None = None, world_size: int | None = None, tensor_parallel: int = 1):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.dir = os.path.abspath(os.path.join(output_dir, CHECKPOINTS))
@@ -121,12 +121,15 @@ class CheckpointManager:
         initialized = dist.is_available() and dist.is_initialized()
         self.rank = rank if rank is not None else (dist.get_rank() if initialized else 0)
         self.world_size = world_size if world_size is not None else (dist.get_world_size() if initialized else 1)
+        self.tensor_parallel = tensor_parallel
+        """distributed.tensor_parallel: recorded in the marker; DCP reshards across layouts."""
 
     @classmethod
     def for_plan(cls, plan: Plan, *, rank: int, world_size: int) -> "CheckpointManager":
         t = plan.train
         return cls(t.output_dir, keep=t.keep_checkpoints, strategy=plan.distributed.strategy, every=t.checkpoint_every,
-                   total_steps=t.steps, at_end=t.checkpoint_at_end, rank=rank, world_size=world_size)
+                   total_steps=t.steps, at_end=t.checkpoint_at_end, rank=rank, world_size=world_size,
+                   tensor_parallel=plan.distributed.tensor_parallel)
 
     @property
     def format(self) -> str:
@@ -225,7 +228,7 @@ class CheckpointManager:
         self._each_rank(lambda: _write_rank_file(os.path.join(tmp, _rank_file(self.rank)), rank_state))
         marker = {
             "format_version": FORMAT_VERSION, "step": step, "world_size": self.world_size, "strategy": self.strategy,
-            "format": self.format, "float8_precomputed_scale": float8_scales, "fp8launch_version": __version__,
+            "tensor_parallel": self.tensor_parallel, "format": self.format, "float8_precomputed_scale": float8_scales, "fp8launch_version": __version__,
             "torch_version": torch.__version__, "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         self._on_rank0(lambda: self._publish(tmp, final, marker, start))
@@ -278,6 +281,13 @@ class CheckpointManager:
                 f"(export the weights first: see docs/checkpoints.md)",
             )
         warnings = []
+        saved_tp = int(marker.get("tensor_parallel", 1))
+        if saved_ws == self.world_size and saved_tp != self.tensor_parallel:  # same processes, another DP x TP layout
+            warnings.append(
+                f"{path} was written at data-parallel x tensor-parallel {saved_ws // saved_tp} x {saved_tp} and this run is "
+                f"{self.world_size // self.tensor_parallel} x {self.tensor_parallel}: the model and optimizer were resharded exactly, "
+                "but the data position and random state are per process, so the data order differs from an uninterrupted run"
+            )
         if saved_ws != self.world_size:
             if self.format == "deepspeed":
                 raise InputError(

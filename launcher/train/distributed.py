@@ -129,6 +129,33 @@ def first_to_report(wait_s: float = 2.0) -> bool:
         return True
 
 
+def device_mesh(env: DistEnv, tensor_parallel: int = 1):
+    """The job's DeviceMesh: 1D ("dp_shard",) without tensor parallelism, else 2D
+    ("dp_shard", "tp") of shape (world_size / tp, tp). Ranks are laid out row-major, so the
+    ranks of one TP group are adjacent (rank = dp_rank * tp + tp_rank): inside one node when tp
+    divides procs_per_node (rule TP-DIVIDES-PROCS), where the TP collectives are fastest."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if tensor_parallel <= 1:
+        return init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("dp_shard",))
+    if env.world_size % tensor_parallel:
+        raise EnvironmentProblem(
+            f"distributed.tensor_parallel = {tensor_parallel} does not divide the world size {env.world_size}; "
+            "fix: set distributed.tensor_parallel to a divisor of distributed.procs_per_node"
+        )
+    mesh = init_device_mesh(env.device.type, (env.world_size // tensor_parallel, tensor_parallel), mesh_dim_names=("dp_shard", "tp"))
+    # A flattened view of both dimensions lets DTensor reduce a 2D partial value (the gradient norm)
+    # in one all-reduce instead of one per dimension.
+    mesh["dp_shard", "tp"]._flatten("dp_shard_tp")
+    return mesh
+
+
+def data_rank(env: DistEnv, tensor_parallel: int = 1) -> tuple[int, int]:
+    """(data-parallel rank, data-parallel size): the ranks of one TP group read the same batches."""
+    tp = max(1, tensor_parallel)
+    return env.rank // tp, env.world_size // tp
+
+
 def check_world(planned: int, env: DistEnv) -> None:
     """The job torchrun started must be the one the plan describes (its batch sizes and configs assume it)."""
     if planned != env.world_size:

@@ -3,7 +3,8 @@
 It reads a plan written by `fp8launch plan` (or `fp8launch run`, which plans into
 `<train.output_dir>/plan/` and starts this through torchrun for you), then: joins the
 process group -> builds the model -> applies the precision backend -> wraps the blocks for
-activation checkpointing and torch.compile -> wraps the model in DDP / FSDP2 / DeepSpeed ->
+activation checkpointing and torch.compile -> wraps the model in DDP / FSDP2 / DeepSpeed (FSDP2 with
+distributed.tensor_parallel: tensor parallel first, then FSDP2 over the data-parallel dimension) ->
 resumes from a checkpoint (train.resume) -> trains and logs (rank 0 writes
 <train.output_dir>/metrics.jsonl) -> checkpoints every train.checkpoint_every steps and after
 the last one (docs/checkpoints.md).
@@ -132,6 +133,7 @@ def build_run(plan_path: str, *, stream=None):
     from launcher.train.metrics import MetricsLogger, start_record, throughput_for
     from launcher.train.models import build_model
     from launcher.train.precision import apply_precision
+    from launcher.train.tensor_parallel import tp_line, tp_report
 
     plan_dir = os.path.dirname(os.path.abspath(plan_path))
     plan = _load(plan_path, load_plan)
@@ -153,8 +155,9 @@ def build_run(plan_path: str, *, stream=None):
     blocks = prepare_blocks(model, plan)
     engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks)
     torch.manual_seed(t.seed + env.rank)
+    dp_rank, dp_size = distributed.data_rank(env, plan.distributed.tensor_parallel)  # a TP group reads the same batches
     data = build_data(t.data, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, vocab_size=model.vocab_size,
-                      rank=env.rank, world_size=env.world_size, seed=t.seed, spec_dir=spec_dir)
+                      rank=dp_rank, world_size=dp_size, seed=t.seed, spec_dir=spec_dir)
     state = TrainState(engine=engine, data=data)
     # After the engine and the data exist, before the logger (it starts at the restored step); it sets the RNG last.
     loaded = checkpoints.restore_train_state(state, resume) if resume else None
@@ -165,6 +168,10 @@ def build_run(plan_path: str, *, stream=None):
     record["resumed_from"] = loaded.path if loaded else None
     record["restart_count"] = restart
     line = precision.report.line()
+    tp = tp_report(engine.module, plan)
+    record["tensor_parallel"] = tp
+    if tp:
+        line += "\n" + tp_line(tp)
     if loaded:
         line += f"\nresumed from {_shown(loaded.path)} at step {loaded.step}"
         if restart:

@@ -35,8 +35,10 @@ class Throughput:
     """What turns a step time into tokens/s, TFLOP/s and MFU."""
 
     tokens_per_step: int
-    """Global tokens per optimizer step (global batch x seq_len)."""
+    """Global tokens per optimizer step (global batch x seq_len). The global batch counts data-parallel
+    ranks only: the ranks of a tensor-parallel group train on the same sequences, counted once."""
     world_size: int
+    """Every rank (dp x tp): TFLOP/s per device divides the job's FLOP/s by it."""
     flops_per_token: float
     """Training FLOPs per token (forward + backward)."""
     peak_tflops: float | None

@@ -66,19 +66,26 @@ def fsdp2_kwargs(config: dict, precision: Precision, device: torch.device) -> di
 
 def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict, *, env: DistEnv,
                blocks: list[nn.Module] | None = None) -> FSDP2Engine:
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    from launcher.train.distributed import device_mesh
+    from launcher.train.tensor_parallel import parallelize
+
+    tp = plan.distributed.tensor_parallel
     shape = tuple(config["mesh"]["shape"])
-    if shape != (env.world_size,):
+    if shape != ((env.world_size,) if tp <= 1 else (env.world_size // tp, tp)):
         raise LauncherError(
-            f"fsdp2.json shards over a mesh of {list(shape)} but this job has world size {env.world_size}; "
+            f"fsdp2.json shards over a mesh of {list(shape)} but this job has world size {env.world_size}"
+            f"{f' and tensor_parallel {tp}' if tp > 1 else ''}; "
             "fix: regenerate the plan for this many nodes and processes (`fp8launch run` does it)"
         )
-    mesh = init_device_mesh(env.device.type, shape, mesh_dim_names=tuple(config["mesh"]["dim_names"]))
+    mesh = device_mesh(env, tp)
     kwargs = fsdp2_kwargs(config, precision, env.device)
     if not config["cpu_offload"]:
         model.to(env.device)
+    if tp > 1:  # tensor parallel inside each data-parallel group, then FSDP2 over the data-parallel dimension
+        parallelize(model, plan, mesh["tp"])
+        mesh = mesh["dp_shard"]
     blocks = transformer_blocks(model) if blocks is None else blocks
     reshard = bool(config["reshard_after_forward"])
     for i, block in enumerate(blocks):

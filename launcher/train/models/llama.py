@@ -67,13 +67,15 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # Head counts from the projections' widths (-1), not the config: under tensor parallelism
+        # wq/wk/wv are column-sharded and each rank holds n_heads / tp and n_kv_heads / tp heads.
+        q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         cos, sin = rope_cos_sin(s, self.head_dim, self.rope_theta, x.device)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.n_kv_heads != self.n_heads:
-            # Query head i reads key/value head i // n_rep.
+            # Query head i reads key/value head i // n_rep (n_rep is the same on every TP rank).
             n_rep = self.n_heads // self.n_kv_heads
             k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
