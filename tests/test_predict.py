@@ -140,3 +140,14 @@ def test_plan_json_and_text_show_the_prediction(cli, spec):
     assert head["fp8_copies"] == 0 and head["kept"] == "keep_first_last" and head["why"].startswith("stays in bf16")
     text = cli("plan", path, "--out", "out").stdout
     assert f"predicted FP8 speed-up on 8 x h100: {pr['fp8_vs_bf16']:.2f}x" in text
+
+
+def test_layers_in_fp8_follow_the_runs_selection_rules(tmp_path):
+    rows = {r.layer: r for r in planned(tmp_path, ['precision.keep=["layers.1.*", "*.w2"]']).prediction.layers}
+    assert rows["layers.*.feed_forward.w2"].fp8_copies == 0 and rows["layers.*.feed_forward.w2"].kept == "keep '*.w2'"
+    # wq: layers.0 by keep_first_last, layers.1 by the glob; the other 30 copies in FP8
+    assert rows["layers.*.attention.wq"].fp8_copies == 30 and rows["layers.*.attention.wq"].kept == "keep_first_last"
+    assert rows["layers.*.attention.wk"].fp8_copies == 31 and rows["layers.*.attention.wk"].kept == "keep 'layers.1.*'"
+    default = {r.layer: r for r in planned(tmp_path, ["precision.torchao.skip_small=true"]).prediction.layers}
+    assert default["layers.*.attention.wk"].fp8_copies == 0 and default["layers.*.attention.wk"].kept == "skip_small"  # 4096 -> 1024
+    assert default["layers.*.attention.wq"].fp8_copies == 31 and default["output"].fp8_copies == 0

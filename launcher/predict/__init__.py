@@ -168,21 +168,26 @@ def _unsupported(p, capability) -> str:
 def _fp8_copies(plan, s: LinearShape, first_last: set[str]) -> tuple[int, str | None]:
     """(copies of this Linear that run in FP8, the reason the others do not), as launcher/train/precision/select.py decides."""
     p = plan.precision
-    names = [s.name.format(i=i) for i in range(s.count)]
-    kept_reason = None
-    kept = 0
-    for name in names:
-        reason = next((f"keep {pat!r}" for pat in p.keep if fnmatch.fnmatchcase(name, pat)), None)
-        if reason is None and name in first_last:
-            reason = "keep_first_last"
-        if reason is None and not (p.backend == "torchao" and p.torchao.pad_inner_dim) and (s.in_features % 16 or s.out_features % 16):
-            reason = "dims not multiples of 16"
-        if reason is None and p.backend == "torchao" and p.torchao.skip_small and too_small(p.torchao.recipe, s.in_features, s.out_features):
-            reason = "skip_small"
-        if reason:
+    if not (p.backend == "torchao" and p.torchao.pad_inner_dim) and (s.in_features % 16 or s.out_features % 16):
+        whole = "dims not multiples of 16"
+    elif p.backend == "torchao" and p.torchao.skip_small and too_small(p.torchao.recipe, s.in_features, s.out_features):
+        whole = "skip_small"
+    else:
+        whole = None
+    if not p.keep:  # the common case: no per-copy globs, only the first and the last Linear by name
+        ends = {s.name.format(i=0), s.name.format(i=s.count - 1)} & first_last
+        if ends:
+            return (0 if whole else s.count - len(ends)), "keep_first_last"
+        return (0, whole) if whole else (s.count, None)
+    kept, reason = 0, None
+    for i in range(s.count):
+        name = s.name.format(i=i)
+        why = next((f"keep {pat!r}" for pat in p.keep if fnmatch.fnmatchcase(name, pat)), None)
+        why = why or ("keep_first_last" if name in first_last else None) or whole
+        if why:
             kept += 1
-            kept_reason = kept_reason or reason
-    return s.count - kept, kept_reason
+            reason = reason or why
+    return s.count - kept, reason
 
 
 def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str, float], list[LayerRow]]:
@@ -200,8 +205,8 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
     seff = cost.scaled_gemm_eff(backend, recipe)
     low = "fp4" if (fp8 and backend == "te" and recipe == "nvfp4" and "fp4" in dev.peak_tflops) else "fp8"
 
-    names = [s.name.format(i=i) for s in shape.linears for i in range(s.count)]
-    first_last = {names[0], names[-1]} if p.keep_first_last and names else set()
+    ends = shape.linears[0].name.format(i=0), shape.linears[-1].name.format(i=shape.linears[-1].count - 1)
+    first_last = set(ends) if p.keep_first_last and shape.linears else set()
     rows, gemms, casts, recomputed, fp8_weight_params = [], 0.0, 0.0, 0.0, 0
     for s in shape.linears:
         k, n = (s.in_features // tp, s.out_features) if s.parallel == "row" else (s.in_features, s.out_features // tp)
