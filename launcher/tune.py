@@ -167,8 +167,8 @@ def _doctor(spec: str, overrides: list[str]):
     def runs_here(sets: list[str]) -> bool:
         try:
             return assess_plan(machine, plan_for_run(spec, overrides + sets).plan).supported
-        except LauncherError:
-            return False
+        except LauncherError:  # an invalid combination (an error rule): kept, and reported as skipped with the rule
+            return True
 
     return runs_here
 
