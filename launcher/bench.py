@@ -148,8 +148,11 @@ def _record(a: Variant, b: Variant, *, warmup: int, repeats: int) -> dict:
         ratios[k] = (x / y) if x is not None and y not in (None, 0) else None
     start = a.runs[0]["start"] if a.runs else {}
     environment = {"device_name": start.get("device_name"), "world_size": start.get("world_size"),
+                   "mfu_peak": start.get("mfu_peak"), "peak_tflops": start.get("peak_tflops"),
                    "torch": start.get("torch_version"), **_versions("torchao", "deepspeed", "transformer_engine", "fp8launch")}
     return {"warmup_steps_excluded": warmup, "repeats": repeats, "environment": environment,
+            "mfu_peak": f"MFU of both variants is measured against the device's {start.get('mfu_peak') or 'bf16 dense'} peak "
+                        "(an FP8 step also uses the FP8 tensor cores; torchtitan hides MFU for FP8 for this reason)",
             "spec": side(a), "baseline": side(b), "ratios": ratios}
 
 
@@ -165,18 +168,23 @@ def _versions(*packages: str) -> dict[str, str | None]:
     return out
 
 
+def _peak_name(record: dict) -> str:
+    return (record.get("environment", {}).get("mfu_peak") or "bf16 dense")
+
+
 def table(record: dict) -> str:
     """The comparison table: both variants' figures and spec/baseline ratios."""
     s, b, r = record["spec"]["figures"], record["baseline"]["figures"], record["ratios"]
     rows = [("tokens/s", "tokens_per_s", "{:,.0f}"), ("step time (s)", "step_time_s", "{:.4f}"),
-            ("TFLOP/s per device", "tflops_per_device", "{:.3g}"), ("MFU", "mfu", "{:.1%}"),
+            ("TFLOP/s per device", "tflops_per_device", "{:.3g}"), (f"MFU vs {_peak_name(record)}", "mfu", "{:.1%}"),
             ("peak memory (GiB)", "peak_mem_gib", "{:.2f}"), ("final loss", "final_loss", "{:.4f}")]
     name_a, name_b = record["spec"]["label"], record["baseline"]["label"]
-    lines = [f"{'':<20} {name_a:>14} {name_b:>14} {'ratio':>8}"]
+    width = max(20, len(f"MFU vs {_peak_name(record)}"))
+    lines = [f"{'':<{width}} {name_a:>14} {name_b:>14} {'ratio':>8}"]
     for title, key, fmt in rows:
         cell = lambda v: "n/a" if v is None else fmt.format(v)  # noqa: E731
         ratio = "n/a" if r[key] is None else f"{r[key]:.3f}"
-        lines.append(f"{title:<20} {cell(s[key]):>14} {cell(b[key]):>14} {ratio:>8}")
+        lines.append(f"{title:<{width}} {cell(s[key]):>14} {cell(b[key]):>14} {ratio:>8}")
     env = record.get("environment", {})
     lines.append(f"(medians over {record['repeats']} alternating runs each; first {record['warmup_steps_excluded']} steps of each run excluded; "
                  f"{env.get('device_name')} x {env.get('world_size')}, torch {env.get('torch')}, torchao {env.get('torchao')})")

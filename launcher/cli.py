@@ -94,10 +94,11 @@ def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
                                                              "rows": [{"name": r.name, "dtype": r.dtype, "bytes_per_gpu": int(r.bytes_per_gpu(n_params)),
                                                                        "shards": r.shards, "offloaded": r.offloaded} for r in memory.rows]},
                       "files": [{"path": c.path, "status": c.status} for c in changes],
+                      "prediction": p.prediction.to_json() if p.prediction else None,
                       "warnings": [{"rule": f.rule.id, "message": f.message, "fix": f.rule.fix} for f in p.warnings]}
             click.echo(json.dumps(record, sort_keys=True))
         elif not (check or diff):
-            click.echo(plan_summary(p.plan, p.folder, changes, int(params) if params else None))
+            click.echo(plan_summary(p.plan, p.folder, changes, int(params) if params else None, p.prediction))
     if check or diff:
         n = len(planned)
         click.echo(f"{'drift found' if drift else 'up to date'}: {n} spec{'s' * (n != 1)} checked.", err=True)
@@ -254,6 +255,46 @@ def bench(spec, vs, steps, repeats, warmup, out_dir, sets, no_plot) -> None:
     if not no_plot:
         click.echo(f"wrote {plot(record, os.path.join(record['out_dir'], 'bench.png'))}")
 
+
+@main.command(epilog=EXIT_CODES + "\n  130 interrupted (Ctrl-C): what was measured is written")
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=str))
+@click.option("--steps", type=click.IntRange(min=2), help="Steps per run [default: the spec's train.steps].")
+@click.option("--candidates", "candidates", multiple=True, metavar="NAME[,NAME...]",
+              help="Only these candidates (e.g. torchao-tensorwise,torchao-rowwise); 'compile' adds each with compile toggled "
+                   "[default: every FP8 recipe that runs here].")
+@click.option("--out", "out_dir", help="Where the runs, tune.json, tune.png and NAME-tuned.toml go [default: NAME-tune next to train.output_dir].")
+@click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True, help="Runs per candidate, alternating.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Steps left out of each run's medians.")
+@click.option("--max-loss-gap", type=click.FloatRange(min=0), default=0.02, show_default=True,
+              help="Reject a candidate whose mean loss over the steps is this much (relative) above bf16's.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a spec key for every candidate (repeatable).")
+@click.option("--no-plot", is_flag=True, help="Skip tune.png.")
+@_errors
+def tune(spec, steps, candidates, out_dir, repeats, warmup, max_loss_gap, sets, no_plot) -> None:
+    """Train SPEC's bf16 twin and every FP8 recipe that runs here, alternately; rank them; write the winner as a spec."""
+    import os
+
+    from .tune import TuneInterrupted, plot, run_tune, table
+
+    echo = lambda line: click.echo(line, err=True)  # noqa: E731
+    try:
+        record = run_tune(spec, steps=steps, candidates=list(candidates), out_dir=out_dir, repeats=repeats, warmup=warmup,
+                          max_loss_gap=max_loss_gap, overrides=list(sets), echo=echo)
+    except TuneInterrupted as e:
+        out = os.path.dirname(str(e).rsplit(" ", 1)[-1])
+        with open(os.path.join(out, "tune.json"), encoding="utf-8") as f:
+            partial = json.load(f)
+        click.echo(table(partial))
+        if not no_plot and any(r["tokens_per_s"] for r in partial["candidates"]):
+            click.echo(f"wrote {plot(partial, os.path.join(out, 'tune.png'))}")
+        raise
+    click.echo(table(record))
+    click.echo(f"wrote {os.path.join(record['out_dir'], 'tune.json')}")
+    if not no_plot:
+        click.echo(f"wrote {plot(record, os.path.join(record['out_dir'], 'tune.png'))}")
+    if record.get("tuned_spec"):
+        path = os.path.join(record["out_dir"], record["tuned_spec"])
+        click.echo(f"wrote {path}: the winner, {record['winner']}; next: fp8launch plan {path}")
 
 if __name__ == "__main__":  # pragma: no cover
     main()

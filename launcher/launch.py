@@ -254,10 +254,15 @@ def _run(argv: tuple[str, ...], env: Mapping[str, str], log: str | None = None) 
             out.close()
 
 
+INTERRUPTS: list[int] = []
+"""SIGINTs that arrived while a child ran. Ctrl-C reaches the child directly (same process group); a
+caller that starts several children in turn (`tune`) reads this to stop after the current one."""
+
+
 def _wait(child: subprocess.Popen) -> int:
     forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda signum, frame: INTERRUPTS.append(signum))
     try:
         code = child.wait()
     finally:

@@ -10,6 +10,7 @@ from typing import Callable
 from .errors import Problem, SpecError
 from .plan import Plan, resolve, spec_dir_from
 from .project import relative_to_root
+from .predict import Prediction, predict
 from .render import render
 from .rules import Facts, Finding, check
 from .spec import apply_overrides, read_spec, validate
@@ -24,6 +25,8 @@ class Planned:
     folder: str
     files: dict[str, str]
     warnings: list[Finding]
+    prediction: Prediction | None = None
+    """The speed prediction on launch.gpu (launcher/predict), made once per plan."""
 
 
 def plan_one(path: str, out_dir: str, overrides: list[str] = (), strict: bool = False, *,
@@ -39,13 +42,14 @@ def plan_one(path: str, out_dir: str, overrides: list[str] = (), strict: bool = 
     folder = folder_of(plan) if folder_of else os.path.join(out_dir, plan.name)
     plan = dataclasses.replace(plan, spec_dir=spec_dir_from(path, folder))
     files = render(plan, plan_dir=relative_to_root(folder))
-    findings = check(Facts(plan=plan, rendered=files), stage="plan")
+    prediction = predict(plan, os.path.dirname(os.path.abspath(path)))
+    findings = check(Facts(plan=plan, rendered=files, prediction=prediction), stage="plan")
     errors = [f for f in findings if f.is_error or strict]
     warnings = [f for f in findings if f not in errors]
     if errors:
         raise SpecError([Problem(path, _finding_text(f), rule=f.rule.id) for f in errors]
                         + [Problem(path, _finding_text(f), rule=f.rule.id, severity="warning") for f in warnings])
-    return Planned(path, plan, folder, files, warnings)
+    return Planned(path, plan, folder, files, warnings, prediction)
 
 
 def _check_builtin_model(source) -> None:

@@ -12,7 +12,7 @@ from .rules import RULES, RULES_BY_ID
 from .suggest import did_you_mean
 
 
-def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | None = None) -> str:
+def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | None = None, prediction=None) -> str:
     p, d, t = plan.precision, plan.distributed, plan.train
     written = [c for c in changes if c.status in ("create", "update")]
     status = f"{len(written)} written, {len(changes) - len(written)} unchanged" if written else "unchanged"
@@ -38,6 +38,8 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
         lines += ["  " + line for line in estimate(plan, params).lines()]
     else:
         lines.append(f"  model states per GPU: pass --params N to estimate them ({plan.train.model.split(':')[0]}: models are sized when built)")
+    if prediction is not None:
+        lines.append(f"  {prediction.line()}")
     return "\n".join(lines)
 
 

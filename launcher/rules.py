@@ -34,6 +34,8 @@ class Facts:
     """Linear layers converted to FP8, at run time."""
     foreign_matmuls: tuple[str, ...] = ()
     """Type names of the model's weight-matrix layers that are not nn.Linear (no backend converts them), at run time."""
+    prediction: typing.Any = None
+    """The speed prediction (launcher.predict.Prediction) when planning made one."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -337,6 +339,32 @@ TP_RULES: tuple[Rule, ...] = (
 )
 
 RULES = RULES + TP_RULES
+
+# --- speed prediction (issue 12) ----------------------------------------------------------------------
+
+
+def _no_gain(f: Facts) -> bool:
+    pr = f.prediction
+    return _fp8(f) and pr is not None and pr.fp8_vs_bf16 is not None and pr.fp8_vs_bf16 < 1.0
+
+
+def _no_gain_detail(f: Facts) -> str:
+    pr = f.prediction
+    worst = min((r for r in pr.layers if r.speedup is not None), key=lambda r: r.speedup, default=None)
+    example = f"; e.g. {worst.layer}: M, K, N = {worst.m}, {worst.k}, {worst.n} at {worst.speedup:.2f}x" if worst else ""
+    return (f"predicted FP8 tokens/s on {pr.gpus} x {pr.gpu} is {pr.fp8_vs_bf16:.2f}x bf16's: {pr.n_losing} of {pr.n_fp8} FP8 layers "
+            f"are too small to gain (the casts cost more than the FP8 GEMMs save{example}); `fp8launch plan --format json` shows every layer.")
+
+
+RULES += (
+    Rule(id="FP8-NO-GAIN", severity="warning", stage="plan",
+         when="the predicted fp8_vs_bf16 for this model, batch and launch.gpu is below 1.0",
+         why="small GEMMs lose to the cast overhead (torchao microbenchmarks: 1024^3 at 0.42-0.8x of bf16); "
+             "say so before a user pays for it (docs/prediction.md).",
+         fix='set precision.torchao.skip_small = true (small Linears stay in bf16), compile.enabled = true, a larger '
+             'train.micro_batch_size or train.seq_len, or precision.mode = "bf16"; `fp8launch tune` measures it',
+         condition=_no_gain, detail=_no_gain_detail),
+)
 
 RULES_BY_ID = {r.id: r for r in RULES}
 

@@ -21,7 +21,9 @@ def test_table_shows_figures_and_ratios():
               "ratios": {"tokens_per_s": 1.3, "step_time_s": 1 / 1.3, "tflops_per_device": 1.3, "mfu": None, "peak_mem_gib": 1.0, "final_loss": 2.5 / 2.45}}
     lines = table(record).splitlines()
     assert lines[1].split() == ["tokens/s", "1,300", "1,000", "1.300"]
-    assert lines[4].split() == ["MFU", "n/a", "n/a", "n/a"]
+    assert lines[4].split() == ["MFU", "vs", "bf16", "dense", "n/a", "n/a", "n/a"]  # no mfu_peak recorded: the default basis
+    record["environment"]["mfu_peak"] = "fp16 dense"
+    assert table(record).splitlines()[4].split()[:4] == ["MFU", "vs", "fp16", "dense"]
     assert "NVIDIA H100 x 1, torch 2.11, torchao 0.18.0" in lines[-1]
 
 

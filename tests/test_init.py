@@ -65,7 +65,8 @@ def test_cpu_smoke_with_torchao(tmp_path):
     assert data["distributed"]["procs_per_node"] == 2 and "compile" not in data
     assert {k: data["train"][k] for k in ("model", "seq_len", "steps")} == {"model": "builtin:llama-debug", "seq_len": 128, "steps": 30}
     p = planned(tmp_path, text)
-    assert [f.rule.id for f in p.warnings] == ["FP8-NO-COMPILE"]  # compile's warm-up costs more than a smoke run
+    # compile's warm-up costs more than a smoke run; and the debug model's GEMMs are too small to gain on a GPU
+    assert [f.rule.id for f in p.warnings] == ["FP8-NO-COMPILE", "FP8-NO-GAIN"]
 
 
 def test_cpu_without_torchao_is_a_bf16_smoke(tmp_path):
@@ -103,7 +104,8 @@ def test_every_choice_plans_without_error_rules(tmp_path, machine, backend, stra
     p = planned(tmp_path, text)  # raises on any error rule
     assert p.plan.distributed.nodes == 2
     assert p.plan.distributed.strategy == strategy or strategy is None
-    assert {f.rule.id for f in p.warnings} <= {"FP8-NO-COMPILE"}
+    small = {"FP8-NO-GAIN"} if machine == "cpu" else set()  # the CPU smoke model's GEMMs are too small to gain on a GPU
+    assert {f.rule.id for f in p.warnings} <= {"FP8-NO-COMPILE"} | small
 
 
 def test_user_strings_are_quoted_not_pasted():

@@ -135,7 +135,7 @@ def test_fp16_and_bf16_both_enabled_in_a_rendered_deepspeed_config():
 
 
 def test_every_rule_in_the_table_is_tested_here():
-    tested = set(PLAN_CASES) | set(RUN_CASES) | {"FP16-BF16-BOTH"}
+    tested = set(PLAN_CASES) | set(RUN_CASES) | {"FP16-BF16-BOTH"} | set(PREDICTION_CASES)
     assert {r.id for r in RULES} == tested
 
 
@@ -236,3 +236,43 @@ def test_tp_error_stops_plan_with_exit_2_and_nothing_written(cli, spec, tmp_path
     assert 'error[TP-STRATEGY]:' in r.stderr and 'fix: set distributed.strategy = "fsdp2", or distributed.tensor_parallel = 1' in r.stderr
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+# --- FP8-NO-GAIN (issue 12): fires on the speed prediction planning makes -----------------------------
+
+def fired_with_prediction(data: dict) -> set[str]:
+    from launcher.predict import predict
+
+    plan = plan_of(data)
+    return {f.rule.id for f in check(Facts(plan=plan, rendered=render(plan), prediction=predict(plan)), stage="plan")}
+
+
+DEBUG_SEQ128 = {"precision": {**TAO, "torchao": {"skip_small": False}}, "train": {"model": "builtin:llama-debug", "seq_len": 128}}
+PREDICTION_CASES = {
+    # the debug model at seq 128: every GEMM too small to pay for its casts; the fix keeps them in bf16
+    "FP8-NO-GAIN": (DEBUG_SEQ128, {"precision": {**TAO, "torchao": {"skip_small": True}}, "train": DEBUG_SEQ128["train"]}),
+}
+
+
+@pytest.mark.parametrize("rule_id", sorted(PREDICTION_CASES))
+def test_prediction_rule_fires_and_its_fix_silences_it(rule_id):
+    bad, fixed = PREDICTION_CASES[rule_id]
+    assert rule_id in fired_with_prediction(bad)
+    assert rule_id not in fired_with_prediction(fixed)
+
+
+def test_no_gain_is_silent_where_fp8_pays_and_for_bf16():
+    big = {"precision": {**TAO, "torchao": {"fsdp_float8_all_gather": True}}, **COMPILED,
+           "train": {"model": "builtin:llama3-8b", "seq_len": 8192}}
+    assert "FP8-NO-GAIN" not in fired_with_prediction(big)
+    assert "FP8-NO-GAIN" not in fired_with_prediction({"precision": {"mode": "bf16"}, "train": DEBUG_SEQ128["train"]})
+    assert "FP8-NO-GAIN" not in fired(DEBUG_SEQ128)  # no prediction made (e.g. a py: model): the rule says nothing
+
+
+def test_no_gain_message_names_the_ratio_and_a_losing_layer():
+    from launcher.predict import predict
+
+    plan = plan_of(DEBUG_SEQ128)
+    prediction = predict(plan)
+    (finding,) = [f for f in check(Facts(plan=plan, prediction=prediction)) if f.rule.id == "FP8-NO-GAIN"]
+    assert f"{prediction.fp8_vs_bf16:.2f}x" in finding.message and "M, K, N = " in finding.message

@@ -8,7 +8,8 @@ device's peak is unknown, e.g. a CPU), peak_mem_gib, step_time_s; plus world_siz
 grad_norm. The file is appended to, so a resumed run continues it after a new start record.
 
 MFU is measured against the device's dense peak in the high-precision dtype (bf16 for an
-FP8 run), as torchtitan does: FP8 speed-ups then show as a higher MFU.
+FP8 run), as torchtitan does: FP8 speed-ups then show as a higher MFU. The start record says so
+(`mfu_peak`: "bf16 dense"), and so does its line.
 """
 
 from __future__ import annotations
@@ -119,7 +120,12 @@ class MetricsLogger:
             self._bar = _progress_bar(total_steps, start_step)
 
     def start(self, record: dict[str, Any], line: str) -> None:
-        """The start record (precision report, shapes) and its line."""
+        """The start record (precision report, shapes) and its line, with what MFU is measured against."""
+        if record.get("mfu_peak"):
+            peak = record.get("peak_tflops")
+            line += (f"\nMFU is measured against the device's {record['mfu_peak']} peak"
+                     + (f" ({peak:g} TFLOP/s)" if peak else " (unknown here: MFU n/a)")
+                     + (": an FP8 step also uses the FP8 tensor cores, so its MFU can exceed what bf16 could reach" if record.get("backend") else ""))
         self._emit({"event": "start", **record}, line)
 
     def step(self, record: dict[str, Any]) -> None:
@@ -210,6 +216,7 @@ def start_record(plan, env, report, throughput: Throughput, *, parameters: int, 
         "parameters": parameters,
         "flops_per_token": throughput.flops_per_token,
         "peak_tflops": throughput.peak_tflops,
+        "mfu_peak": f"{plan.precision.compute_dtype} dense",
         "tokens_per_step": throughput.tokens_per_step,
         "steps": plan.train.steps,
         "start_step": start_step,

@@ -65,11 +65,14 @@ def test_bench_runs_both_variants_alternately_and_reports_ratios(tmp_path):
     first_fp8, first_bf16 = spec_side["runs"][0]["losses"][0][1], base["runs"][0]["losses"][0][1]
     assert abs(first_fp8 - first_bf16) / first_bf16 < 0.02
     assert record["ratios"]["mfu"] is None  # CPU: no known peak, no MFU
+    assert record["environment"]["mfu_peak"] == "bf16 dense" and "bf16 dense" in record["mfu_peak"]
+    assert "MFU vs bf16 dense" in r.stdout
     import torch
     import torchao
 
     assert record["environment"] == {"device_name": "cpu", "world_size": 1, "torch": torch.__version__, "torchao": torchao.__version__,
-                                     "deepspeed": record["environment"]["deepspeed"], "transformer_engine": None, "fp8launch": "0.1.0"}
+                                     "deepspeed": record["environment"]["deepspeed"], "transformer_engine": None, "fp8launch": "0.1.0",
+                                     "mfu_peak": "bf16 dense", "peak_tflops": None}  # a CPU has no known peak
 
     printed = r.stdout
     assert "step 1/5" not in printed + r.stderr  # each run's own output goes to its train.log

@@ -20,6 +20,8 @@ from typing import Callable
 
 from torch import nn
 
+from launcher.predict.layers import too_small  # noqa: F401  (the rule lives there, torch-free)
+
 if typing.TYPE_CHECKING:
     from launcher.plan import Plan
 
@@ -31,21 +33,6 @@ FUNCTIONAL = "weight used functionally by its parent (not called as a module)"
 
 def keep_reason(pattern: str) -> str:
     return f"keep {pattern!r}"
-
-
-def too_small(recipe: str, in_features: int, out_features: int) -> bool:
-    """torchao 0.18.0's size heuristic (torchao/float8/float8_linear_utils.py,
-    `_auto_filter_for_tensorwise` / `_auto_filter_for_rowwise`, from H100 benchmarks in
-    torchao/float8/README.md): True when FP8 is expected to be slower than bf16.
-
-    torchao names the weight shape (N, K) = (out_features, in_features). It has no heuristic
-    for rowwise_with_gw_hp (`_auto_filter_for_recipe` raises NotImplementedError); that recipe
-    is rowwise scaling with a high-precision weight-gradient GEMM, so the rowwise thresholds apply.
-    """
-    n, k = out_features, in_features
-    if recipe == "tensorwise":
-        return k <= 4096 and n <= 1024
-    return n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048)
 
 
 def linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:

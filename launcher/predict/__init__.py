@@ -1,0 +1,305 @@
+"""Will FP8 pay off for this plan? A torch-free prediction of one training step's time on `launch.gpu`,
+in the plan's precision and in its bf16 twin (same model, batch, engine, compile and checkpointing).
+
+    predict(plan, spec_dir) -> Prediction   (fp8_vs_bf16: predicted tokens/s ratio, > 1 = FP8 faster)
+
+The model is a roofline per GEMM (launcher/predict/cost.py) over the Linear layers of the model's
+shapes (launcher/predict/shapes.py), plus the casts the recipe adds, plus the time FP8 does not touch:
+attention, norms and elementwise ops, the loss, the optimizer and the communication FSDP2/DDP/ZeRO
+cannot hide. docs/prediction.md states its assumptions and its error on every published point.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+from launcher.gpus import plan_gpu
+from launcher.hardware import supports
+
+from . import cost
+from .cost import Device, cast_s, gemm_s, stream_s
+from .layers import too_small
+from .shapes import LinearShape, ModelShape, model_shape
+
+ELEMENTWISE = {True: (1.0, 12), False: (2.5, 40)}
+"""compiled -> (bytes multiplier, kernels per block): compile fuses norms, SwiGLU, RoPE and residual adds
+into a few kernels; eager runs each op as its own kernel with bf16/fp32 intermediates in memory."""
+
+RECOMPUTE = {"none": 0.0, "selective": 0.5, "full": 1.0}
+"""Share of the blocks whose forward runs again in backward (this project's selective AC: every other block)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerRow:
+    """One Linear of the model (all its copies, one per block), per rank, per micro-batch."""
+
+    layer: str
+    copies: int
+    fp8_copies: int
+    kept: str | None
+    m: int
+    k: int
+    n: int
+    bf16_s: float
+    """Its three GEMMs in bf16 (one copy)."""
+    fp8_s: float | None
+    """Its three GEMMs in the recipe, with the casts (one copy); None where it stays in bf16."""
+    cast_s: float | None
+
+    @property
+    def speedup(self) -> float | None:
+        return None if self.fp8_s is None else self.bf16_s / self.fp8_s
+
+    def why(self) -> str:
+        us = lambda s: f"{s * 1e6:,.1f} us"  # noqa: E731
+        if self.fp8_s is None:
+            return f"stays in bf16: {self.kept}"
+        saved = self.bf16_s - (self.fp8_s - self.cast_s)
+        if self.fp8_s >= self.bf16_s:
+            return f"loses: casts cost {us(self.cast_s)}, FP8 GEMMs save {us(saved)} (M, K, N = {self.m}, {self.k}, {self.n} too small)"
+        return f"gains: FP8 GEMMs save {us(saved)}, casts cost {us(self.cast_s)}"
+
+    def to_json(self) -> dict:
+        r = lambda x: None if x is None else round(x * 1e6, 3)  # noqa: E731
+        return {"layer": self.layer, "copies": self.copies, "fp8_copies": self.fp8_copies, "kept": self.kept,
+                "m": self.m, "k": self.k, "n": self.n, "bf16_us": r(self.bf16_s), "fp8_us": r(self.fp8_s), "cast_us": r(self.cast_s),
+                "speedup": None if self.speedup is None else round(self.speedup, 3), "why": self.why()}
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    gpu: str
+    gpus: int
+    precision: str
+    fp8_vs_bf16: float | None
+    """Predicted tokens/s of this plan over its bf16 twin; None when it cannot be predicted (see `reason`)."""
+    reason: str = ""
+    step_s: dict[str, float] = field(default_factory=dict)
+    """{"bf16": s, "plan": s}: one optimizer step per GPU."""
+    breakdown: dict[str, dict[str, float]] = field(default_factory=dict)
+    layers: tuple[LayerRow, ...] = ()
+    n_linear: int = 0
+    n_fp8: int = 0
+    n_losing: int = 0
+    tokens_per_step: int = 0
+
+    @property
+    def gemm_share(self) -> float | None:
+        b = self.breakdown.get("bf16")
+        return None if not b else b["linear_gemms"] / sum(b.values())
+
+    def to_json(self) -> dict:
+        out = {"gpu": self.gpu, "gpus": self.gpus, "precision": self.precision,
+               "fp8_vs_bf16": None if self.fp8_vs_bf16 is None else round(self.fp8_vs_bf16, 4), "reason": self.reason or None}
+        if self.step_s:
+            out.update({
+                "step_s": {k: round(v, 6) for k, v in self.step_s.items()},
+                "tokens_per_s_per_gpu": {k: round(self.tokens_per_step / self.gpus / v, 1) for k, v in self.step_s.items()},
+                "breakdown_s": {k: {n: round(x, 6) for n, x in b.items()} for k, b in self.breakdown.items()},
+                "linear_gemm_share_bf16": round(self.gemm_share, 4),
+                "linear_layers": self.n_linear, "fp8_layers": self.n_fp8, "fp8_layers_losing": self.n_losing,
+                "layers": [row.to_json() for row in self.layers],
+                "model": "roofline; see docs/prediction.md",
+            })
+        return out
+
+    def line(self) -> str:
+        where = f"{self.gpus} x {self.gpu}"
+        if self.fp8_vs_bf16 is None:
+            return f"predicted FP8 speed-up on {where}: unknown ({self.reason})"
+        share = f"Linear GEMMs {self.gemm_share:.0%} of the bf16 step"
+        if self.precision == "bf16" or not self.n_fp8:
+            what = "no Linear runs in FP8" if self.precision != "bf16" else "the plan is not FP8"
+            return f"predicted FP8 speed-up on {where}: {self.fp8_vs_bf16:.2f}x ({what}; {share})"
+        losing = f"{self.n_losing} of {self.n_linear} layers too small to gain" if self.n_losing else f"{self.n_fp8} of {self.n_linear} layers in FP8, all gain"
+        return f"predicted FP8 speed-up on {where}: {self.fp8_vs_bf16:.2f}x ({share}; {losing})"
+
+
+def _precision_label(plan) -> str:
+    p = plan.precision
+    if not p.fp8:
+        return p.mode
+    return f"fp8 {p.backend} " + {"torchao": p.torchao.recipe, "te": p.te.recipe, "msamp": p.msamp.opt_level}[p.backend]
+
+
+def predict(plan, spec_dir: str = ".") -> Prediction:
+    """The prediction for `plan` on its `launch.gpu` (auto: h100); spec_dir resolves a relative hf: path."""
+    gpu = "h100" if plan.launch.gpu == "auto" else plan.launch.gpu
+    spec = plan_gpu(plan.launch.gpu)
+    label = _precision_label(plan)
+    base = dict(gpu=gpu, gpus=plan.world_size, precision=label, tokens_per_step=plan.tokens_per_step)
+    shape, why = model_shape(plan.train.model, spec_dir)
+    if shape is None:
+        return Prediction(fp8_vs_bf16=None, reason=f"model shapes unknown: {why}", **base)
+    p = plan.precision
+    if p.fp8:
+        unsupported = _unsupported(p, spec.capability)
+        if unsupported:
+            return Prediction(fp8_vs_bf16=None, reason=unsupported, **base)
+    dev = device(gpu)
+    bf16, _ = _step(plan, shape, dev, fp8=False)
+    if not p.fp8:
+        return Prediction(fp8_vs_bf16=1.0, step_s={"bf16": sum(bf16.values()), "plan": sum(bf16.values())},
+                          breakdown={"bf16": bf16, "plan": bf16}, n_linear=shape.n_linears, **base)
+    mine, rows = _step(plan, shape, dev, fp8=True)
+    t_b, t_p = sum(bf16.values()), sum(mine.values())
+    n_fp8 = sum(r.fp8_copies for r in rows)
+    losing = sum(r.fp8_copies for r in rows if r.fp8_s is not None and r.fp8_s >= r.bf16_s)
+    return Prediction(fp8_vs_bf16=t_b / t_p, step_s={"bf16": t_b, "plan": t_p}, breakdown={"bf16": bf16, "plan": mine},
+                      layers=tuple(rows), n_linear=shape.n_linears, n_fp8=n_fp8, n_losing=losing, **base)
+
+
+def _peaks(spec) -> dict[str, float]:
+    from launcher.gpus import PEAK_TFLOPS
+
+    return dict(PEAK_TFLOPS[spec.name])
+
+
+def _unsupported(p, capability) -> str:
+    if capability is None:  # AMD: torchao's FP8 runs (MI300X e4m3fnuz); TE/MS-AMP are CUDA builds
+        return "" if p.backend == "torchao" else f"{p.backend} on AMD GPUs is not modelled"
+    recipe = p.te.recipe if p.backend == "te" else None
+    if not supports(capability, "fp8", p.backend, recipe):
+        return f"this GPU (compute capability {capability[0]}.{capability[1]}) does not run fp8 {p.backend}{' ' + recipe if recipe else ''}"
+    return ""
+
+
+def _fp8_copies(plan, s: LinearShape, first_last: set[str]) -> tuple[int, str | None]:
+    """(copies of this Linear that run in FP8, the reason the others do not), as launcher/train/precision/select.py decides."""
+    p = plan.precision
+    if not (p.backend == "torchao" and p.torchao.pad_inner_dim) and (s.in_features % 16 or s.out_features % 16):
+        whole = "dims not multiples of 16"
+    elif p.backend == "torchao" and p.torchao.skip_small and too_small(p.torchao.recipe, s.in_features, s.out_features):
+        whole = "skip_small"
+    else:
+        whole = None
+    if not p.keep:  # the common case: no per-copy globs, only the first and the last Linear by name
+        ends = {s.name.format(i=0), s.name.format(i=s.count - 1)} & first_last
+        if ends:
+            return (0 if whole else s.count - len(ends)), "keep_first_last"
+        return (0, whole) if whole else (s.count, None)
+    kept, reason = 0, None
+    for i in range(s.count):
+        name = s.name.format(i=i)
+        why = next((f"keep {pat!r}" for pat in p.keep if fnmatch.fnmatchcase(name, pat)), None)
+        why = why or ("keep_first_last" if name in first_last else None) or whole
+        if why:
+            kept += 1
+            reason = reason or why
+    return s.count - kept, reason
+
+
+def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str, float], list[LayerRow]]:
+    """Seconds of one optimizer step per GPU, by part; with fp8, the per-layer rows too."""
+    p, d, t = plan.precision, plan.distributed, plan.train
+    tp, dp = max(1, d.tensor_parallel), max(1, d.data_parallel)
+    compiled = plan.compile.enabled
+    recompute = RECOMPUTE[plan.activation_checkpointing.mode]
+    m = t.micro_batch_size * t.seq_len
+    backend = p.backend
+    recipe = {"torchao": p.torchao.recipe, "te": p.te.recipe, "msamp": "delayed"}[backend]
+    fp8_all_gather = fp8 and backend == "torchao" and p.torchao.fsdp_float8_all_gather and d.strategy == "fsdp2"
+    cast_of = cost.casts(backend, recipe, compiled) if fp8 else {}
+    in_fp8 = cost.fp8_gemms(backend, recipe)
+    seff = cost.scaled_gemm_eff(backend, recipe)
+    low = "fp4" if (fp8 and backend == "te" and recipe == "nvfp4" and "fp4" in dev.peak_tflops) else "fp8"
+
+    ends = shape.linears[0].name.format(i=0), shape.linears[-1].name.format(i=shape.linears[-1].count - 1)
+    first_last = set(ends) if p.keep_first_last and shape.linears else set()
+    rows, gemms, casts, recomputed, fp8_weight_params = [], 0.0, 0.0, 0.0, 0
+    for s in shape.linears:
+        k, n = (s.in_features // tp, s.out_features) if s.parallel == "row" else (s.in_features, s.out_features // tp)
+        shapes3 = ((m, k, n), (m, n, k), (k, m, n))
+        bf16_one = sum(gemm_s(dev, *g, "bf16") for g in shapes3)
+        fwd_bf16 = gemm_s(dev, m, k, n, "bf16")
+        n_fp8, kept = _fp8_copies(plan, s, first_last) if fp8 else (0, None)
+        fp8_one = cast_one = None
+        if n_fp8:
+            g = sum(gemm_s(dev, *sh, low, seff) if on else gemm_s(dev, *sh, "bf16") for sh, on in zip(shapes3, in_fp8))
+            w_elems = k * n / (dp if fp8_all_gather else 1)
+            cast_one = cast_s(dev, cast_of["input"], m * k) + cast_s(dev, cast_of["weight"], w_elems) + cast_s(dev, cast_of["grad_output"], m * n)
+            fp8_one = g + cast_one
+            fwd_fp8 = gemm_s(dev, m, k, n, low, seff) + cast_s(dev, cast_of["input"], m * k) + cast_s(dev, cast_of["weight"], w_elems)
+            fp8_weight_params += n_fp8 * s.in_features * s.out_features
+        n_bf16 = s.count - n_fp8
+        gemms += n_bf16 * bf16_one + (n_fp8 * (fp8_one - cast_one) if n_fp8 else 0.0)
+        casts += n_fp8 * cast_one if n_fp8 else 0.0
+        recomputed += recompute * (n_bf16 * fwd_bf16 + (n_fp8 * fwd_fp8 if n_fp8 else 0.0))
+        if fp8:
+            rows.append(LayerRow(s.name.replace("{i}", "*"), s.count, n_fp8, kept if n_fp8 < s.count else None,
+                                 m, k, n, bf16_one, fp8_one, cast_one))
+
+    # attention (bf16 in every recipe): causal flash attention, forward 2*s^2*d FLOPs per sequence and block, backward 2.5x
+    d_attn = shape.n_heads * shape.head_dim // tp
+    attn_fwd = 2.0 * t.seq_len ** 2 * d_attn * t.micro_batch_size
+    attention = shape.n_layers * ((1 + 2.5 + recompute) * attn_fwd / (dev.peak("bf16") * cost.ATTN_EFF) + 4 * cost.KERNEL_FIXED_S)
+    # norms, residual adds, RoPE, SwiGLU: elements per token and block, forward + backward
+    mult, kernels = ELEMENTWISE[compiled]
+    q_kv = (shape.n_heads + 2 * shape.kv_heads) * shape.head_dim // tp
+    per_token = 26 * shape.dim + 4 * q_kv + 8 * shape.ffn_dim // tp
+    elementwise = shape.n_layers * (1 + 0.4 * recompute) * stream_s(dev, 2 * mult * per_token * m, kernels)
+    loss = stream_s(dev, m * (22 * shape.vocab_size // tp + 6 * shape.dim), 8)
+
+    accum = t.grad_accum_steps
+    micro = gemms + casts + recomputed + attention + elementwise + loss
+    compute = accum * micro
+    local = shape.params / tp / (dp if d.strategy == "fsdp2" or (d.strategy == "deepspeed" and d.deepspeed.zero_stage >= 1) else 1)
+    per_param = 36 if t.optimizer in ("adam", "adamw") else 16
+    optimizer = stream_s(dev, per_param * local, 24)
+    if fp8_all_gather and p.torchao.precompute_scale:
+        optimizer += stream_s(dev, 4 * fp8_weight_params / tp / dp, 2)
+    comm = _exposed_comm(plan, shape, dev, compute, m, fp8_weight_params if fp8_all_gather else 0)
+    parts = {"linear_gemms": accum * gemms, "fp8_casts": accum * casts, "recompute": accum * recomputed,
+             "attention": accum * attention, "elementwise": accum * elementwise, "loss": accum * loss,
+             "optimizer": optimizer, "exposed_comm": comm}
+    return parts, rows
+
+
+def _exposed_comm(plan, shape: ModelShape, dev: Device, compute: float, m: int, fp8_params: int) -> float:
+    """Communication the engine cannot overlap with compute: what exceeds the compute, plus the first
+    all-gather and the last reduce-scatter (one block's worth), plus tensor-parallel collectives."""
+    d, t = plan.distributed, plan.train
+    tp, dp = max(1, d.tensor_parallel), max(1, d.data_parallel)
+    gbps = (cost.INTER_NODE_GBPS if d.nodes > 1 else dev.link_gbps) * cost.LINK_EFF * 1e9
+    params = shape.params / tp
+    share = (dp - 1) / dp
+    accum = t.grad_accum_steps
+    if dp == 1:
+        volume = 0.0
+    elif d.strategy == "fsdp2":
+        gathers = 2 if d.fsdp2.reshard_after_forward else 1
+        weights = 2 * params - fp8_params / tp  # bf16, or 1 byte for the FP8 all-gathered weights
+        reduce_bytes = 4 if d.fsdp2.reduce_dtype == "fp32" else 2
+        volume = accum * share * (gathers * weights + reduce_bytes * params)
+    elif d.strategy == "ddp":
+        volume = 2 * share * 4 * params
+    else:
+        z = d.deepspeed.zero_stage
+        volume = 2 * share * 2 * params if z < 3 else accum * share * (2 * 2 * params + 2 * params)
+    data = volume / gbps
+    exposed = max(0.0, data - compute) + data / max(1, shape.n_layers)
+    if tp > 1:  # per block: all-gather + reduce-scatter of the activations in forward and in backward
+        act = accum * shape.n_layers * 4 * 2 * (tp - 1) / tp * m * shape.dim * 2 / (dev.link_gbps * cost.LINK_EFF * 1e9)
+        exposed += act * (0.3 if d.async_tp else 1.0)
+    return exposed
+
+
+def device(gpu: str) -> Device:
+    """The cost model's view of a `launch.gpu` choice."""
+    spec = plan_gpu(gpu)
+    name = "h100" if gpu == "auto" else gpu
+    return Device(name, _peaks(spec), spec.bandwidth_tbps, cost.SMS[name], cost.LINK_GBPS[name])
+
+
+def linear_speedup(gpu: str, m: int, k: int, n: int, backend: str = "torchao", recipe: str = "tensorwise", compiled: bool = True) -> float:
+    """One Linear's forward + backward (three GEMMs) in bf16 over the same in FP8 with its casts: what
+    torchao's Float8Linear microbenchmarks measure."""
+    dev = device(gpu)
+    shapes3 = ((m, k, n), (m, n, k), (k, m, n))
+    bf16 = sum(gemm_s(dev, *g, "bf16") for g in shapes3)
+    seff = cost.scaled_gemm_eff(backend, recipe)
+    c = cost.casts(backend, recipe, compiled)
+    fp8 = sum(gemm_s(dev, *g, "fp8", seff) if on else gemm_s(dev, *g, "bf16") for g, on in zip(shapes3, cost.fp8_gemms(backend, recipe)))
+    fp8 += cast_s(dev, c["input"], m * k) + cast_s(dev, c["weight"], k * n) + cast_s(dev, c["grad_output"], m * n)
+    return bf16 / fp8

@@ -1,0 +1,127 @@
+"""The Linear layers of a model, from its shapes alone (torch-free): builtin sizes from
+launcher/train/models/config.py, `hf:` models from their config.json read as JSON.
+
+A layer is listed once with `count` = how many identical copies the model has (one per block),
+in module registration order, with the FQN of its first copy (e.g. `layers.0.attention.wq`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from launcher.train.factory import InputError
+from launcher.train.models.config import LlamaConfig, parse_builtin
+
+
+@dataclass(frozen=True, slots=True)
+class LinearShape:
+    name: str
+    """FQN of the first copy; `{i}` in it is the block index."""
+    in_features: int
+    out_features: int
+    count: int
+    """Copies in the model (blocks)."""
+    parallel: str
+    """Tensor-parallel style: "column" (out_features split), "row" (in_features split) or "none"."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    source: str
+    """What the shapes were read from (builtin:NAME, a config.json path)."""
+    dim: int
+    n_layers: int
+    n_heads: int
+    kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    vocab_size: int
+    linears: tuple[LinearShape, ...]
+
+    @property
+    def linear_params(self) -> int:
+        return sum(s.in_features * s.out_features * s.count for s in self.linears)
+
+    @property
+    def params(self) -> int:
+        """Linear weights + the embedding + norms (2 per block and a final one)."""
+        return self.linear_params + self.vocab_size * self.dim + (2 * self.n_layers + 1) * self.dim
+
+    @property
+    def n_linears(self) -> int:
+        return sum(s.count for s in self.linears)
+
+
+def _decoder(source: str, *, dim, n_layers, n_heads, kv_heads, head_dim, ffn_dim, vocab, prefix: str,
+             names: tuple[str, ...], head: str, fused_qkv: bool = False, fused_gate_up: bool = False) -> ModelShape:
+    """A Llama-style block: q, k, v, o projections and a SwiGLU MLP (gate, up, down), plus the output head."""
+    q, kv = n_heads * head_dim, kv_heads * head_dim
+    wq, wk, wv, wo, w1, w2, w3 = names
+    attn = ([LinearShape(f"{prefix}.{wq}", dim, q + 2 * kv, n_layers, "column")] if fused_qkv else
+            [LinearShape(f"{prefix}.{wq}", dim, q, n_layers, "column"), LinearShape(f"{prefix}.{wk}", dim, kv, n_layers, "column"),
+             LinearShape(f"{prefix}.{wv}", dim, kv, n_layers, "column")])
+    attn.append(LinearShape(f"{prefix}.{wo}", q, dim, n_layers, "row"))
+    mlp = ([LinearShape(f"{prefix}.{w1}", dim, 2 * ffn_dim, n_layers, "column")] if fused_gate_up else
+           [LinearShape(f"{prefix}.{w1}", dim, ffn_dim, n_layers, "column")])
+    mlp.append(LinearShape(f"{prefix}.{w2}", ffn_dim, dim, n_layers, "row"))
+    if not fused_gate_up:
+        mlp.append(LinearShape(f"{prefix}.{w3}", dim, ffn_dim, n_layers, "column"))
+    return ModelShape(source, dim, n_layers, n_heads, kv_heads, head_dim, ffn_dim, vocab,
+                      tuple(attn + mlp + [LinearShape(head, dim, vocab, 1, "column")]))
+
+
+def builtin_shape(cfg: LlamaConfig, source: str) -> ModelShape:
+    """The builtin Llama (launcher/train/models/llama.py): registration order wq, wk, wv, wo, w1, w2, w3, then output."""
+    return _decoder(source, dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads, kv_heads=cfg.kv_heads,
+                    head_dim=cfg.head_dim, ffn_dim=cfg.ffn_dim, vocab=cfg.vocab_size, prefix="layers.{i}",
+                    names=("attention.wq", "attention.wk", "attention.wv", "attention.wo",
+                           "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"), head="output")
+
+
+HF_FUSED_QKV = {"phi3"}
+"""Model types whose attention projects q, k, v with one Linear (qkv_proj) and gate/up with one (gate_up_proj)."""
+
+
+def hf_shape(config: dict, source: str) -> ModelShape | None:
+    """A decoder-only Hugging Face config (Llama, Mistral, Qwen2, Gemma, Phi-3 ...); None when it does not
+    describe a Llama-style block (e.g. GPT-2, whose projections are Conv1D, or a config without the sizes)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    try:
+        dim, n_layers, n_heads = int(text["hidden_size"]), int(text["num_hidden_layers"]), int(text["num_attention_heads"])
+        ffn, vocab = int(text["intermediate_size"]), int(text["vocab_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    kv = int(text.get("num_key_value_heads") or n_heads)
+    head_dim = int(text.get("head_dim") or dim // n_heads)
+    fused = text.get("model_type") in HF_FUSED_QKV
+    return _decoder(source, dim=dim, n_layers=n_layers, n_heads=n_heads, kv_heads=kv, head_dim=head_dim, ffn_dim=ffn,
+                    vocab=vocab, prefix="model.layers.{i}",
+                    names=("self_attn.qkv_proj" if fused else "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                           "self_attn.o_proj", "mlp.gate_up_proj" if fused else "mlp.gate_proj", "mlp.down_proj", "mlp.up_proj"),
+                    head="lm_head", fused_qkv=fused, fused_gate_up=fused)
+
+
+def model_shape(model: str, spec_dir: str = ".") -> tuple[ModelShape | None, str]:
+    """(shape, "") for a builtin or hf: model; (None, why) when the shapes are unknown before the model is built."""
+    kind = model.split(":", 1)[0]
+    if kind == "builtin":
+        try:
+            return builtin_shape(parse_builtin(model), model), ""
+        except InputError:
+            return None, "unknown builtin model"
+    if kind == "hf":
+        path = model[3:]
+        found = next((p for p in (path, os.path.join(spec_dir, path)) if os.path.exists(p)), None)
+        if found is None:
+            return None, f"{path} not found here"
+        config_file = os.path.join(found, "config.json") if os.path.isdir(found) else found
+        try:
+            with open(config_file, encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError) as e:
+            return None, f"cannot read {config_file}: {e.__class__.__name__}"
+        shape = hf_shape(config, model) if isinstance(config, dict) else None
+        return (shape, "") if shape else (None, f"{config_file} does not describe a Llama-style decoder")
+    return None, f"{kind}: models are known only once built (a user factory); the prediction needs builtin: or hf:"

@@ -1,0 +1,87 @@
+"""`fp8launch tune`'s pure parts: the candidates, --candidates, the loss gap, the tuned spec's TOML,
+and what it refuses to overwrite (tests/e2e/test_tune.py runs it for real)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+
+from launcher.errors import UsageError
+from launcher.pipeline import plan_one
+from launcher.tune import _claim, candidate_overrides, loss_gap, select, toml_text, tuned_spec
+
+
+def plan_of(tmp_path, text: str):
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return plan_one(str(path), str(tmp_path / "out")).plan
+
+
+def test_candidates_are_what_runs_here_with_all_gather_on_fsdp2_and_compile_toggled(tmp_path):
+    fsdp2 = plan_of(tmp_path, 'version = 1\nname = "c"\n[precision]\nmode = "fp8"\n')
+    only_torchao = lambda sets: 'precision.backend="torchao"' in sets  # noqa: E731  (this machine: torchao only)
+    labels = [label for label, _ in candidate_overrides(fsdp2, only_torchao)]
+    assert labels == ["torchao-tensorwise", "torchao-tensorwise-fp8-allgather", "torchao-rowwise", "torchao-rowwise_with_gw_hp"]
+    ddp = plan_of(tmp_path, 'version = 1\nname = "c"\n[distributed]\nstrategy = "ddp"\n')
+    both = candidate_overrides(ddp, only_torchao, toggle_compile=True)
+    assert [label for label, _ in both] == ["torchao-tensorwise", "torchao-rowwise", "torchao-rowwise_with_gw_hp",
+                                            "torchao-tensorwise+compile", "torchao-rowwise+compile", "torchao-rowwise_with_gw_hp+compile"]
+    assert dict(both)["torchao-rowwise+compile"][-1] == "compile.enabled=true"
+    everything = [label for label, _ in candidate_overrides(fsdp2, lambda sets: True)]
+    assert "te-mxfp8" in everything and "msamp-O2" in everything
+
+
+def test_candidates_option_picks_by_name_and_refuses_unknown_ones():
+    available = [("torchao-tensorwise", ["a"]), ("torchao-rowwise", ["b"])]
+    assert select(available, []) == available and select(available, ["compile"]) == available
+    assert select(available, ["torchao-rowwise"]) == [("torchao-rowwise", ["b"])]
+    with pytest.raises(UsageError, match="te-current is not a candidate here; candidates that run on this machine: torchao-tensorwise, torchao-rowwise"):
+        select(available, ["te-current"])
+
+
+def test_loss_gap_is_the_mean_relative_excess_over_bf16():
+    assert loss_gap({1: 2.2, 2: 1.0}, {1: 2.0, 2: 1.0}) == pytest.approx(0.05)
+    assert loss_gap({1: 1.8}, {1: 2.0}) == pytest.approx(-0.1)
+    assert loss_gap({1: float("nan")}, {1: 2.0}) == float("inf")
+    assert loss_gap({}, {1: 2.0}) is None
+
+
+def test_toml_text_round_trips_a_spec():
+    data = {"version": 1, "name": "x", "precision": {"mode": "fp8", "keep": ["lm_head", "*.router"], "torchao": {"recipe": "rowwise"}},
+            "launch": {"device": "cpu", "env": {"OMP_NUM_THREADS": "1", "A B": 'q"uote'}}, "train": {"lr": 0.003, "steps": 5}}
+    assert tomllib.loads(toml_text(data)) == data
+
+
+def test_tuned_spec_applies_the_winner_drops_unread_sections_and_says_why(tmp_path):
+    spec = tmp_path / "s.toml"
+    spec.write_text('version = 1\nname = "s"\n[precision]\nmode = "fp8"\n[precision.te]\nrecipe = "current"\n[train]\nsteps = 9\n')
+    row = lambda name, tps, status, sets: {"name": name, "tokens_per_s": tps, "vs_bf16": tps / 100, "loss_gap": 0.001,  # noqa: E731
+                                           "status": status, "note": "", "overrides": sets}
+    record = {"name": "s", "repeats": 2, "steps": 4, "winner": "torchao-rowwise", "environment": {"device_name": "cpu", "world_size": 1},
+              "candidates": [row("bf16", 100.0, "baseline", ['precision.mode="bf16"']),
+                             row("torchao-rowwise", 120.0, "winner", ['precision.backend="torchao"', 'precision.torchao.recipe="rowwise"']),
+                             {**row("torchao-tensorwise", 130.0, "rejected", []), "note": "loss gap +3.00% > 2.00%"}]}
+    text = tuned_spec(str(spec), ["train.seq_len=64"], record)
+    assert text.startswith("# Chosen by `fp8launch tune s.toml` on cpu x 1: torchao-rowwise at 120 tokens/s (1.200x bf16)")
+    assert "#   bf16: 100 tokens/s, 16.7% slower (1.000x bf16)" in text and "#   torchao-tensorwise: rejected: loss gap +3.00% > 2.00%" in text
+    data = tomllib.loads(text)
+    assert data["name"] == "s-tuned" and data["precision"] == {"mode": "fp8", "backend": "torchao", "torchao": {"recipe": "rowwise"}}
+    assert data["train"] == {"steps": 9, "seq_len": 64}
+    out = tmp_path / "tuned.toml"
+    out.write_text(text)
+    planned = plan_one(str(out), str(tmp_path / "gen"))
+    assert planned.plan.precision.torchao.recipe == "rowwise" and not [w for w in planned.warnings if w.rule.id == "SECTION-UNUSED"]
+
+
+def test_out_folder_files_tune_did_not_write_are_never_touched(tmp_path):
+    foreign = tmp_path / "runs" / "bf16-1"
+    foreign.mkdir(parents=True)
+    (foreign / "mine.txt").write_text("x")
+    with pytest.raises(UsageError, match="exists and was not written by an earlier tune"):
+        _claim(str(tmp_path), [str(foreign)])
+    assert (foreign / "mine.txt").exists()
+    (tmp_path / "tune.json").write_text(json.dumps({"candidates": [{"run_dirs": ["runs/bf16-1"]}]}))
+    _claim(str(tmp_path), [str(foreign)])  # an earlier tune's run folder: replaced
+    assert not foreign.exists()
