@@ -250,5 +250,18 @@ def bench(spec, vs, steps, repeats, warmup, out_dir, sets, no_plot) -> None:
         click.echo(f"wrote {plot(record, os.path.join(record['out_dir'], 'bench.png'))}")
 
 
+@main.command(epilog=EXIT_CODES)
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=str),
+              help="Write the PNG here [default: RUN_DIR/report.png of the first RUN_DIR].")
+@_errors
+def report(run_dirs, out_path) -> None:
+    """Draw a run (or overlay several): loss, lr, tokens/s, memory and, with the FP8 monitor on,
+    an underflow heatmap by layer and step. RUN_DIR is a run's train.output_dir."""
+    from .run_report import report as draw_report
+
+    click.echo(f"wrote {draw_report(list(run_dirs), out_path)}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
