@@ -45,6 +45,24 @@ def test_underflow_counts_nonzero_values_that_flush_to_zero():
     assert smin == smax == pytest.approx(0.448)
 
 
+@pytest.mark.parametrize("fmt,dtype", [("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)])
+def test_flush_and_saturation_agree_with_the_real_fp8_cast_at_the_boundaries(fmt, dtype):
+    from launcher.train.monitor.stats import flush_threshold
+
+    tiny, top = flush_threshold(fmt), saturation_threshold(fmt)
+    edges = torch.tensor([tiny, top])
+    near = torch.cat([edges * f for f in (0.5, 0.999, 1.0, 1.001, 1.5)] + [torch.rand(10000) * 4 * tiny])
+    values = torch.cat([near, -near])
+    row = cast_stats(values, Scaling(fmt=fmt), scale=torch.tensor(1.0)).tolist()
+    cast = values.to(dtype).float()  # the real cast
+    assert row[4] == ((cast == 0) & (values != 0)).sum().item() > 0
+    # torch >= 2.12 saturates in the cast itself, so the cast cannot show which values saturated:
+    # those beyond max + half a step are the 1.001x and 1.5x of the threshold, both signs; at 0.999x
+    # the value still rounds to the max in the format's own grid
+    assert row[5] == 4
+    assert values.to(torch.float64).abs().gt(top).sum().item() == 4 and top > torch.finfo(dtype).max
+
+
 def test_rowwise_gives_each_row_its_own_scale_and_rescues_the_small_row():
     x = torch.tensor([[1000.0, 2.0], [1e-3, 2e-3]])
     tensorwise = cast_stats(x, Scaling(fmt="e4m3")).tolist()

@@ -97,21 +97,33 @@ def torchao_scale(amax: torch.Tensor, fmt: str, *, power_of_2: bool = False, mar
     return res
 
 
+def flush_threshold(fmt: str) -> float:
+    """Scaled magnitudes at or below this round to zero in the format: half its smallest
+    subnormal (e4m3: 2**-10, e5m2: 2**-17; a tie rounds to the even neighbour, zero)."""
+    return float(torch.finfo(FORMATS[fmt]).smallest_normal) * 2.0 ** -{"e4m3": 3, "e5m2": 2}[fmt] / 2
+
+
 def cast_stats(x: torch.Tensor, scaling: Scaling, scale: torch.Tensor | None = None) -> torch.Tensor:
     """One float64 row of FIELDS for the cast of `x`: the dynamic scale of `scaling` unless
     `scale` (a backend's own, e.g. TE's delayed scaling from its amax history) is given.
-    Stays on x's device: no host synchronisation."""
-    x = x.detach()
-    amax = amax_of(x, scaling)
+
+    Works on |x| in fp32 scaled as the backend scales (torchao: `x.to(float32) * scale`), so a
+    value flushes to zero exactly when its scaled magnitude is at most `flush_threshold` and
+    saturates when it is above `saturation_threshold` (a test checks this against the real
+    FP8 cast). Stays on x's device: no host synchronisation."""
+    mag = x.detach().to(torch.float32).abs()
+    if scaling.rowwise:
+        mag = rows_of(mag, scaling)
+        amax = mag.amax(dim=-1, keepdim=True)
+    else:
+        amax = mag.max()
     if scale is None:
         scale = torchao_scale(amax, scaling.fmt, power_of_2=scaling.power_of_2, margin=scaling.margin)
-    rows = rows_of(x, scaling) if scaling.rowwise else x
-    scaled = rows.to(torch.float32) * scale
-    top = fp8_max(scaling.fmt)
-    fp8 = scaled.clamp(-top, top).to(FORMATS[scaling.fmt])
-    nonzero = rows != 0
-    underflow = (nonzero & (fp8 == 0)).sum()
-    overflow = (scaled.abs() > saturation_threshold(scaling.fmt)).sum()
+    nonzero = torch.count_nonzero(mag)
+    mag.mul_(scale)
+    zero_or_flushed = torch.count_nonzero(mag <= flush_threshold(scaling.fmt))
+    overflow = torch.count_nonzero(mag > saturation_threshold(scaling.fmt))
+    underflow = zero_or_flushed - (mag.numel() - nonzero)
     scale = scale.to(torch.float64)
-    return torch.stack([amax.max().to(torch.float64), scale.min(), scale.max(), nonzero.sum().to(torch.float64),
+    return torch.stack([amax.max().to(torch.float64), scale.min(), scale.max(), nonzero.to(torch.float64),
                         underflow.to(torch.float64), overflow.to(torch.float64)])
