@@ -87,7 +87,9 @@ def world():
         yield env
 
 
-def _run(tmp_path, world, *, every: int, steps: int = 4, recipe: str = "tensorwise", capture: str | None = None):
+def _run(tmp_path, world, *, every: int, steps: int = 4, recipe: str = "tensorwise", capture: str | None = None,
+         **keys):
+    from launcher.train.compile_ac import prepare_blocks
     from launcher.train.engines import wrap
     from launcher.train.loop import Trainer, TrainState
     from launcher.train.metrics import MetricsLogger, Throughput
@@ -96,12 +98,13 @@ def _run(tmp_path, world, *, every: int, steps: int = 4, recipe: str = "tensorwi
     plan, plan_dir = make_plan(tmp_path, precision__mode="fp8", precision__backend="torchao",
                                precision__torchao__recipe=recipe, precision__torchao__skip_small=False,
                                precision__high_precision="fp32", train__steps=steps,
-                               train__output_dir=str(tmp_path / "out"), monitor__fp8_stats_every=every)
+                               train__output_dir=str(tmp_path / "out"), monitor__fp8_stats_every=every, **keys)
     model = tiny_model()
     precision = apply_precision(model, plan, CPU.device)
     captured = []
     if capture:
         model.get_submodule(capture).register_forward_pre_hook(lambda m, args: captured.append(args[0].detach().clone()))
+    prepare_blocks(model, plan)  # activation checkpointing wrappers, when the plan asks
     engine = wrap(model, plan, precision, plan_dir, env=CPU)
     monitor = build_monitor(plan, precision, model, is_main=True, stream=io.StringIO())
     logger = MetricsLogger(output_dir=str(tmp_path / "out"), enabled=True, total_steps=steps, stream=io.StringIO(), progress=False)
@@ -116,10 +119,13 @@ def _records(tmp_path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-def test_records_match_a_direct_computation_on_the_captured_input(world, tmp_path, recipe):
+@pytest.mark.parametrize("recipe,checkpointing", [("tensorwise", "none"), ("rowwise", "none"), ("tensorwise", "full")])
+def test_records_match_a_direct_computation_on_the_captured_input(world, tmp_path, recipe, checkpointing):
+    """With activation checkpointing the names stay the model's (no wrapper parts) and the
+    recomputation in backward is not counted again."""
     layer = "layers.1.attention.wq"
-    trainer, monitor, model, precision, captured = _run(tmp_path, world, every=2, recipe=recipe, capture=layer)
+    trainer, monitor, model, precision, captured = _run(tmp_path, world, every=2, recipe=recipe, capture=layer,
+                                                        activation_checkpointing__mode=checkpointing)
     trainer.run()
     trainer.logger.close()
     records = _records(tmp_path)
@@ -131,7 +137,8 @@ def test_records_match_a_direct_computation_on_the_captured_input(world, tmp_pat
     assert all(0 <= r["underflow"] <= 1 and 0 <= r["overflow"] <= 1 and r["amax"] > 0 for r in records)
 
     rec = next(r for r in records if r["step"] == 2 and r["layer"] == layer and r["tensor"] == "input")
-    x = captured[1]  # the input of step 2 (one micro-batch per step)
+    x = captured[2 if checkpointing == "full" else 1]  # the input of step 2 (one micro-batch per step; AC: forward, recompute)
+    assert rec["nonzero"] == torch.count_nonzero(x).item()  # counted once
     rows = x.reshape(-1, x.shape[-1])
     amax = rows.abs().amax(dim=-1, keepdim=True) if recipe == "rowwise" else x.abs().max()
     scale = amax_to_scale(amax, torch.float8_e4m3fn, round_scales_to_power_of_2=recipe == "rowwise")

@@ -43,6 +43,15 @@ class Target:
 
 # ----------------------------------------------------------------------------- targets per backend
 
+WRAPPER_PARTS = frozenset({"_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module"})
+"""Name parts that activation checkpointing and torch.compile wrappers add to FQNs."""
+
+
+def clean_fqn(fqn: str) -> str:
+    """The FQN as in the model as built (what the precision report and precision.keep name)."""
+    return ".".join(part for part in fqn.split(".") if part not in WRAPPER_PARTS)
+
+
 def torchao_targets(model: nn.Module) -> list[Target]:
     """Every torchao Float8Linear, with its config's casts for the forward GEMM and grad_output."""
     from torchao.float8.config import ScalingGranularity, ScalingType
@@ -59,7 +68,7 @@ def torchao_targets(model: nn.Module) -> list[Target]:
                 continue
             ops[name] = Scaling(fmt=format_name(cc.target_dtype), rowwise=cc.scaling_granularity is ScalingGranularity.AXISWISE,
                                 power_of_2=bool(c.round_scales_to_power_of_2))
-        targets.append(Target(layer=fqn, module=m, operands=ops))
+        targets.append(Target(layer=clean_fqn(fqn), module=m, operands=ops))
     return targets
 
 
@@ -100,7 +109,7 @@ def te_targets(model: nn.Module, fp8_classes: tuple[type, ...], recipe) -> list[
     """Every TE FP8 module (te.Linear, te.LayerNormLinear, ...) under `recipe`."""
     ops = te_operands(recipe)
     source = te_delayed_scale if type(recipe).__name__ == "DelayedScaling" else None
-    return [Target(layer=fqn, module=m, operands=dict(ops), scale_source=source)
+    return [Target(layer=clean_fqn(fqn), module=m, operands=dict(ops), scale_source=source)
             for fqn, m in model.named_modules() if isinstance(m, fp8_classes)]
 
 
