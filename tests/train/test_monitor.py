@@ -255,3 +255,17 @@ def test_te_delayed_scaling_uses_the_scales_te_keeps_and_sees_its_overflows(tmp_
     assert recs["input"]["scale"] == 1.0 and recs["input"]["overflow"] == pytest.approx(8 / 64)
     assert recs["weight"]["scale"] == 0.5 and recs["grad_output"]["scale"] == 4.0
     assert "precision.te.recipe = \"current\"" in monitor.stream.getvalue()
+
+
+@pytest.mark.slow
+def test_compiled_blocks_are_measured_under_the_models_names(world, tmp_path):
+    """torch.compile'd blocks (OptimizedModule wrappers): the hooks run eagerly inside them; ~2.5 min on the loaded 2-core machine (compiling)."""
+    trainer, monitor, _, precision, _ = _run(tmp_path, world, every=3, steps=6, compile__enabled=True)
+    trainer.run()
+    trainer.logger.close()
+    records = _records(tmp_path)
+    assert {r["step"] for r in records} == {3, 6}
+    assert {r["layer"] for r in records} == {t.layer for t in monitor.targets}
+    assert len({r["layer"] for r in records}) == precision.report.fp8_layers
+    assert not any("_orig_mod" in r["layer"] for r in records)
+    assert len(records) == 2 * 3 * precision.report.fp8_layers

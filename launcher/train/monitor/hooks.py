@@ -178,6 +178,9 @@ class Collector:
         scale = t.scale_source(t.module, operand) if t.scale_source else None
         self.add(t.layer, operand, cast_stats(x, t.operands[operand], scale))
 
+    # torch.compile: the hooks run eagerly (a graph break at each hooked layer on sampled steps)
+    # instead of being traced and recompiled into every compiled block.
+    @torch.compiler.disable
     def _before(self, t: Target, module: nn.Module, args: tuple) -> None:
         if _recomputing():
             return
@@ -187,6 +190,7 @@ class Collector:
             if "weight" in t.operands:
                 self.measure(t, "weight", getattr(module, "weight", None))
 
+    @torch.compiler.disable
     def _after(self, t: Target, module: nn.Module, args: tuple, output) -> None:
         out = output[0] if isinstance(output, (tuple, list)) else output
         if _recomputing() or not isinstance(out, torch.Tensor) or not out.requires_grad:
