@@ -27,6 +27,14 @@ def _hooks(model: nn.Module) -> int:
     return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) + len(m._backward_hooks) for m in model.modules())
 
 
+def _monitor_hooks(model: nn.Module) -> int:
+    """Hooks whose function is the monitor's (a partial of a Collector method)."""
+    from launcher.train.monitor.hooks import Collector
+
+    hooks = [h for m in model.modules() for d in (m._forward_pre_hooks, m._forward_hooks, m._backward_hooks) for h in d.values()]
+    return sum(1 for h in hooks if isinstance(getattr(getattr(h, "func", None), "__self__", None), Collector))
+
+
 # ----------------------------------------------------------------------------- the math
 
 @pytest.mark.parametrize("fmt,dtype", [("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)])
@@ -156,12 +164,14 @@ def test_records_match_a_direct_computation_on_the_captured_input(world, tmp_pat
 
 
 def test_monitor_off_hooks_nothing(world, tmp_path):
-    trainer, monitor, model, _, _ = _run(tmp_path, world, every=0, steps=2)
+    trainer, monitor, model, precision, _ = _run(tmp_path, world, every=0, steps=2)
     assert monitor is None
     before = _hooks(model)
+    seen = []
+    trainer.callbacks.append(lambda state: seen.append((_hooks(model), _monitor_hooks(model))))
     trainer.run()
     trainer.logger.close()
-    assert _hooks(model) == before
+    assert seen == [(before, 0), (before, 0)]  # after every step: not one hook more
     assert not (tmp_path / "out" / STATS_FILE).exists()
 
 
@@ -170,12 +180,14 @@ def test_hooks_exist_only_on_sampled_steps(world, tmp_path):
     idle = _hooks(model)
     armed = []
     trainer.callbacks.append(lambda state: armed.append((state.step, _hooks(model) - idle)))
+    trainer.callbacks.append(lambda state: armed.append((-state.step, _monitor_hooks(model))))
     trainer.run()
     trainer.logger.close()
     per_step = dict(armed)
     n = len(monitor.targets)
     # armed after step 2 for step 3 (a pre-hook and a forward hook per layer), disarmed after step 3
-    assert per_step == {1: 0, 2: 2 * n, 3: 0, 4: 0}
+    assert per_step == {1: 0, 2: 2 * n, 3: 0, 4: 0, -1: 0, -2: 2 * n, -3: 0, -4: 0}
+    assert _monitor_hooks(model) == 0
     assert _hooks(model) == idle
     assert {r["step"] for r in _records(tmp_path)} == {3}
 
@@ -269,3 +281,16 @@ def test_compiled_blocks_are_measured_under_the_models_names(world, tmp_path):
     assert len({r["layer"] for r in records}) == precision.report.fp8_layers
     assert not any("_orig_mod" in r["layer"] for r in records)
     assert len(records) == 2 * 3 * precision.report.fp8_layers
+
+
+def test_a_monitor_with_nothing_to_watch_says_so(world, tmp_path):
+    from launcher.train.monitor import unwatched_note
+    from launcher.train.precision import apply_precision
+
+    plan, _ = make_plan(tmp_path, precision__mode="bf16", monitor__fp8_stats_every=5)
+    model = tiny_model()
+    precision = apply_precision(model, plan, CPU.device)
+    monitor = build_monitor(plan, precision, model, is_main=True)
+    assert monitor is not None and monitor.targets == []
+    assert unwatched_note(plan, precision, monitor) == (
+        "note: monitor.fp8_stats_every = 5 but no layer runs in FP8: no fp8_stats.jsonl is written")
