@@ -296,5 +296,19 @@ def tune(spec, steps, candidates, out_dir, repeats, warmup, max_loss_gap, sets, 
         path = os.path.join(record["out_dir"], record["tuned_spec"])
         click.echo(f"wrote {path}: the winner, {record['winner']}; next: fp8launch plan {path}")
 
+
+@main.command(epilog=EXIT_CODES)
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=str),
+              help="Write the PNG here [default: RUN_DIR/report.png of the first RUN_DIR].")
+@_errors
+def report(run_dirs, out_path) -> None:
+    """Draw a run (or overlay several): loss, lr, tokens/s, memory and, with the FP8 monitor on,
+    an underflow heatmap by layer and step. RUN_DIR is a run's train.output_dir."""
+    from .run_report import report as draw_report
+
+    click.echo(f"wrote {draw_report(list(run_dirs), out_path)}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -163,3 +163,10 @@ def check_world(planned: int, env: DistEnv) -> None:
             f"the plan is for world size {planned} (distributed.nodes x procs_per_node) but {env.world_size} processes were started; "
             "fix: start it with the plan's torchrun.sh (or `fp8launch run`), or plan for this many processes"
         )
+
+
+def all_reduce_max(values: torch.Tensor) -> torch.Tensor:
+    """Element-wise max of `values` over every rank (in place; a no-op in a world of one)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return values

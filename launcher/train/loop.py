@@ -4,7 +4,8 @@ the optimizer step, the precision hook, the lr schedule, non-finite-loss handlin
 Everything a checkpoint needs is reachable from one `TrainState`: the engine (model,
 optimizer, lr schedule), the data stream's position, the step and token counters, and the
 RNG states. Checkpoints plug in as a callback `(state) -> None` run after every step (the
-CheckpointManager's `callback`), and by restoring the TrainState before `Trainer.run()`.
+CheckpointManager's `callback`), and by restoring the TrainState before `Trainer.run()`. A callback
+object with a `finish(state)` method (the FP8 monitor) also gets that call after the last step.
 
 Stopping early, every rank after the same step (the loss and a stop flag ride on the one
 all-reduce each step already does, so every rank takes the same branch):
@@ -246,6 +247,10 @@ class Trainer:
             if result.stop and self.state.step < self.plan.train.steps:
                 self._preempted(result.stop)
         summary = self.summary(steps_run=self.state.step - start_step, elapsed_s=time.perf_counter() - t0, times=times)
+        for callback in self.callbacks:  # callbacks with an end of their own (the FP8 monitor's summary)
+            finish = getattr(callback, "finish", None)
+            if finish is not None:
+                finish(self.state)
         self.logger.end(summary)
         return summary
 

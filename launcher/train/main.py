@@ -7,7 +7,8 @@ activation checkpointing and torch.compile -> wraps the model in DDP / FSDP2 / D
 distributed.tensor_parallel: tensor parallel first, then FSDP2 over the data-parallel dimension) ->
 resumes from a checkpoint (train.resume) -> trains and logs (rank 0 writes
 <train.output_dir>/metrics.jsonl) -> checkpoints every train.checkpoint_every steps and after
-the last one (docs/checkpoints.md).
+the last one (docs/checkpoints.md) -> with monitor.fp8_stats_every > 0, samples the FP8 casts
+of every FP8 layer into <train.output_dir>/fp8_stats.jsonl (docs/monitor.md).
 
 The job torchrun starts must be the one the plan describes (distributed.nodes x
 procs_per_node processes): the generated torchrun.sh and slurm.sbatch start exactly that.
@@ -132,6 +133,7 @@ def build_run(plan_path: str, *, stream=None):
     from launcher.train.loop import Trainer, TrainState
     from launcher.train.metrics import MetricsLogger, start_record, throughput_for
     from launcher.train.models import build_model
+    from launcher.train.monitor import build_monitor, unwatched_note
     from launcher.train.precision import apply_precision
     from launcher.train.tensor_parallel import tp_line, tp_report
 
@@ -180,7 +182,12 @@ def build_run(plan_path: str, *, stream=None):
     if loaded and env.is_main:
         for warning in loaded.warnings:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
-    trainer = Trainer(state, plan, device=env.device, logger=logger, throughput=throughput, callbacks=[checkpoints.callback],
+    monitor = build_monitor(plan, precision, model, is_main=env.is_main, start_step=state.step)  # None: monitor off, nothing hooked
+    note = unwatched_note(plan, precision, monitor)
+    if note and env.is_main:
+        print(note, file=sys.stderr, flush=True)
+    callbacks = [checkpoints.callback] + ([monitor] if monitor is not None else [])
+    trainer = Trainer(state, plan, device=env.device, logger=logger, throughput=throughput, callbacks=callbacks,
                       checkpoints=checkpoints, resumed_from=loaded.path if loaded else None)
     return trainer, logger
 
