@@ -7,6 +7,9 @@ generated launch script and return the training's exit code.
   `slurm.sbatch` with bash, whose `srun ... torchrun ...` line starts one agent per node.
 - launch.launcher = "slurm", outside one: `sbatch --parsable [--wait] <plan>/slurm.sbatch`;
   the job id is reported as soon as sbatch prints it; with --wait, sbatch's exit code is the job's.
+- launch.launcher = "kubernetes": `kubectl apply -f <plan>/trainjob.yaml` (or pytorchjob.yaml), the
+  manifest that holds the plan files and the job; with --wait, follows the job until it ends
+  (launcher/kubectl.py) and returns its exit code.
 
 Every command runs with this Python's bin folder first on PATH, so `torchrun` and `python`
 are the ones of the environment fp8launch is installed in.
@@ -24,7 +27,9 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from . import kubectl
 from .errors import EnvironmentProblem, LauncherError, UsageError
+from .kubernetes import JobRef, job_ref, manifest_file
 from .output import Change, write
 from .planning import Planned, plan_one
 
@@ -40,9 +45,13 @@ class Command:
     """One command to start, and the variables it gets on top of the current environment."""
 
     kind: str
-    """torchrun | srun (slurm.sbatch run inside an allocation) | sbatch"""
+    """torchrun | srun (slurm.sbatch run inside an allocation) | sbatch | kubectl"""
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    job: JobRef | None = None
+    """kubectl: the job the manifest creates."""
+    wait: bool = False
+    """kubectl: follow the job until it ends."""
 
     def text(self) -> str:
         """The command as a shell line, with its variables (PATH left out)."""
@@ -78,6 +87,12 @@ def launch_command(planned: Planned, *, node_rank: int | None = None, rdzv_endpo
     environ = os.environ if environ is None else environ
     plan, folder = planned.plan, planned.folder
     env = {"PATH": _path_env(environ)}
+    if plan.launch.launcher == "kubernetes":
+        if node_rank is not None or rdzv_endpoint is not None:
+            raise UsageError("error: --node-rank and --rdzv-endpoint do not apply with launch.launcher = \"kubernetes\": "
+                             "the operator places the nodes and gives each its rank; drop them")
+        return Command(kind="kubectl", argv=("kubectl", "apply", "-f", os.path.join(folder, manifest_file(plan))),
+                       env=env, job=job_ref(plan), wait=wait)
     if plan.launch.launcher == "slurm":
         if node_rank is not None or rdzv_endpoint is not None:
             raise UsageError("error: --node-rank and --rdzv-endpoint do not apply with launch.launcher = \"slurm\": "
@@ -101,6 +116,8 @@ def launch_command(planned: Planned, *, node_rank: int | None = None, rdzv_endpo
 def describe(command: Command, environ: Mapping[str, str] | None = None) -> str:
     """What --dry-run prints: the exact command(s). For torchrun, the generated script says
     itself which torchrun line it would exec (its FP8LAUNCH_DRY_RUN mode)."""
+    if command.kind == "kubectl" and command.wait:
+        return command.text() + "\n" + shlex.join(kubectl.get_argv(command.job)) + "  # repeated until the job ends"
     if command.kind != "torchrun":
         return command.text()
     env = {**(os.environ if environ is None else environ), **command.env, "FP8LAUNCH_DRY_RUN": "1"}
@@ -118,6 +135,8 @@ def execute(command: Command, *, on_job_id: Callable[[str], None] = lambda job: 
     _require(command, env)
     if command.kind == "sbatch":
         return _sbatch(command, env, on_job_id)
+    if command.kind == "kubectl":
+        return _kubectl(command, env, on_job_id)
     with tempfile.TemporaryDirectory(prefix="fp8launch-") as tmp:
         exit_file = os.path.join(tmp, "exit-code")
         code = _run(command.argv, {**env, EXIT_FILE_ENV: exit_file}, log)
@@ -125,8 +144,10 @@ def execute(command: Command, *, on_job_id: Callable[[str], None] = lambda job: 
 
 
 def _require(command: Command, env: Mapping[str, str]) -> None:
-    needed = {"torchrun": "torchrun", "srun": "srun", "sbatch": "sbatch"}[command.kind]
+    needed = {"torchrun": "torchrun", "srun": "srun", "sbatch": "sbatch", "kubectl": "kubectl"}[command.kind]
     if shutil.which(needed, path=env.get("PATH")) is None:
+        if needed == "kubectl":
+            raise EnvironmentProblem(kubectl.INSTALL)
         if needed == "torchrun":
             raise EnvironmentProblem("torchrun is not on PATH; fix: install torch in this environment (pip install 'fp8launch[torch]')")
         raise EnvironmentProblem(f"{needed} is not on PATH: launch.launcher = \"slurm\" needs SLURM's client commands; "
@@ -184,10 +205,34 @@ def _sbatch(command: Command, env: Mapping[str, str], on_job_id: Callable[[str],
     return child.returncode
 
 
+def _kubectl(command: Command, env: Mapping[str, str], on_job_id: Callable[[str], None]) -> int:
+    """kubectl apply; then, with --wait, the job's end and exit code (see launcher/kubectl.py)."""
+    code = kubectl.apply(command.argv, env)
+    if code != 0:
+        return code
+    ref = command.job
+    on_job_id(ref.name)
+    if not command.wait:
+        return 0
+    try:
+        return kubectl.follow(ref, env)
+    except KeyboardInterrupt:
+        raise Interrupted(f"error: interrupted while waiting; {ref.api} {ref.name} keeps running; "
+                          f"`{kubectl.stop_hint(ref)}` stops it") from None
+
+
 class Interrupted(LauncherError):
     """Ctrl-C while `run --wait` waits for a batch job: the job is not ours to stop."""
 
     exit_code = 130
+
+
+def announce(planned: Planned, command: Command, job_id: str) -> str:
+    """The line `run` prints once the job is submitted (SLURM) or applied (Kubernetes)."""
+    if command.kind == "kubectl":
+        ref = command.job
+        return f"applied {ref.api} {ref.name} in namespace {ref.namespace}; status: {kubectl.status_hint(ref)}"
+    return f"submitted batch job {job_id}; log: {job_log(planned, job_id)}"
 
 
 def job_log(planned: Planned, job_id: str) -> str:
