@@ -163,6 +163,7 @@ def test_gpus_per_node_overrides_procs_per_node(spec):
 def test_deepspeed_config_travels_in_the_configmap(spec):
     p, _, (cm, job) = planned(k8s_spec(spec, api="pytorchjob", strategy="deepspeed"))
     assert cm["data"]["deepspeed.json"] == p.files["deepspeed.json"] and "fsdp2.json" not in cm["data"]
+    assert job_problems(job) == []
 
 
 def test_the_manifest_validation_catches_what_the_api_server_refuses(spec):
