@@ -10,7 +10,6 @@ node 0 first); 1 when no pod reports one (deleted, never started).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from typing import Callable, Mapping
@@ -107,9 +106,3 @@ def apply(argv: tuple[str, ...], env: Mapping[str, str]) -> int:
 
 def status_hint(ref: JobRef) -> str:
     return f"kubectl get {ref.resource} {ref.name} --namespace {ref.namespace}"
-
-
-def is_on_path(env: Mapping[str, str]) -> bool:
-    from shutil import which
-
-    return which("kubectl", path=env.get("PATH", os.defpath)) is not None
