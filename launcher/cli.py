@@ -201,15 +201,15 @@ def _ask(prompt: str, default, options: tuple[str, ...] | None):
 @click.option("--rdzv-endpoint", metavar="HOST:PORT", help="Node 0's rendezvous address [default: $RDZV_ENDPOINT, else launch.rdzv_endpoint].")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a spec key by dotted path (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Write the plan, print the exact command(s) that would run, run nothing.")
-@click.option("--wait", is_flag=True, help="SLURM: block until the submitted job ends and exit with its exit code.")
+@click.option("--wait", is_flag=True, help="SLURM / Kubernetes: block until the submitted job ends and exit with its exit code.")
 @click.option("--strict", is_flag=True, help="Treat warnings as errors.")
 @_errors
 def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict) -> None:
-    """Plan SPEC into <train.output_dir>/plan/ and start the training (torchrun, or srun/sbatch under SLURM).
+    """Plan SPEC into <train.output_dir>/plan/ and start the training (torchrun, srun/sbatch under SLURM, kubectl on Kubernetes).
 
     Exits with the training's exit code."""
     from . import preflight
-    from .launch import describe, execute, job_log, launch_command, plan_for_run, write_plan
+    from .launch import announce, describe, execute, launch_command, plan_for_run, write_plan
     from .pipeline import warning_lines
 
     planned = plan_for_run(spec, _overrides(sets, nodes), strict)
@@ -222,9 +222,8 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict) -> N
         click.echo(describe(command))
         return
     click.echo(f"fp8launch: {planned.plan.name}: planned into {planned.folder}/; starting {command.kind}", err=True)
-    announce = lambda job: click.echo(f"submitted batch job {job}; log: {job_log(planned, job)}")  # noqa: E731
-    code = execute(command, on_job_id=announce, out=lambda line: click.echo(line, nl=False),
-                   err=lambda line: click.echo(line, nl=False, err=True))
+    code = execute(command, on_job_id=lambda job: click.echo(announce(planned, command, job)),
+                   out=lambda line: click.echo(line, nl=False), err=lambda line: click.echo(line, nl=False, err=True))
     if code != 0:
         logs = f"; full logs (torchrun's report, each rank's output): {command.logs}/" if command.logs else ""
         click.echo(f"fp8launch: {planned.plan.name}: {command.kind} exited with code {code}{logs}", err=True)

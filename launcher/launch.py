@@ -7,6 +7,9 @@ generated launch script and return the training's exit code.
   `slurm.sbatch` with bash, whose `srun ... torchrun ...` line starts one agent per node.
 - launch.launcher = "slurm", outside one: `sbatch --parsable [--wait] <plan>/slurm.sbatch`;
   the job id is reported as soon as sbatch prints it; with --wait, sbatch's exit code is the job's.
+- launch.launcher = "kubernetes": `kubectl apply -f <plan>/trainjob.yaml` (or pytorchjob.yaml), the
+  manifest that holds the plan files and the job; with --wait, follows the job until it ends
+  (launcher/kubectl.py) and returns its exit code.
 
 Every command runs with this Python's bin folder first on PATH, so `torchrun` and `python`
 are the ones of the environment fp8launch is installed in.
@@ -26,8 +29,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from . import kubectl
 from .errors import EnvironmentProblem, LauncherError, UsageError
 from .hardware import INSTALL
+from .kubernetes import JobRef, job_ref, manifest_file
 from .output import Change, write
 from .pipeline import Planned, plan_one
 
@@ -55,11 +60,15 @@ class Command:
 
     kind: str
     """torchrun (torchrun.sh) | slurm.sbatch (the script run with bash inside an allocation: its srun starts
-    one torchrun per node) | sbatch (the script submitted)"""
+    one torchrun per node) | sbatch (the script submitted) | kubectl (the manifest applied)"""
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     logs: str | None = None
     """torchrun: the folder for torchrun's own log (torchrun.log) and each rank's output files."""
+    job: JobRef | None = None
+    """kubectl: the job the manifest creates."""
+    wait: bool = False
+    """kubectl: follow the job until it ends."""
 
     def text(self) -> str:
         """The command as a shell line, with its variables (PATH left out)."""
@@ -95,6 +104,12 @@ def launch_command(planned: Planned, *, node_rank: int | None = None, rdzv_endpo
     environ = os.environ if environ is None else environ
     plan, folder = planned.plan, planned.folder
     env = {"PATH": _path_env(environ)}
+    if plan.launch.launcher == "kubernetes":
+        if node_rank is not None or rdzv_endpoint is not None:
+            raise UsageError("--node-rank and --rdzv-endpoint do not apply with launch.launcher = \"kubernetes\": "
+                             "the operator places the nodes and gives each its rank; drop them")
+        return Command(kind="kubectl", argv=("kubectl", "apply", "-f", os.path.join(folder, manifest_file(plan))),
+                       env=env, job=job_ref(plan), wait=wait)
     if plan.launch.launcher == "slurm":
         if node_rank is not None or rdzv_endpoint is not None:
             raise UsageError("--node-rank and --rdzv-endpoint do not apply with launch.launcher = \"slurm\": "
@@ -119,6 +134,8 @@ def launch_command(planned: Planned, *, node_rank: int | None = None, rdzv_endpo
 def describe(command: Command, environ: Mapping[str, str] | None = None) -> str:
     """What --dry-run prints: the exact command(s). For torchrun, the generated script says
     itself which torchrun line it would exec (its FP8LAUNCH_DRY_RUN mode)."""
+    if command.kind == "kubectl" and command.wait:
+        return command.text() + "\n" + shlex.join(kubectl.get_argv(command.job)) + "  # repeated until the job ends"
     if command.kind != "torchrun":
         return command.text()
     env = {**(os.environ if environ is None else environ), **command.env, "FP8LAUNCH_DRY_RUN": "1"}
@@ -142,6 +159,8 @@ def execute(command: Command, *, on_job_id: Callable[[str], None] = lambda job: 
     _require(command, env)
     if command.kind == "sbatch":
         return _sbatch(command, env, on_job_id)
+    if command.kind == "kubectl":
+        return _kubectl(command, env, on_job_id)
     with tempfile.TemporaryDirectory(prefix="fp8launch-") as tmp:
         exit_file = os.path.join(tmp, "exit-code")
         env = {**env, EXIT_FILE_ENV: exit_file}
@@ -224,8 +243,10 @@ def _untagged(rank: int, text: str) -> str:
 
 
 def _require(command: Command, env: Mapping[str, str]) -> None:
-    needed = {"torchrun": "torchrun", "slurm.sbatch": "srun", "sbatch": "sbatch"}[command.kind]
+    needed = {"torchrun": "torchrun", "slurm.sbatch": "srun", "sbatch": "sbatch", "kubectl": "kubectl"}[command.kind]
     if shutil.which(needed, path=env.get("PATH")) is None:
+        if needed == "kubectl":
+            raise EnvironmentProblem(kubectl.INSTALL)
         if needed == "torchrun":
             raise EnvironmentProblem(f"torchrun is not on PATH; fix: install torch in this environment: {INSTALL['torch']}")
         raise EnvironmentProblem(f"{needed} is not on PATH: launch.launcher = \"slurm\" needs SLURM's client commands; "
@@ -288,10 +309,34 @@ def _sbatch(command: Command, env: Mapping[str, str], on_job_id: Callable[[str],
     return child.returncode
 
 
+def _kubectl(command: Command, env: Mapping[str, str], on_job_id: Callable[[str], None]) -> int:
+    """kubectl apply; then, with --wait, the job's end and exit code (see launcher/kubectl.py)."""
+    code = kubectl.apply(command.argv, env)
+    if code != 0:
+        return code
+    ref = command.job
+    on_job_id(ref.name)
+    if not command.wait:
+        return 0
+    try:
+        return kubectl.follow(ref, env)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while waiting; {ref.api} {ref.name} keeps running; "
+                          f"`{kubectl.stop_hint(ref)}` stops it") from None
+
+
 class Interrupted(LauncherError):
     """Ctrl-C while `run --wait` waits for a batch job: the job is not ours to stop."""
 
     exit_code = 130
+
+
+def announce(planned: Planned, command: Command, job_id: str) -> str:
+    """The line `run` prints once the job is submitted (SLURM) or applied (Kubernetes)."""
+    if command.kind == "kubectl":
+        ref = command.job
+        return f"applied {ref.api} {ref.name} in namespace {ref.namespace}; status: {kubectl.status_hint(ref)}"
+    return f"submitted batch job {job_id}; log: {job_log(planned, job_id)}"
 
 
 def job_log(planned: Planned, job_id: str) -> str:

@@ -163,6 +163,8 @@ class KubernetesConfig:
     """0: procs_per_node (none on CPU)."""
     volume_claim: str
     """PersistentVolumeClaim mounted at train.output_dir on every node."""
+    workdir: str
+    """The container's working directory: relative spec paths resolve from it (absolute)."""
 
 
 @frozen

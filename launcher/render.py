@@ -12,6 +12,7 @@ import jinja2
 
 from . import __version__
 from .errors import LauncherError
+from .kubernetes import MANIFEST_FILE, manifest_file, render_manifest
 from .plan import Plan
 
 TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -59,6 +60,8 @@ def files_for(plan: Plan) -> list[str]:
         names.append("slurm.sbatch")
     if plan.export.accelerate:
         names.append("accelerate.yaml")
+    if plan.launch.launcher == "kubernetes":
+        names.append(manifest_file(plan))  # last: it holds plan.json and the engine config
     return names
 
 
@@ -92,6 +95,9 @@ def render(plan: Plan, plan_dir: str = "generated") -> dict[str, str]:
     for name in files_for(plan):
         if name == "plan.json":
             out[name] = canonical_json(plan.to_json())
+            continue
+        if name in MANIFEST_FILE.values():
+            out[name] = render_manifest(plan, out, context["plan_dir"])
             continue
         try:
             text = environment().get_template(name + ".j2").render(context)

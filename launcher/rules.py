@@ -86,6 +86,7 @@ def _unused_sections(f: Facts) -> list[str]:
         "distributed.fsdp2": _strategy(f) == "fsdp2",
         "distributed.deepspeed": _strategy(f) == "deepspeed",
         "launch.slurm": plan.launch.launcher == "slurm",
+        "launch.kubernetes": plan.launch.launcher == "kubernetes",
     }
     return [section for section, read in reads.items() if section in present and not read]
 
@@ -364,6 +365,52 @@ RULES += (
          fix='set precision.torchao.skip_small = true (small Linears stay in bf16), compile.enabled = true, a larger '
              'train.micro_batch_size or train.seq_len, or precision.mode = "bf16"; `fp8launch tune` measures it',
          condition=_no_gain, detail=_no_gain_detail),
+)
+
+# --- Kubernetes (launch.launcher = "kubernetes") -------------------------------------------------
+
+
+def _k8s(f: Facts) -> bool:
+    return f.plan.launch.launcher == "kubernetes"
+
+
+def _k8s_reserved_env(f: Facts) -> list[str]:
+    from .kubernetes import RESERVED_ENV
+
+    return sorted(k for k in f.plan.launch.env if k in RESERVED_ENV)
+
+
+def _writes_checkpoints(f: Facts) -> bool:
+    return f.plan.train.checkpoint_every > 0 or f.plan.train.checkpoint_at_end
+
+
+RULES += (
+    Rule(id="K8S-IMAGE-MISSING", severity="error", stage="plan",
+         when='launch.launcher = "kubernetes" and launch.kubernetes.image is empty',
+         why="every node's container starts from this image; it must hold fp8launch, torch and the backend. There is no sensible default.",
+         fix='set launch.kubernetes.image = "REGISTRY/IMAGE:TAG" (an image with fp8launch and the backend installed)',
+         condition=lambda f: _k8s(f) and not f.plan.launch.kubernetes.image.strip()),
+    Rule(id="K8S-NO-SHARED-OUTPUT", severity="error", stage="plan",
+         when='launch.launcher = "kubernetes", checkpoints are written (train.checkpoint_every > 0 or train.checkpoint_at_end) and launch.kubernetes.volume_claim is empty',
+         why="without a volume claim, train.output_dir is each pod's own disk: checkpoints vanish with the pods when the job ends, "
+             "a sharded multi-node checkpoint is split across disks no pod can read together, and resume finds nothing. "
+             "An error, not a warning: the loss shows only after the GPU hours are spent.",
+         fix="set launch.kubernetes.volume_claim = \"CLAIM\" (a ReadWriteMany PersistentVolumeClaim), or train.checkpoint_every = 0 and train.checkpoint_at_end = false",
+         condition=lambda f: _k8s(f) and not f.plan.launch.kubernetes.volume_claim and _writes_checkpoints(f)),
+    Rule(id="K8S-RESERVED-ENV", severity="error", stage="plan",
+         when="launch.env sets a variable the operator sets on every node (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT, MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK)",
+         why="Kubeflow Trainer rejects a TrainJob whose trainer.env sets torchrun's reserved PET_* variables, and the training-operator "
+             "appends its own values after the spec's, so the pod would hold two values for one name.",
+         fix="delete that key from launch.env: the node count and processes come from distributed.nodes and distributed.procs_per_node",
+         condition=lambda f: _k8s(f) and bool(_k8s_reserved_env(f)),
+         detail=lambda f: "launch.env sets " + ", ".join(_k8s_reserved_env(f)) + ", which the operator sets itself."),
+    Rule(id="K8S-GPUS-FEWER", severity="error", stage="plan",
+         when="launch.kubernetes.gpus_per_node is below distributed.procs_per_node on a GPU plan",
+         why="every process of a node needs its own GPU; a pod granted fewer GPUs than processes fails at the first collective or double-books a GPU.",
+         fix="set launch.kubernetes.gpus_per_node = 0 (one per process), or lower distributed.procs_per_node",
+         condition=lambda f: _k8s(f) and f.plan.launch.device != "cpu"
+             and 0 < f.plan.launch.kubernetes.gpus_per_node < f.plan.distributed.procs_per_node,
+         detail=lambda f: f"launch.kubernetes.gpus_per_node = {f.plan.launch.kubernetes.gpus_per_node} but distributed.procs_per_node = {f.plan.distributed.procs_per_node}."),
 )
 
 RULES_BY_ID = {r.id: r for r in RULES}

@@ -56,7 +56,7 @@ def test_github_actions_example_runs_the_check(tmp_path):
     cmd = runs[1].replace("fp8launch", f"{shlex.quote(sys.executable)} -m launcher", 1)
     r = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "up to date: 9 specs checked." in r.stderr
+    assert f"up to date: {len(list((REPO / 'specs').glob('*.toml')))} specs checked." in r.stderr
 
 
 def test_shell_completion_uses_clicks_mechanism(tmp_path):

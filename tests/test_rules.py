@@ -276,3 +276,54 @@ def test_no_gain_message_names_the_ratio_and_a_losing_layer():
     prediction = predict(plan)
     (finding,) = [f for f in check(Facts(plan=plan, prediction=prediction)) if f.rule.id == "FP8-NO-GAIN"]
     assert f"{prediction.fp8_vs_bf16:.2f}x" in finding.message and "M, K, N = " in finding.message
+
+
+# --- Kubernetes rules (launch.launcher = "kubernetes"), each both ways -------------------------
+K8S = {"launcher": "kubernetes", "kubernetes": {"image": "ghcr.io/acme/fp8:1", "volume_claim": "ckpt"}}
+
+
+def k8s(**kubernetes) -> dict:
+    return {**K8S, "kubernetes": {**K8S["kubernetes"], **kubernetes}}
+
+
+K8S_CASES = {
+    "K8S-IMAGE-MISSING": ({"launch": k8s(image="")}, {"launch": k8s(image="ghcr.io/acme/fp8:1")}),
+    "K8S-NO-SHARED-OUTPUT": ({"launch": k8s(volume_claim=""), "train": {"checkpoint_every": 100}},
+                             {"launch": k8s(volume_claim="ckpt"), "train": {"checkpoint_every": 100}}),
+    "K8S-RESERVED-ENV": ({"launch": {**k8s(), "env": {"PET_NNODES": "2", "NCCL_DEBUG": "INFO"}}},
+                         {"launch": {**k8s(), "env": {"NCCL_DEBUG": "INFO"}}}),
+    "K8S-GPUS-FEWER": ({"distributed": {"procs_per_node": 8}, "launch": {**k8s(gpus_per_node=4), "device": "cuda"}},
+                       {"distributed": {"procs_per_node": 8}, "launch": {**k8s(gpus_per_node=0), "device": "cuda"}}),
+}
+PLAN_CASES.update(K8S_CASES)  # the table-coverage test above reads PLAN_CASES when it runs
+
+
+@pytest.mark.parametrize("rule_id", sorted(K8S_CASES))
+def test_kubernetes_rule_fires_and_its_fix_silences_it(rule_id):
+    bad, fixed = K8S_CASES[rule_id]
+    assert rule_id in fired(bad)
+    assert rule_id not in fired(fixed)
+
+
+def test_no_volume_claim_is_fine_when_nothing_is_checkpointed():
+    nothing_kept = {"launch": k8s(volume_claim=""), "train": {"checkpoint_every": 0, "checkpoint_at_end": False}}
+    assert "K8S-NO-SHARED-OUTPUT" not in fired(nothing_kept)
+    assert "K8S-NO-SHARED-OUTPUT" in fired({"launch": k8s(volume_claim="")})  # checkpoint_at_end defaults to true
+
+
+def test_reserved_env_names_the_keys():
+    plan = plan_of({"launch": {**k8s(), "env": {"RANK": "0", "PET_MASTER_ADDR": "x", "OK": "1"}}})
+    [finding] = [f for f in check(Facts(plan=plan, rendered=render(plan))) if f.rule.id == "K8S-RESERVED-ENV"]
+    assert finding.message == "launch.env sets PET_MASTER_ADDR, RANK, which the operator sets itself."
+
+
+def test_gpus_fewer_does_not_apply_on_cpu():
+    assert "K8S-GPUS-FEWER" not in fired({"launch": {**k8s(gpus_per_node=1), "device": "cpu"}})
+
+
+def test_kubernetes_section_with_another_launcher_is_unused():
+    assert "SECTION-UNUSED" in fired({"launch": {"launcher": "torchrun", "kubernetes": {"image": "x"}}})
+    assert "SECTION-UNUSED" not in fired({"launch": k8s()})
+    plan = plan_of({"launch": {"launcher": "slurm", "kubernetes": {"image": "x"}}})
+    [finding] = [f for f in check(Facts(plan=plan, rendered=render(plan))) if f.rule.id == "SECTION-UNUSED"]
+    assert finding.message == "[launch.kubernetes] is ignored with this plan."

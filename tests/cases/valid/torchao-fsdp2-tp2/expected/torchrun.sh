@@ -19,7 +19,13 @@ else
   rendezvous=(--rdzv-backend c10d --rdzv-endpoint "${RDZV_ENDPOINT:-$default_endpoint}" --rdzv-id "${RDZV_ID:-$rdzv_id}" --node-rank "$node_rank")
 fi
 
-cmd=(torchrun --nnodes "$nnodes" --nproc-per-node "$nproc_per_node" "${rendezvous[@]}"
+# FP8LAUNCH_LOG_DIR (set by `fp8launch run`): each rank's output also goes to a file there (--tee).
+logging=()
+if [[ -n "${FP8LAUNCH_LOG_DIR:-}" ]]; then
+  logging=(--log-dir "$FP8LAUNCH_LOG_DIR" --tee 3)
+fi
+
+cmd=(torchrun --nnodes "$nnodes" --nproc-per-node "$nproc_per_node" "${rendezvous[@]}" ${logging[@]+"${logging[@]}"}
      --max-restarts 0
      -m launcher.train --plan "$here/plan.json")
 if [[ -n "${FP8LAUNCH_DRY_RUN:-}" ]]; then
