@@ -2,8 +2,9 @@
 
 It reads a plan written by `fp8launch plan` (or `fp8launch run`, which plans into
 `<train.output_dir>/plan/` and starts this through torchrun for you), then: joins the
-process group -> builds the model -> applies the precision backend -> wraps the blocks for
-activation checkpointing and torch.compile -> wraps the model in DDP / FSDP2 / DeepSpeed ->
+process group -> builds the model on the meta device -> applies the precision backend -> wraps the
+blocks for activation checkpointing and torch.compile -> wraps the model in DDP / FSDP2 / DeepSpeed,
+which gives each rank storage for only its part and initialises it (skipped when resuming) ->
 resumes from a checkpoint (train.resume) -> trains and logs (rank 0 writes
 <train.output_dir>/metrics.jsonl) -> checkpoints every train.checkpoint_every steps and after
 the last one (docs/checkpoints.md).
@@ -129,7 +130,8 @@ def build_run(plan_path: str, *, stream=None):
     from launcher.train.flops import flops_per_token
     from launcher.train.loop import Trainer, TrainState
     from launcher.train.metrics import MetricsLogger, start_record, throughput_for
-    from launcher.train.models import build_model
+    from launcher.train.materialize import Pending, needs_weights_before_precision
+    from launcher.train.models import build_for_run
     from launcher.train.precision import apply_precision
 
     plan_dir = os.path.dirname(os.path.abspath(plan_path))
@@ -144,13 +146,22 @@ def build_run(plan_path: str, *, stream=None):
     # ("never" refused to start over another run's checkpoints at the first attempt).
     resume = checkpoints.resolve_resume("auto" if restart and t.resume == "never" else t.resume)  # before building anything
 
-    torch.manual_seed(t.seed)  # the same initial weights on every rank (FSDP2 shards each rank's copy)
-    model = build_model(t.model, spec_dir)
+    torch.manual_seed(t.seed)  # models that build with their weights (opt-outs) draw the same ones on every rank
+    # Built on the meta device: no rank holds the whole model before it is sharded (launcher/train/materialize.py).
+    model, initializer = build_for_run(t.model, spec_dir)
     flops = flops_per_token(model, t.seq_len)
     parameters = sum(p.numel() for p in model.parameters())
+    pending = None
+    if initializer is not None:
+        # A resumed run skips random initialisation: the checkpoint sets every tensor.
+        pending = Pending(None if resume else initializer, seed=t.seed)
+        if needs_weights_before_precision(plan):  # TE / MS-AMP copy weights while converting
+            pending(model, env.device)
+            pending = None
     precision = apply_precision(model, plan, env.device)
+    # Tensor parallel goes here, between the precision backend and AC/compile: parallelize(model, plan, mesh).
     blocks = prepare_blocks(model, plan)
-    engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks)
+    engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks, pending=pending)
     torch.manual_seed(t.seed + env.rank)
     data = build_data(t.data, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, vocab_size=model.vocab_size,
                       rank=env.rank, world_size=env.world_size, seed=t.seed, spec_dir=spec_dir)
