@@ -71,7 +71,7 @@ def _leave(distributed) -> None:
     global _GLOO
     import torch.distributed as dist
 
-    _GLOO = _GLOO or (dist.is_initialized() and dist.get_backend() == "gloo")
+    _GLOO = _GLOO or (dist.is_initialized() and "gloo" in str(dist.get_backend()))  # also "cpu:gloo,cuda:nccl"
     distributed.destroy()
 
 
@@ -137,7 +137,7 @@ def build_run(plan_path: str, *, stream=None):
     plan_dir = os.path.dirname(os.path.abspath(plan_path))
     plan = _load(plan_path, load_plan)
     spec_dir = os.path.normpath(os.path.join(plan_dir, plan.spec_dir))
-    env = distributed.init(plan.launch.device)
+    env = distributed.init(plan.launch.device, cpu_tensors=distributed.holds_cpu_tensors(plan))
     distributed.check_world(plan.world_size, env)
     t = plan.train
     checkpoints = CheckpointManager.for_plan(plan, rank=env.rank, world_size=env.world_size)
@@ -160,7 +160,7 @@ def build_run(plan_path: str, *, stream=None):
             pending = None
     precision = apply_precision(model, plan, env.device)
     # Tensor parallel goes here, between the precision backend and AC/compile: parallelize(model, plan, mesh).
-    blocks = prepare_blocks(model, plan)
+    blocks = prepare_blocks(model, plan, precision)
     engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks, pending=pending)
     torch.manual_seed(t.seed + env.rank)
     data = build_data(t.data, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, vocab_size=model.vocab_size,
