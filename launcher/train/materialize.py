@@ -91,8 +91,8 @@ def full_copy(module: nn.Module) -> nn.Module:
     """A shallow copy of `module` whose own parameters and buffers are new full-size fp32/own-dtype
     CPU tensors (children are shared, not copied: the initializer only touches the module's own)."""
     clone = copy.copy(module)
-    clone._parameters = {}
-    clone._buffers = {}
+    clone._parameters = {n: None for n, p in module._parameters.items() if p is None}  # bias=None stays None
+    clone._buffers = {n: None for n, b in module._buffers.items() if b is None}
     for kind, name, t in _own(module):
         full = torch.empty(tuple(t.shape), dtype=t.dtype, device="cpu")
         if kind == "param":
