@@ -81,9 +81,10 @@ def import_deepspeed(device: torch.device, msamp: bool):
 
 def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: dict, *, env: DistEnv,
                    pending: Pending | None = None) -> DeepSpeedEngine:
-    """`pending` (a meta-built model): ZeRO-0/1/2 keep whole parameters on every rank anyway, so the
-    model gets its storage and weights on the device first; ZeRO-3 partitions it with
-    deepspeed.zero.Init (`zero3_init`) before any rank holds it whole."""
+    """`pending` (a meta-built model): it gets its storage and weights on the device, whole, before
+    deepspeed.initialize (ZeRO-0/1/2 keep whole parameters on every rank anyway). ZeRO-3 therefore
+    still holds the whole fp32 model on every rank for a moment: building under deepspeed.zero.Init
+    is not done yet (it hung on CPU/gloo here; see the memory estimate's initialisation peak)."""
     p = plan.precision
     msamp = p.fp8 and p.backend == "msamp"
     deepspeed = import_deepspeed(env.device, msamp)
