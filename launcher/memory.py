@@ -38,7 +38,7 @@ class MemoryRow:
         return 0.0 if self.offloaded else params * self.bytes_per_param / self.shards
 
 
-NOT_COUNTED = "not counted: temporary buffers (all-gathered blocks, FP8 casts, a recomputed block), allocator fragmentation, the CUDA context"
+NOT_COUNTED = "not counted: temporary buffers (all-gathered blocks, FP8 casts, gradient buckets), allocator fragmentation, the CUDA context"
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,3 +81,5 @@ def test_plan_prints_the_estimate_and_takes_params(cli, spec):
     r = cli("plan", hf, "--params", "7e9", "--format", "json")
     mem = json.loads(r.stdout)["memory"]
     assert mem["params"] == 7_000_000_000 and mem["total_bytes_per_gpu"] == 16 * 7_000_000_000 // 8
+    assert mem["activations_bytes_per_gpu"] is None and mem["peak_bytes_per_gpu"] == mem["total_bytes_per_gpu"]
+    assert mem["init_peak_bytes_per_rank"] == 4 * 7_000_000_000 // 8  # hf: shapes unknown to planning: the fp32 shard alone
