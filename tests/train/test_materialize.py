@@ -68,14 +68,22 @@ def test_the_entrypoint_skips_initialisation_when_it_resumes(tmp_path, monkeypat
     def no_random_init(self, name, module):
         raise AssertionError("initialised a resumed model")
 
+    from launcher.train import distributed
+    from tests.train._engine_setup import free_port
+
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(key, value)  # a world of one on a free port, restored after the test
     monkeypatch.setattr(Llama, "init_module", no_random_init)
-    with pytest.raises(AssertionError, match="initialised a resumed model"):
-        build_run(f"{plan_dir}/plan.json")[1].close()
-    monkeypatch.setattr(CheckpointManager, "resolve_resume", lambda self, resume: str(tmp_path / "ckpt"))
-    monkeypatch.setattr(CheckpointManager, "restore_train_state", lambda self, state, resume: None)
-    trainer, logger = build_run(f"{plan_dir}/plan.json")
-    logger.close()
-    assert not any(p.is_meta for p in trainer.state.engine.module.parameters())
+    try:
+        with pytest.raises(AssertionError, match="initialised a resumed model"):
+            build_run(f"{plan_dir}/plan.json")[1].close()
+        monkeypatch.setattr(CheckpointManager, "resolve_resume", lambda self, resume: str(tmp_path / "ckpt"))
+        monkeypatch.setattr(CheckpointManager, "restore_train_state", lambda self, state, resume: None)
+        trainer, logger = build_run(f"{plan_dir}/plan.json")
+        logger.close()
+        assert not any(p.is_meta for p in trainer.state.engine.module.parameters())
+    finally:
+        distributed.destroy()  # build_run joined a process group of one: leave it for the next test
 
 
 def _tiny_hf(tmp_path):
