@@ -32,10 +32,13 @@ def test_gathered_initial_weights_are_equal_at_world_1_and_2_for_fsdp2_and_ddp(t
     two = initial_weights(tmp_path, "w2", 2, **{"distributed.strategy": "fsdp2"})
     ddp = initial_weights(tmp_path, "ddp2", 2, **{"distributed.strategy": "ddp", "precision.mode": "fp8",
                                                   "precision.torchao.skip_small": False})
-    assert len(one) == 4 * 9 + 3 and set(one) == set(two) == set(ddp)
+    fp8_gather = initial_weights(tmp_path, "ag2", 2, **{"distributed.strategy": "fsdp2", "precision.mode": "fp8",
+                                                        "precision.torchao.skip_small": False, "precision.torchao.fsdp_float8_all_gather": True})
+    assert len(one) == 4 * 9 + 3 and set(one) == set(two) == set(ddp) == set(fp8_gather)
     for name in one:
         assert torch.equal(one[name], two[name]), name
         assert torch.equal(one[name], ddp[name]), name
+        assert torch.equal(one[name], fp8_gather[name]), name  # through torchao's float8 all-gather weight wrapper too
     # and they are the builtin init, not zeros or garbage: N(0, 0.02), residual projections smaller, norms at one
     assert one["tok_embeddings.weight"].std().item() == pytest.approx(0.02, rel=0.02)
     assert one["layers.1.attention.wo.weight"].std().item() == pytest.approx(0.02 / (2 * 4) ** 0.5, rel=0.05)
