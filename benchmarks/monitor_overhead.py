@@ -77,7 +77,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from launcher.output import write
-    from launcher.planning import plan_one
+    from launcher.pipeline import plan_one
     from launcher.train import distributed
     from launcher.train.main import build_run
     from launcher.train.monitor import FP8Monitor

@@ -92,7 +92,10 @@ def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
             record = {"spec": p.spec_path, "name": p.plan.name, "folder": p.folder, "plan": json.loads(p.files["plan.json"]),
                       "memory": None if memory is None else {"params": n_params, "total_bytes_per_gpu": int(memory.total_bytes),
                                                              "rows": [{"name": r.name, "dtype": r.dtype, "bytes_per_gpu": int(r.bytes_per_gpu(n_params)),
-                                                                       "shards": r.shards, "offloaded": r.offloaded} for r in memory.rows]},
+                                                                       "shards": r.shards, "offloaded": r.offloaded} for r in memory.rows],
+                                                             "activations_bytes_per_gpu": int(memory.activations.bytes) if memory.activations else None,
+                                                             "peak_bytes_per_gpu": int(memory.peak_bytes),
+                                                             "init_peak_bytes_per_rank": int(memory.init_peak.bytes) if memory.init_peak else None},
                       "files": [{"path": c.path, "status": c.status} for c in changes],
                       "prediction": p.prediction.to_json() if p.prediction else None,
                       "warnings": [{"rule": f.rule.id, "message": f.message, "fix": f.rule.fix} for f in p.warnings]}

@@ -177,6 +177,9 @@ def render_spec(d: Decision) -> str:
         out += ["", "[distributed.deepspeed]", _line("zero_stage = 2", "MS-AMP supports ZeRO 1/2 only" if d.backend == "msamp" else "")]
     if d.compile:
         out += ["", "[compile]", _line("enabled = true", "fuses the float8 casts" if d.mode == "fp8" else "")]
+    if d.strategy == "deepspeed" and not d.smoke:
+        # ZeRO-2 keeps the whole bf16 weights on every GPU: beside them, seq-8192 activations exceed an 80 GB GPU (MEMORY-EXCEEDS-GPU)
+        out += ["", "[activation_checkpointing]", _line('mode = "selective"', "every other block recomputed: ZeRO-2 keeps whole weights per GPU")]
     out += ["", "[launch]", _line(f"device = {_toml_str(d.device)}", "for tests and smoke runs, not for speed" if d.smoke else "CUDA when a GPU is visible")]
     if d.smoke:
         out += [_line('env = { OMP_NUM_THREADS = "1" }', "one thread per process")]

@@ -1,8 +1,17 @@
-"""Bytes per GPU of the model states (parameters, gradients, master weights, optimizer states)
-for a plan's precision and sharding. Torch-free: `fp8launch plan` prints it.
+"""Bytes per GPU for a plan: the model states (parameters, gradients, master weights, optimizer
+states) for its precision and sharding, the activations autograd saves for backward (builtin
+models: `activations`), and the peak of initialisation. Torch-free: `fp8launch plan` prints it.
 
-Activations are not model states and are not estimated here: they depend on the model's code,
-sequence length and activation checkpointing; the run's peak memory reports them.
+Activations are counted tensor by tensor from the builtin Llama's code (launcher/train/models/llama.py)
+as autograd saves them for one micro-batch: per block the two norms' fp32 inputs, normalised
+outputs and rstd, the Linear inputs (one cast per Linear when the residual stream is fp32 and
+autocast casts it; shared when it is already in the compute dtype; one byte per element where
+Transformer Engine saves FP8), q/k/v/output and the log-sum-exp of attention, the SwiGLU
+intermediates; outside the blocks the token ids, the final norm, the head's input and the fp32
+logits of the loss; under DDP autocast also the compute-dtype copy of each high-precision Linear
+weight. Activation checkpointing keeps only each checkpointed block's input. Tensor parallelism
+with sequence parallelism divides all of it by `distributed.tensor_parallel`. The CPU check
+(tests/test_activation_memory.py) holds it within 15% of the bytes autograd really saves.
 """
 
 from __future__ import annotations
@@ -31,27 +40,83 @@ class MemoryRow:
         return 0.0 if self.offloaded else params * self.bytes_per_param / self.shards
 
 
+NOT_COUNTED = "not counted: temporary buffers (all-gathered blocks, FP8 casts, gradient buckets), allocator fragmentation, the CUDA context"
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationRow:
+    """Bytes autograd saves for backward in one micro-batch, per GPU (the `activations` row)."""
+
+    bytes: float
+    dtype: str
+    """What is saved, in words (compute dtype, fp8 where the backend saves FP8)."""
+    how: str
+    """micro-batch, seq_len, checkpointing, TP split."""
+    recompute_bytes: float = 0.0
+    """One block's activations, alive while backward recomputes it (checkpointing only)."""
+    name: str = "activations"
+
+
+@dataclass(frozen=True, slots=True)
+class InitPeak:
+    """The most one rank holds while the model is built and initialised."""
+
+    bytes: float
+    where: str
+    how: str
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryEstimate:
     params: int
     rows: tuple[MemoryRow, ...]
+    """The model states."""
+    activations: ActivationRow | None = None
+    """None where the model's shapes are unknown to planning (hf:, py:)."""
+    init_peak: InitPeak | None = None
 
     @property
     def total_bytes(self) -> float:
+        """Model states per GPU."""
         return sum(r.bytes_per_gpu(self.params) for r in self.rows)
+
+    @property
+    def peak_bytes(self) -> float:
+        """Model states + activations (+ one recomputed block): what must fit in the GPU's memory."""
+        a = self.activations
+        return self.total_bytes + (a.bytes + a.recompute_bytes if a else 0.0)
 
     def lines(self) -> list[str]:
         gib = 1024**3
-        out = [f"model states per GPU for {self.params / 1e9:.3g}B parameters (activations not included):"]
+        a = self.activations
+        head = "model states and activations" if a else "model states (activations not included: the model is sized when built)"
+        out = [f"memory per GPU for {self.params / 1e9:.3g}B parameters, {head}:"]
         for r in self.rows:
             where = "offloaded to CPU" if r.offloaded else (
                 f"/ {r.shards} ranks{f' = {r.layout}' if r.layout else ''}" if r.shards > 1 else "replicated")
             out.append(f"    {r.name:<17} {r.dtype:<8} {r.bytes_per_gpu(self.params) / gib:8.2f} GiB  ({r.bytes_per_param:g} B/param, {where})")
-        out.append(f"    {'total':<17} {'':<8} {self.total_bytes / gib:8.2f} GiB")
+        out.append(f"    {'model states':<17} {'':<8} {self.total_bytes / gib:8.2f} GiB")
+        if a:
+            out.append(f"    {a.name:<17} {a.dtype:<8} {a.bytes / gib:8.2f} GiB  ({a.how})")
+            if a.recompute_bytes:
+                out.append(f"    {'recompute':<17} {'':<8} {a.recompute_bytes / gib:8.2f} GiB  (one block's activations while backward recomputes it)")
+            out.append(f"    {'total':<17} {'':<8} {self.peak_bytes / gib:8.2f} GiB")
+        if self.init_peak:
+            i = self.init_peak
+            out.append(f"  initialisation peak per rank: {i.bytes / gib:.2f} GiB {i.where} ({i.how})")
+        out.append(f"  {NOT_COUNTED}")
         return out
 
 
 def estimate(plan: Plan, params: int) -> MemoryEstimate:
+    """Bytes per GPU for `params` parameters trained as `plan` says: the model states, and for a
+    builtin model the activations; the initialisation peak."""
+    rows = model_states(plan, params)
+    cfg = builtin_config(plan.train.model)
+    return MemoryEstimate(params, rows, activations(plan, cfg) if cfg else None, init_peak(plan, params, cfg))
+
+
+def model_states(plan: Plan, params: int) -> tuple[MemoryRow, ...]:
     """Model-state bytes per GPU for `params` parameters trained as `plan` says."""
     p, d = plan.precision, plan.distributed
     n = plan.world_size
@@ -93,20 +158,114 @@ def estimate(plan: Plan, params: int) -> MemoryEstimate:
         rows = [MemoryRow("params", "fp32", 4, 1), MemoryRow("grads", "fp32", 4, 1), MemoryRow("optimizer_states", "fp32", 4 * states, 1)]
 
     if p.fp8 and p.backend == "te" and p.te.fp8_params:
-        # quantized_model_init keeps FP8 weights; the optimizer keeps fp32 master copies.
-        rows = [MemoryRow("params", "fp8", 1, rows[0].shards, rows[0].offloaded),
-                MemoryRow("master_weights", "fp32", 4, rows[-1].shards, rows[-1].offloaded)] + [r for r in rows if r.name not in ("params", "master_weights")]
-    return MemoryEstimate(params, tuple(rows))
+        # quantized_model_init keeps FP8 weights. Only DeepSpeed's bf16/fp16 ZeRO optimizer keeps fp32
+        # master copies (its master_weights row stays); a torch optimizer keeps none (rule TE-FP8-PARAMS-NO-MASTER).
+        rows = [MemoryRow("params", "fp8", 1, rows[0].shards, rows[0].offloaded)] + [r for r in rows if r.name != "params"]
+    return tuple(rows)
+
+
+def builtin_config(model: str):
+    """The LlamaConfig of a builtin model spec, else None."""
+    if not model.startswith("builtin:"):
+        return None
+    from .train.factory import InputError
+    from .train.models.config import parse_builtin
+
+    try:
+        return parse_builtin(model)
+    except InputError:  # a bad name: planning reports it with did-you-mean; no estimate here
+        return None
 
 
 def model_params(model: str) -> int | None:
     """Parameter count of a builtin model spec (`builtin:NAME[?layers=N]`), else None (use --params)."""
-    if not model.startswith("builtin:"):
+    cfg = builtin_config(model)
+    if cfg is None:
         return None
-    from .train.factory import InputError
-    from .train.models.config import param_count, parse_builtin
+    from .train.models.config import param_count
 
-    try:
-        return param_count(parse_builtin(model))
-    except InputError:  # a bad name: planning reports it with did-you-mean; no estimate here
-        return None
+    return param_count(cfg)
+
+
+def _compute_bytes(plan: Plan) -> int:
+    return BYTES[plan.precision.compute_dtype]
+
+
+def _residual_bytes(plan: Plan) -> int:
+    """The residual stream's dtype: fp32 where the parameters are fp32 (DDP, fp32 runs: the
+    embedding's output is fp32), else the compute dtype (FSDP2's param_dtype, DeepSpeed's cast)."""
+    if plan.precision.compute_dtype == "fp32" or plan.distributed.strategy == "ddp":
+        return 4
+    return _compute_bytes(plan)
+
+
+def block_activation_bytes_per_token(plan: Plan, cfg) -> float:
+    """Bytes one transformer block saves for backward per token, without checkpointing."""
+    c, r = _compute_bytes(plan), _residual_bytes(plan)
+    p = plan.precision
+    d, q, f, h = cfg.dim, cfg.n_heads * cfg.head_dim, cfg.ffn_dim, cfg.n_heads
+    fp8_saved = p.fp8 and p.backend in ("te", "msamp")  # they save FP8 GEMM inputs; torchao saves the high-precision input
+    lin = 1 if fp8_saved else c
+    separate = r != c or fp8_saved  # each Linear casts (or quantizes) its own copy of a shared input
+    norms = 2 * (4 * d + r * d + 4)  # fp32 input of rms_norm, normalised output in the residual dtype, rstd
+    linear_inputs = lin * ((3 if separate else 1) * d + (2 if separate else 1) * d + f) + (q if fp8_saved else 0)
+    attention = 4 * c * q + 4 * h  # q, k, v (repeated to n_heads), output; fp32 log-sum-exp per head
+    swiglu = 3 * c * f  # w1 x, silu(w1 x), w3 x
+    return float(norms + linear_inputs + attention + swiglu)
+
+
+def outside_activation_bytes_per_token(plan: Plan, cfg) -> float:
+    """Bytes saved outside the blocks per token: token ids and targets, final norm, head input, fp32 logits."""
+    c, r = _compute_bytes(plan), _residual_bytes(plan)
+    d = cfg.dim
+    return float(16 + (4 * d + r * d + 4) + c * d + 4 * cfg.vocab_size)
+
+
+def weight_copy_bytes(plan: Plan, cfg, checkpointed: int = 0) -> float:
+    """DDP autocast keeps a compute-dtype copy of every fp32 Linear weight it casts until backward,
+    except inside checkpointed blocks (recomputed). FP8 layers save their fp32 weight itself: only
+    the head, kept in high precision, is copied then."""
+    from .train.models.config import linear_params_per_layer
+
+    if plan.distributed.strategy != "ddp" or plan.precision.compute_dtype == "fp32":
+        return 0.0
+    n = cfg.dim * cfg.vocab_size
+    if not plan.precision.fp8:
+        n += (cfg.n_layers - checkpointed) * linear_params_per_layer(cfg)
+    return float(_compute_bytes(plan) * n)
+
+
+def activations(plan: Plan, cfg) -> ActivationRow:
+    """The `activations` row: what autograd saves in one micro-batch of the builtin model `cfg`."""
+    t = plan.train
+    tokens = t.micro_batch_size * t.seq_len
+    mode = plan.activation_checkpointing.mode
+    n = cfg.n_layers
+    checkpointed = n if mode == "full" else (n + 1) // 2 if mode == "selective" else 0
+    block = block_activation_bytes_per_token(plan, cfg) * tokens
+    kept_input = _residual_bytes(plan) * cfg.dim * tokens
+    total = (n - checkpointed) * block + checkpointed * kept_input
+    total += outside_activation_bytes_per_token(plan, cfg) * tokens + weight_copy_bytes(plan, cfg, checkpointed)
+    tp = max(1, int(getattr(plan.distributed, "tensor_parallel", 1) or 1))
+    p = plan.precision
+    dtype = p.compute_dtype + ("+fp8" if p.fp8 and p.backend in ("te", "msamp") else "")
+    how = f"micro-batch {t.micro_batch_size} x seq {t.seq_len}, checkpointing {mode}" + (f", / {tp} tensor-parallel ranks" if tp > 1 else "")
+    return ActivationRow(total / tp, dtype, how, recompute_bytes=(block / tp if checkpointed else 0.0))
+
+
+def init_peak(plan: Plan, params: int, cfg=None) -> InitPeak:
+    """The most one rank holds while building and initialising: launcher/train/materialize.py
+    builds on the meta device; FSDP2 ranks allocate their fp32 shard and initialise one module's
+    full tensors at a time on the CPU; DDP and DeepSpeed hold the whole fp32 model on the device;
+    Transformer Engine and MS-AMP need it whole before they convert it."""
+    d, p = plan.distributed, plan.precision
+    n = plan.world_size
+    full = 4.0 * params
+    largest = 4.0 * max(cfg.vocab_size * cfg.dim, cfg.dim * cfg.ffn_dim) if cfg else 0.0
+    if p.fp8 and p.backend in ("te", "msamp"):
+        return InitPeak(full, "on the GPU", f"whole fp32 model before {p.backend} converts it")
+    if d.strategy == "fsdp2":
+        where = "host" if d.fsdp2.cpu_offload else "on the GPU"
+        how = "its fp32 shard; plus one module's full tensors at a time in host memory while initialising"
+        return InitPeak(full / n + largest, where, how)
+    return InitPeak(full, "on the GPU", f"whole fp32 model on every rank ({d.strategy})")

@@ -67,7 +67,10 @@ def precision_table(plan: Plan) -> dict[str, str]:
         gemm = _TE_GEMM[p.te.recipe].format(fmt="e4m3 fwd / e5m2 grads" if p.te.fp8_format == "HYBRID" else "e4m3")
         if p.te.fp8_params:
             stored = "fp8 (quantized_model_init)"
-            master = "fp32 (kept by the optimizer)"
+            if d.strategy == "deepspeed" and hp in ("bf16", "fp16"):
+                master = "fp32 (in the ZeRO optimizer)"
+            else:  # a torch optimizer keeps no copy: rule TE-FP8-PARAMS-NO-MASTER refuses the plan
+                master = "none: the torch optimizer would step the fp8 weights (refused: TE-FP8-PARAMS-NO-MASTER)"
     elif p.fp8 and p.backend == "msamp":
         gemm = "fp8 e4m3 fwd / e5m2 grads (MS-AMP)"
         stored = "fp8 weights with scales (ScalingTensor)"

@@ -253,6 +253,20 @@ RULES: tuple[Rule, ...] = (
                                         (("torchao", "torchao"), ("te", "transformer_engine"), ("msamp", "msamp"), ("deepspeed", "deepspeed"))),
          condition=lambda f: f.missing_package is not None,
          detail=lambda f: f"the {f.missing_package} package is not importable here."),
+    # --- issue 10: real-scale memory and GPU-only faults ---
+    Rule(id="MEMORY-EXCEEDS-GPU", severity="warning", stage="plan",
+         when="the memory estimate (model states + activations) of a GPU plan exceeds the memory of launch.gpu",
+         why="the run would stop with CUDA out-of-memory at the first step; the estimate leaves out temporary buffers and fragmentation, so it is a lower bound.",
+         fix='set activation_checkpointing.mode = "full" (or "selective"), add GPUs (distributed.procs_per_node / distributed.nodes), '
+             "offload (distributed.fsdp2.cpu_offload = true, or distributed.deepspeed.offload_optimizer), or lower train.micro_batch_size / train.seq_len",
+         condition=lambda f: _memory_excess(f) is not None,
+         detail=lambda f: _memory_excess(f)),
+    Rule(id="TE-FP8-PARAMS-NO-MASTER", severity="error", stage="plan",
+         when="precision.te.fp8_params with DDP or FSDP2 (or an fp32 DeepSpeed run)",
+         why="quantized_model_init keeps only FP8 weights, and the plain torch optimizer these engines use keeps no fp32 master copy: "
+             "every update would be rounded to FP8 and small updates lost. Only DeepSpeed's bf16/fp16 ZeRO optimizer keeps fp32 master weights.",
+         fix='set precision.te.fp8_params = false, or distributed.strategy = "deepspeed" with precision.high_precision = "bf16"',
+         condition=lambda f: _fp8(f, "te") and f.plan.precision.te.fp8_params and not _has_master_weights(f)),
 )
 
 
@@ -362,7 +376,7 @@ RULES += (
          when="the predicted fp8_vs_bf16 for this model, batch and launch.gpu is below 1.0",
          why="small GEMMs lose to the cast overhead (torchao microbenchmarks: 1024^3 at 0.42-0.8x of bf16); "
              "say so before a user pays for it (docs/prediction.md).",
-         fix='set precision.torchao.skip_small = true (small Linears stay in bf16), compile.enabled = true, a larger '
+         fix='keep the small Linears in high precision (precision.keep globs; torchao: precision.torchao.skip_small = true), compile.enabled = true, a larger '
              'train.micro_batch_size or train.seq_len, or precision.mode = "bf16"; `fp8launch tune` measures it',
          condition=_no_gain, detail=_no_gain_detail),
 )
@@ -432,3 +446,29 @@ def rule_error(rule_id: str, facts: Facts | None = None):
     if rule.stage == "run":
         return EnvironmentProblem(f"{message} fix: {rule.fix}", rule=rule.id)
     return LauncherError(f"{message} fix: {rule.fix}", rule=rule.id)
+
+
+def _has_master_weights(f: Facts) -> bool:
+    """Whether the engine's optimizer keeps fp32 master weights apart from the stored ones."""
+    return _strategy(f) == "deepspeed" and f.plan.precision.compute_dtype in ("bf16", "fp16")
+
+
+def _memory_excess(f: Facts) -> str | None:
+    """'the estimate ... exceeds ...' when a GPU plan's estimated peak does not fit launch.gpu, else None."""
+    plan = f.plan
+    if plan.launch.device == "cpu":
+        return None
+    from .gpus import plan_gpu
+    from .memory import estimate, model_params
+
+    params = model_params(plan.train.model)
+    if not params:
+        return None
+    est = estimate(plan, params)
+    gpu = plan_gpu(plan.launch.gpu)
+    peak = est.peak_bytes / 2**30
+    if peak <= gpu.memory_gib:
+        return None
+    acts = f", activations {est.activations.bytes / 2**30:.1f} GiB" if est.activations else ""
+    return (f"the estimate is {peak:.1f} GiB per GPU (model states {est.total_bytes / 2**30:.1f} GiB{acts}) "
+            f"but a {gpu.name} has {gpu.memory_gib:g} GiB.")

@@ -104,7 +104,9 @@ def test_every_choice_plans_without_error_rules(tmp_path, machine, backend, stra
     p = planned(tmp_path, text)  # raises on any error rule
     assert p.plan.distributed.nodes == 2
     assert p.plan.distributed.strategy == strategy or strategy is None
-    small = {"FP8-NO-GAIN"} if machine == "cpu" else set()  # the CPU smoke model's GEMMs are too small to gain on a GPU
+    # the CPU smoke model's GEMMs are too small to gain on a GPU; and without compile (DeepSpeed starters) the
+    # unfused casts eat the gain, which the prediction says beside FP8-NO-COMPILE
+    small = {"FP8-NO-GAIN"} if machine == "cpu" or not p.plan.compile.enabled else set()
     assert {f.rule.id for f in p.warnings} <= {"FP8-NO-COMPILE"} | small
 
 

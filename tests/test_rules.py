@@ -68,7 +68,15 @@ PLAN_CASES = {
                     {"precision": {**TE, "te": {"recipe": "current"}}, "launch": {"device": "cuda"}}),
 }
 
-# rule id -> (spec, facts that fire it, facts that do not)
+# --- issue 10: memory and GPU-only faults ---
+_8B_SEQ_8192 = {"train": {"model": "builtin:llama3-8b", "seq_len": 8192, "micro_batch_size": 2}, "distributed": {"procs_per_node": 8}}
+PLAN_CASES.update({
+    "MEMORY-EXCEEDS-GPU": ({**_8B_SEQ_8192, "launch": {"device": "cuda", "gpu": "h100"}},
+                           {**_8B_SEQ_8192, "launch": {"device": "cuda", "gpu": "h100"}, "activation_checkpointing": {"mode": "full"}}),
+    "TE-FP8-PARAMS-NO-MASTER": ({"precision": {**TE, "te": {"fp8_params": True}}, "distributed": {"strategy": "fsdp2"}},
+                                {"precision": {**TE, "te": {"fp8_params": True}}, "distributed": {"strategy": "deepspeed"}}),
+})
+
 RUN_CASES = {
     "FP8-HARDWARE": ({"precision": TAO}, {"device": "cuda", "capability": (8, 0)}, {"device": "cuda", "capability": (8, 9)}),
     "TE-RECIPE-HARDWARE": ({"precision": {**TE, "te": {"recipe": "mxfp8"}}}, {"device": "cuda", "capability": (9, 0)}, {"device": "cuda", "capability": (10, 0)}),
@@ -327,3 +335,16 @@ def test_kubernetes_section_with_another_launcher_is_unused():
     plan = plan_of({"launch": {"launcher": "slurm", "kubernetes": {"image": "x"}}})
     [finding] = [f for f in check(Facts(plan=plan, rendered=render(plan))) if f.rule.id == "SECTION-UNUSED"]
     assert finding.message == "[launch.kubernetes] is ignored with this plan."
+
+
+# --- issue 10: memory and GPU-only faults ---
+def test_memory_exceeds_gpu_names_the_figures_and_only_fires_for_gpu_plans():
+    from launcher.rules import Facts, check
+
+    plan = plan_of({**_8B_SEQ_8192, "launch": {"device": "auto", "gpu": "h100"}})
+    [finding] = [f for f in check(Facts(plan=plan)) if f.rule.id == "MEMORY-EXCEEDS-GPU"]
+    assert finding.message.startswith("the estimate is ") and "but a H100 has 74.5 GiB" in finding.message
+    assert 'activation_checkpointing.mode = "full"' in finding.rule.fix and "procs_per_node" in finding.rule.fix and "offload" in finding.rule.fix
+    assert "MEMORY-EXCEEDS-GPU" not in fired({**_8B_SEQ_8192, "launch": {"device": "cpu"}})
+    # a bigger GPU holds it
+    assert "MEMORY-EXCEEDS-GPU" not in fired({**_8B_SEQ_8192, "launch": {"device": "cuda", "gpu": "b200"}})

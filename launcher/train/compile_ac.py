@@ -7,6 +7,10 @@ blocks as they end up, which are the units FSDP2 shards.
 
 - activation_checkpointing.mode = "full": every block recomputes its activations in backward;
   "selective": every other block (0, 2, 4, ...), torchtitan's layer-based selective AC.
+  With Transformer Engine the recompute goes through TE's own `checkpoint`
+  (transformer_engine.pytorch.distributed.checkpoint): torch's checkpoint would recompute
+  outside `te.autocast`, so the recomputed GEMMs would not be FP8 and delayed scaling would
+  record every amax twice. TE's keeps the forward's FP8 state for the recompute.
 - compile.enabled: each block goes through torch.compile(mode=compile.mode,
   fullgraph=compile.fullgraph); the embedding, final norm and head stay eager.
 """
@@ -24,13 +28,15 @@ if typing.TYPE_CHECKING:
     from launcher.plan import Plan
 
 
-def prepare_blocks(model: nn.Module, plan: Plan) -> list[nn.Module]:
+def prepare_blocks(model: nn.Module, plan: Plan, precision=None) -> list[nn.Module]:
     """Apply the plan's activation checkpointing, then compile, to each transformer block of
-    `model` in place; return the blocks (wrapped where they were) in order."""
+    `model` in place; return the blocks (wrapped where they were) in order. `precision`: what
+    apply_precision returned (a Transformer Engine one brings TE's checkpoint)."""
     blocks = transformer_blocks(model)
     mode = plan.activation_checkpointing.mode
     if mode != "none":
-        blocks = [checkpointed(model, b) if _checkpoints(i, mode) else b for i, b in enumerate(blocks)]
+        fn = checkpoint_fn(precision)
+        blocks = [checkpointed(model, b, fn) if _checkpoints(i, mode) else b for i, b in enumerate(blocks)]
     if plan.compile.enabled:
         blocks = [compiled(model, b, mode=plan.compile.mode, fullgraph=plan.compile.fullgraph) for b in blocks]
     return blocks
@@ -40,11 +46,30 @@ def _checkpoints(index: int, mode: str) -> bool:
     return mode == "full" or (mode == "selective" and index % 2 == 0)
 
 
-def checkpointed(root: nn.Module, block: nn.Module) -> nn.Module:
-    """`block` wrapped so that its activations are recomputed in backward (non-reentrant)."""
+def checkpoint_fn(precision) -> typing.Callable | None:
+    """Transformer Engine's checkpoint for a TE precision (its `te` namespace), else None (torch's)."""
+    te = getattr(precision, "te", None)
+    if te is None:
+        return None
+    fn = getattr(getattr(te, "distributed", None), "checkpoint", None) or getattr(te, "checkpoint", None)
+    if fn is None:
+        from launcher.errors import EnvironmentProblem
+
+        raise EnvironmentProblem("this Transformer Engine has no checkpoint function, so checkpointed blocks would recompute outside "
+                                 'te.autocast; fix: set activation_checkpointing.mode = "none", or install a Transformer Engine with '
+                                 "transformer_engine.pytorch.checkpoint")
+    return fn
+
+
+def checkpointed(root: nn.Module, block: nn.Module, fn: typing.Callable | None = None) -> nn.Module:
+    """`block` wrapped so that its activations are recomputed in backward (non-reentrant), by torch's
+    checkpoint or by `fn` (Transformer Engine's). The wrapper keeps torch's module names either way."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    return _replace(root, block, checkpoint_wrapper(block, preserve_rng_state=False))
+    if fn is None:
+        return _replace(root, block, checkpoint_wrapper(block, preserve_rng_state=False))
+    # TE's checkpoint stashes the FP8 meta of the forward and recomputes under the same te.autocast state.
+    return _replace(root, block, checkpoint_wrapper(block, checkpoint_fn=fn, use_reentrant=False, distribute_saved_activations=False))
 
 
 def compiled(root: nn.Module, block: nn.Module, *, mode: str, fullgraph: bool) -> nn.Module:

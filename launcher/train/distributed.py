@@ -30,7 +30,9 @@ class DistEnv:
     world_size: int
     device: torch.device
     backend: str
-    """nccl | gloo"""
+    """nccl | gloo: the backend of the device's collectives"""
+    process_group: str = ""
+    """What the default process group was created with: "nccl", "gloo" or "cpu:gloo,cuda:nccl"."""
 
     @property
     def is_main(self) -> bool:
@@ -67,8 +69,26 @@ def resolve_device(setting: str, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def init(device_setting: str, timeout_s: float = 600.0) -> DistEnv:
-    """Resolve the device, then join the process group (gloo on CPU, nccl on CUDA)."""
+def process_group_backend(device_type: str, cpu_tensors: bool) -> str:
+    """The backend string for init_process_group: gloo on CPU, nccl on CUDA, and
+    "cpu:gloo,cuda:nccl" on CUDA when collectives also run on CPU tensors (FSDP2's cpu_offload
+    keeps the sharded parameters and gradients on the CPU: the gradient-norm reduction and the
+    float8 scale all-reduce run there, and NCCL cannot reduce CPU tensors)."""
+    if device_type != "cuda":
+        return "gloo"
+    return "cpu:gloo,cuda:nccl" if cpu_tensors else "nccl"
+
+
+def holds_cpu_tensors(plan) -> bool:
+    """Whether a GPU run of `plan` keeps tensors that collectives touch on the CPU."""
+    d = plan.distributed
+    return bool((d.strategy == "fsdp2" and d.fsdp2.cpu_offload)
+                or (d.strategy == "deepspeed" and (d.deepspeed.offload_optimizer != "none" or d.deepspeed.offload_param != "none")))
+
+
+def init(device_setting: str, timeout_s: float = 600.0, *, cpu_tensors: bool = False) -> DistEnv:
+    """Resolve the device, then join the process group (gloo on CPU, nccl on CUDA, both where
+    `cpu_tensors`: see process_group_backend)."""
     rank, local_rank, world_size = env_ranks()
     device = resolve_device(device_setting, local_rank)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -80,10 +100,11 @@ def init(device_setting: str, timeout_s: float = 600.0) -> DistEnv:
         backend = "nccl"
     else:
         backend = "gloo"
+    group = process_group_backend(device.type, cpu_tensors)
     if not dist.is_initialized():
         kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s), **kwargs)
-    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend)
+        dist.init_process_group(backend=group, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s), **kwargs)
+    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend, process_group=group)
 
 
 def destroy() -> None:

@@ -2,9 +2,10 @@
 
 It reads a plan written by `fp8launch plan` (or `fp8launch run`, which plans into
 `<train.output_dir>/plan/` and starts this through torchrun for you), then: joins the
-process group -> builds the model -> applies the precision backend -> wraps the blocks for
-activation checkpointing and torch.compile -> wraps the model in DDP / FSDP2 / DeepSpeed (FSDP2 with
-distributed.tensor_parallel: tensor parallel first, then FSDP2 over the data-parallel dimension) ->
+process group -> builds the model on the meta device -> applies the precision backend -> wraps the
+blocks for activation checkpointing and torch.compile -> wraps the model in DDP / FSDP2 / DeepSpeed
+(FSDP2 with distributed.tensor_parallel: tensor parallel first, then FSDP2 over the data-parallel
+dimension), which gives each rank storage for only its part and initialises it (skipped when resuming) ->
 resumes from a checkpoint (train.resume) -> trains and logs (rank 0 writes
 <train.output_dir>/metrics.jsonl) -> checkpoints every train.checkpoint_every steps and after
 the last one (docs/checkpoints.md) -> with monitor.fp8_stats_every > 0, samples the FP8 casts
@@ -73,7 +74,7 @@ def _leave(distributed) -> None:
     global _GLOO
     import torch.distributed as dist
 
-    _GLOO = _GLOO or (dist.is_initialized() and dist.get_backend() == "gloo")
+    _GLOO = _GLOO or (dist.is_initialized() and "gloo" in str(dist.get_backend()))  # also "cpu:gloo,cuda:nccl"
     distributed.destroy()
 
 
@@ -132,7 +133,8 @@ def build_run(plan_path: str, *, stream=None):
     from launcher.train.flops import flops_per_token
     from launcher.train.loop import Trainer, TrainState
     from launcher.train.metrics import MetricsLogger, start_record, throughput_for
-    from launcher.train.models import build_model
+    from launcher.train.materialize import Pending, needs_weights_before_precision
+    from launcher.train.models import build_for_run
     from launcher.train.monitor import build_monitor, unwatched_note
     from launcher.train.precision import apply_precision
     from launcher.train.tensor_parallel import tp_line, tp_report
@@ -140,7 +142,7 @@ def build_run(plan_path: str, *, stream=None):
     plan_dir = os.path.dirname(os.path.abspath(plan_path))
     plan = _load(plan_path, load_plan)
     spec_dir = os.path.normpath(os.path.join(plan_dir, plan.spec_dir))
-    env = distributed.init(plan.launch.device)
+    env = distributed.init(plan.launch.device, cpu_tensors=distributed.holds_cpu_tensors(plan))
     distributed.check_world(plan.world_size, env)
     t = plan.train
     checkpoints = CheckpointManager.for_plan(plan, rank=env.rank, world_size=env.world_size)
@@ -149,13 +151,21 @@ def build_run(plan_path: str, *, stream=None):
     # ("never" refused to start over another run's checkpoints at the first attempt).
     resume = checkpoints.resolve_resume("auto" if restart and t.resume == "never" else t.resume)  # before building anything
 
-    torch.manual_seed(t.seed)  # the same initial weights on every rank (FSDP2 shards each rank's copy)
-    model = build_model(t.model, spec_dir)
+    torch.manual_seed(t.seed)  # models that build with their weights (opt-outs) draw the same ones on every rank
+    # Built on the meta device: no rank holds the whole model before it is sharded (launcher/train/materialize.py).
+    model, initializer = build_for_run(t.model, spec_dir)
     flops = flops_per_token(model, t.seq_len)
     parameters = sum(p.numel() for p in model.parameters())
+    pending = None
+    if initializer is not None:
+        # A resumed run skips random initialisation: the checkpoint sets every tensor.
+        pending = Pending(None if resume else initializer, seed=t.seed)
+        if needs_weights_before_precision(plan):  # TE / MS-AMP copy weights while converting
+            pending(model, env.device)
+            pending = None
     precision = apply_precision(model, plan, env.device)
-    blocks = prepare_blocks(model, plan)
-    engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks)
+    blocks = prepare_blocks(model, plan, precision)
+    engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks, pending=pending)
     torch.manual_seed(t.seed + env.rank)
     dp_rank, dp_size = distributed.data_rank(env, plan.distributed.tensor_parallel)  # a TP group reads the same batches
     data = build_data(t.data, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, vocab_size=model.vocab_size,

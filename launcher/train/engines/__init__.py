@@ -31,6 +31,7 @@ from launcher.train.models import logits_of
 if typing.TYPE_CHECKING:
     from launcher.plan import Plan
     from launcher.train.distributed import DistEnv
+    from launcher.train.materialize import Pending
     from launcher.train.precision import Precision
 
 __all__ = ["Engine", "wrap", "read_config"]
@@ -136,20 +137,22 @@ def read_config(plan_dir: str, name: str) -> dict:
 
 
 def wrap(model: nn.Module, plan: Plan, precision: Precision, plan_dir: str, *, env: DistEnv,
-         blocks: list[nn.Module] | None = None) -> Engine:
+         blocks: list[nn.Module] | None = None, pending: Pending | None = None) -> Engine:
     """Wrap `model` (already converted by the precision backend, blocks already checkpointed
-    or compiled) in the plan's engine. `blocks` are FSDP2's units (default: the transformer blocks)."""
+    or compiled) in the plan's engine. `blocks` are FSDP2's units (default: the transformer blocks).
+    `pending`: the model is on the meta device; the engine gives it storage and its initial
+    weights (launcher/train/materialize.py) where each rank keeps only its part."""
     strategy = plan.distributed.strategy
     if strategy == "ddp":
         from .ddp import wrap_ddp
 
-        return wrap_ddp(model, plan, precision, env=env)
+        return wrap_ddp(model, plan, precision, env=env, pending=pending)
     if strategy == "fsdp2":
         from .fsdp2 import wrap_fsdp2
 
-        return wrap_fsdp2(model, plan, precision, read_config(plan_dir, "fsdp2.json"), env=env, blocks=blocks)
+        return wrap_fsdp2(model, plan, precision, read_config(plan_dir, "fsdp2.json"), env=env, blocks=blocks, pending=pending)
     if strategy == "deepspeed":
         from .deepspeed_engine import wrap_deepspeed
 
-        return wrap_deepspeed(model, plan, precision, read_config(plan_dir, "deepspeed.json"), env=env)
+        return wrap_deepspeed(model, plan, precision, read_config(plan_dir, "deepspeed.json"), env=env, pending=pending)
     raise LauncherError(f"unknown distributed.strategy {strategy!r} in plan.json; fix: use ddp, fsdp2 or deepspeed")

@@ -17,6 +17,7 @@ from . import Engine
 if typing.TYPE_CHECKING:
     from launcher.plan import Plan
     from launcher.train.distributed import DistEnv
+    from launcher.train.materialize import Pending
     from launcher.train.precision import Precision
 
 
@@ -28,10 +29,14 @@ class DDPEngine(Engine):
         return contextlib.nullcontext() if last else self.model.no_sync()
 
 
-def wrap_ddp(model: nn.Module, plan: Plan, precision: Precision, *, env: DistEnv) -> DDPEngine:
+def wrap_ddp(model: nn.Module, plan: Plan, precision: Precision, *, env: DistEnv, pending: Pending | None = None) -> DDPEngine:
     """Build the optimizer on the plain parameters, let the precision backend wrap it (MS-AMP),
-    then wrap the model in DDP (the backend's own DDP class where it has one)."""
-    model.to(env.device)
+    then wrap the model in DDP (the backend's own DDP class where it has one). A meta-built model
+    (`pending`) gets its storage straight on the device and its weights there: no CPU copy."""
+    if pending is not None:
+        pending(model, env.device)
+    else:
+        model.to(env.device)
     optimizer = build_optimizer(model.parameters(), plan.train)
     model, optimizer = precision.wrap_optimizer(model, optimizer)
     ddp_class = precision.ddp_class or DistributedDataParallel

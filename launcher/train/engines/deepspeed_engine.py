@@ -26,6 +26,7 @@ from launcher.hardware import INSTALL
 if typing.TYPE_CHECKING:
     from launcher.plan import Plan
     from launcher.train.distributed import DistEnv
+    from launcher.train.materialize import Pending
     from launcher.train.precision import Precision
 
 
@@ -78,11 +79,18 @@ def import_deepspeed(device: torch.device, msamp: bool):
     return deepspeed
 
 
-def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: dict, *, env: DistEnv) -> DeepSpeedEngine:
+def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: dict, *, env: DistEnv,
+                   pending: Pending | None = None) -> DeepSpeedEngine:
+    """`pending` (a meta-built model): it gets its storage and weights on the device, whole, before
+    deepspeed.initialize (ZeRO-0/1/2 keep whole parameters on every rank anyway). ZeRO-3 therefore
+    still holds the whole fp32 model on every rank for a moment: building under deepspeed.zero.Init
+    is not done yet (it hung on CPU/gloo here; see the memory estimate's initialisation peak)."""
     p = plan.precision
     msamp = p.fp8 and p.backend == "msamp"
     deepspeed = import_deepspeed(env.device, msamp)
     deepspeed.init_distributed(dist_backend=env.backend)
+    if pending is not None:
+        pending(model, env.device)
     # MS-AMP O3 builds its FP8 ZeRO optimizer from deepspeed.json's "optimizer" section.
     optimizer = None if "optimizer" in config else build_optimizer(model.parameters(), plan.train)
     engine, ds_optimizer, _, scheduler = deepspeed.initialize(

@@ -20,6 +20,7 @@ from . import Engine
 if typing.TYPE_CHECKING:
     from launcher.plan import Plan
     from launcher.train.distributed import DistEnv
+    from launcher.train.materialize import Pending
     from launcher.train.precision import Precision
 
 
@@ -65,7 +66,7 @@ def fsdp2_kwargs(config: dict, precision: Precision, device: torch.device) -> di
 
 
 def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict, *, env: DistEnv,
-               blocks: list[nn.Module] | None = None) -> FSDP2Engine:
+               blocks: list[nn.Module] | None = None, pending: Pending | None = None) -> FSDP2Engine:
     from torch.distributed.fsdp import fully_shard
 
     from launcher.train.distributed import device_mesh
@@ -81,7 +82,7 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
         )
     mesh = device_mesh(env, tp)
     kwargs = fsdp2_kwargs(config, precision, env.device)
-    if not config["cpu_offload"]:
+    if pending is None and not config["cpu_offload"]:
         model.to(env.device)
     if tp > 1:  # tensor parallel inside each data-parallel group, then FSDP2 over the data-parallel dimension
         parallelize(model, plan, mesh["tp"])
@@ -92,6 +93,8 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
         # The last block's parameters are all-gathered again at once by backward: keep them (torchtitan).
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard and i < len(blocks) - 1, **kwargs)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **kwargs)
+    if pending is not None:  # meta-built: each rank allocates and initialises only its shards
+        pending(model, torch.device("cpu") if config["cpu_offload"] else env.device)
     optimizer = build_optimizer(model.parameters(), plan.train)
     model, optimizer = precision.wrap_optimizer(model, optimizer)
     return FSDP2Engine(model=model, module=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, plan.train),

@@ -9,6 +9,17 @@ The model comes back on the CPU (builtin, hf: in fp32), initialised from torch's
 (batch, seq) to logits (batch, seq, vocab), or to an object with `.logits` (Hugging Face
 models): pass the output through `logits_of`.
 
+The training entrypoint builds through `build_for_run` instead: on the meta device (no
+storage), with the rule that initialises it later, rank by rank (launcher/train/materialize.py):
+
+    builtin   built on meta; `Llama.init_module` per module
+    hf:PATH   a config alone: built from the config on meta; the model's own `_init_weights`
+              per module. A folder with weights loads them as before (every rank reads all).
+    py:       the factory is called under torch.device("meta"); the model's `init_weights()`
+              when it has one (called once on the sharded model), else each module's
+              `reset_parameters()` per module. A factory that loads its own weights opts out
+              with `factory.fp8launch_meta_init = False` (see OPT_OUT).
+
 torch is imported only when a model is built, so `models.config` (sizes, parameter counts)
 stays importable by planning code.
 """
@@ -24,6 +35,41 @@ if typing.TYPE_CHECKING:
 
 KEY = "train.model"
 KINDS = ("builtin:", "hf:", "py:")
+OPT_OUT = "fp8launch_meta_init"
+"""A py: factory with this attribute set to False is called as it is (on the CPU, whole on every
+rank), and its weights are kept: for factories that load their own weights. Costs one full copy
+of the model in host memory per process before sharding (what meta-device init avoids)."""
+
+
+def build_for_run(spec: str, spec_dir: str):
+    """(model, initializer) for the training entrypoint: the model on the meta device and the
+    launcher.train.materialize Initializer that sets its weights later, or (model, None) for a
+    model built with its weights (hf: with weights, a py: factory that opted out)."""
+    import torch
+
+    from . import materialize_rules as rules
+
+    if spec.startswith("builtin:"):
+        from .llama import build_llama
+
+        with torch.device("meta"):
+            model = build_llama(spec)
+        return model, model.init_module
+    if spec.startswith("hf:"):
+        from .hf import build_hf
+
+        model = build_hf(spec[3:], spec_dir, meta=True)
+        return model, (rules.hf_initializer(model) if rules.is_meta_model(model) else None)
+    if spec.startswith("py:"):
+        from launcher.train.factory import import_factory
+
+        factory = import_factory(spec, spec_dir, KEY)
+        if getattr(factory, OPT_OUT, True) is False:
+            return _checked_user_model(factory(), spec), None
+        with torch.device("meta"):
+            model = _checked_user_model(factory(), spec)
+        return model, (rules.user_initializer(model) if rules.is_meta_model(model) else None)
+    return build_model(spec, spec_dir), None
 
 
 def build_model(spec: str, spec_dir: str) -> "nn.Module":

@@ -9,6 +9,7 @@ model's own code) and returns its usual output object; `logits_of` takes the log
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -36,8 +37,10 @@ def _dtype_kwargs(transformers) -> dict:
     return {"dtype": torch.float32} if (major, minor) >= (4, 56) else {"torch_dtype": torch.float32}
 
 
-def build_hf(path: str, spec_dir: str) -> nn.Module:
-    """The causal LM at local `path` (folder or config.json), in fp32 on the CPU, in train mode."""
+def build_hf(path: str, spec_dir: str, *, meta: bool = False) -> nn.Module:
+    """The causal LM at local `path` (folder or config.json), in fp32 on the CPU, in train mode.
+    `meta`: a model built from a config alone is built on the meta device (no storage; its
+    `_init_weights` initialises it later); a folder with weights still loads them."""
     found = resolve_path(path, spec_dir, KEY)
     folder, config_file = (found, os.path.join(found, "config.json")) if os.path.isdir(found) else (os.path.dirname(found), found)
     if not os.path.isfile(config_file):
@@ -54,7 +57,8 @@ def build_hf(path: str, spec_dir: str) -> nn.Module:
                 folder, config=config, local_files_only=True, **_dtype_kwargs(transformers)
             )
         else:
-            model = transformers.AutoModelForCausalLM.from_config(config, **_dtype_kwargs(transformers))
+            with torch.device("meta") if meta else contextlib.nullcontext():
+                model = transformers.AutoModelForCausalLM.from_config(config, **_dtype_kwargs(transformers))
     except (OSError, ValueError, KeyError) as e:
         raise InputError(
             KEY,

@@ -23,6 +23,11 @@ __all__ = ["SIZES", "LlamaConfig", "Llama", "param_count", "parse_builtin", "RMS
 INIT_STD = 0.02
 
 
+def residual_std(cfg: LlamaConfig) -> float:
+    """Init std of the residual output projections (wo, w2): 0.02 / sqrt(2 * n_layers)."""
+    return INIT_STD / math.sqrt(2 * cfg.n_layers)
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm computed in fp32, scaled by a learned weight."""
 
@@ -81,11 +86,6 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
-    def init_weights(self, out_std: float) -> None:
-        for linear in (self.wq, self.wk, self.wv):
-            nn.init.normal_(linear.weight, std=INIT_STD)
-        nn.init.normal_(self.wo.weight, std=out_std)
-
 
 class FeedForward(nn.Module):
     """SwiGLU: w2(silu(w1 x) * w3 x)."""
@@ -98,11 +98,6 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-    def init_weights(self, out_std: float) -> None:
-        nn.init.normal_(self.w1.weight, std=INIT_STD)
-        nn.init.normal_(self.w3.weight, std=INIT_STD)
-        nn.init.normal_(self.w2.weight, std=out_std)
 
 
 class TransformerBlock(nn.Module):
@@ -118,12 +113,6 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x))
         return h + self.feed_forward(self.ffn_norm(h))
-
-    def init_weights(self, out_std: float) -> None:
-        self.attention_norm.reset_parameters()
-        self.ffn_norm.reset_parameters()
-        self.attention.init_weights(out_std)
-        self.feed_forward.init_weights(out_std)
 
 
 class Llama(nn.Module):
@@ -159,12 +148,25 @@ class Llama(nn.Module):
         """Deterministic given the torch seed: N(0, 0.02) everywhere, residual output
         projections (wo, w2) scaled by 1/sqrt(2 * n_layers), norms at one. Call it again
         after materialising a model built on the meta device."""
-        out_std = INIT_STD / math.sqrt(2 * self.config.n_layers)
-        nn.init.normal_(self.tok_embeddings.weight, std=INIT_STD)
-        for layer in self.layers:
-            layer.init_weights(out_std)
-        self.norm.reset_parameters()
-        nn.init.normal_(self.output.weight, std=INIT_STD)
+        for name, module in self.named_modules():
+            self.init_module(name, module)
+
+    @torch.no_grad()
+    def init_module(self, name: str, module: nn.Module) -> None:
+        """Initialise the parameters `module` (named `name` in this model) holds itself. Meta-device
+        init calls it once per module, on a full-size copy, under a per-module seed
+        (launcher/train/materialize.py); the rule reads the name, not the class the precision
+        backend may have swapped in (torchao's Float8Linear is an nn.Linear; TE's are not)."""
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or len(module._parameters) == 0:
+            return
+        last = name.rsplit(".", 1)[-1]
+        if isinstance(module, RMSNorm) or last.endswith("norm"):
+            nn.init.ones_(weight)
+        elif last in ("wo", "w2"):  # residual output projections
+            nn.init.normal_(weight, std=residual_std(self.config))
+        else:  # tok_embeddings, wq, wk, wv, w1, w3, output
+            nn.init.normal_(weight, std=INIT_STD)
 
 
 def build_llama(spec: str) -> Llama:

@@ -1,0 +1,150 @@
+"""What the GPU acceptance runs (tests/gpu/test_specs_gpu.py), as plain functions that run
+without a GPU too (tests/test_gpu_acceptance.py exercises them on CPU):
+
+- `variants()`: every committed spec under specs/ cut to one GPU (`?layers=N`, one process,
+  5 steps, a short warm-up), plus a matrix on top of the torchao specs: FSDP2 and DDP, compile
+  on and off, full activation checkpointing, each torchao recipe, float8 all-gather;
+- `fits(variant, memory_gib)`: the plan's own memory estimate (model states + activations)
+  against the GPU's memory, and the backend package installed;
+- `run(variant, ...)`: `fp8launch run SPEC --set ...` (the real entrypoint under torchrun),
+  then metrics.jsonl read back;
+- `signature_gaps(table, fn)`: keyword names fp8launch passes that the installed library's
+  callable does not take (Transformer Engine modules and recipes, msamp.initialize).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SPECS = sorted((REPO / "specs").glob("*.toml"))
+FP8LAUNCH = str(Path(sys.executable).parent / "fp8launch")
+STEPS = 5
+LAYERS = 2
+MAX_SEQ = 4096
+BACKEND_PACKAGE = {"torchao": "torchao", "te": "transformer_engine", "msamp": "msamp"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    spec: Path
+    sets: tuple[str, ...]
+    """--set overrides that cut the spec to one GPU (and pick the matrix cell)."""
+    data: dict = field(compare=False, repr=False, default_factory=dict)
+
+
+def _get(data: dict, dotted: str, default=None):
+    node = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def one_gpu_sets(data: dict, *, device: str = "cuda", layers: int = LAYERS, steps: int = STEPS) -> list[str]:
+    """--set overrides that make the spec `data` one process on one GPU: the same model with
+    `layers` blocks (builtin), `steps` steps, seq_len capped at MAX_SEQ, a local torchrun launch."""
+    model = _get(data, "train.model", "builtin:llama-debug")
+    sets = ["distributed.nodes=1", "distributed.procs_per_node=1", "distributed.global_batch_size=0",
+            f'launch.device="{device}"', 'launch.launcher="torchrun"', f"train.steps={steps}", "train.warmup_steps=1",
+            "train.log_every=1", f"train.seq_len={min(int(_get(data, 'train.seq_len', 2048)), MAX_SEQ)}", "train.checkpoint_every=0"]
+    if model.startswith("builtin:"):
+        name, _, query = model.partition("?")
+        kept = [q for q in query.split("&") if q and not q.startswith("layers=")]
+        sets.append(f'train.model="{name}?{"&".join(kept + [f"layers={layers}"])}"')
+    return sets
+
+
+MATRIX = {
+    # name: extra --set overrides on top of a torchao spec cut to one GPU
+    "fsdp2": [],
+    "ddp": ['distributed.strategy="ddp"', "precision.torchao.fsdp_float8_all_gather=false", "compile.enabled=false"],
+    "eager": ["compile.enabled=false"],
+    "ac-full": ['activation_checkpointing.mode="full"'],
+    "tensorwise": ['precision.torchao.recipe="tensorwise"', "precision.torchao.fsdp_float8_all_gather=false"],
+    "tensorwise-allgather": ['precision.torchao.recipe="tensorwise"', "precision.torchao.fsdp_float8_all_gather=true",
+                             'distributed.strategy="fsdp2"'],
+    "rowwise": ['precision.torchao.recipe="rowwise"', "precision.torchao.fsdp_float8_all_gather=false"],
+    "rowwise_with_gw_hp": ['precision.torchao.recipe="rowwise_with_gw_hp"', "precision.torchao.fsdp_float8_all_gather=false"],
+}
+
+
+def variants(device: str = "cuda") -> list[Variant]:
+    """Every committed spec cut to one GPU, and the torchao matrix on the first torchao spec."""
+    out = []
+    torchao_base = None
+    for path in SPECS:
+        data = tomllib.loads(path.read_text())
+        sets = tuple(one_gpu_sets(data, device=device))
+        out.append(Variant(path.stem, path, sets, data))
+        if torchao_base is None and _get(data, "precision.mode") == "fp8" and _get(data, "precision.backend", "torchao") == "torchao" \
+                and str(_get(data, "train.model", "")).startswith("builtin:llama3"):
+            torchao_base = (path, data, sets)
+    if torchao_base:
+        path, data, sets = torchao_base
+        out += [Variant(f"{path.stem}+{cell}", path, sets + tuple(extra), data) for cell, extra in MATRIX.items()]
+    return out
+
+
+def planned(variant: Variant, out_dir: str):
+    """The Plan of `variant` (planning only: no torch, no GPU)."""
+    from launcher.pipeline import plan_one
+
+    return plan_one(str(variant.spec), out_dir, list(variant.sets)).plan
+
+
+def fits(plan, memory_gib: float) -> tuple[bool, str]:
+    """(whether it can run on one GPU of `memory_gib`, why not)."""
+    from launcher.memory import estimate, model_params
+
+    p = plan.precision
+    if p.mode == "fp8":
+        package = BACKEND_PACKAGE[p.backend]
+        if importlib.util.find_spec(package) is None:
+            return False, f"{package} is not installed"
+    if plan.distributed.strategy == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        return False, "deepspeed is not installed"
+    params = model_params(plan.train.model)
+    if params:
+        need = estimate(plan, params).peak_bytes / 2**30
+        if need > 0.9 * memory_gib:
+            return False, f"needs {need:.1f} GiB, the GPU has {memory_gib:.1f}"
+    return True, ""
+
+
+def run(variant: Variant, output_dir: Path, *extra: str, timeout: float = 900) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`fp8launch run` of the variant into `output_dir`; (process, metrics.jsonl records)."""
+    sets = [*variant.sets, f'train.output_dir="{output_dir}"', *extra]
+    cmd = [FP8LAUNCH, "run", str(variant.spec), *[a for s in sets for a in ("--set", s)]]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    path = output_dir / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return r, records
+
+
+def signature_gaps(names, fn) -> set[str]:
+    """The names in `names` that `fn` (a callable, or a class: its __init__) does not accept as keywords."""
+    target = fn.__init__ if inspect.isclass(fn) else fn
+    params = inspect.signature(target).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return set()
+    return set(names) - set(params)
+
+
+def recipe_field_gaps(names, cls) -> set[str]:
+    """Recipe fields fp8launch sets that the installed TE recipe class does not have (dataclass or __init__)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(cls):
+        return set(names) - {f.name for f in dataclasses.fields(cls)}
+    return signature_gaps(names, cls)

@@ -1,0 +1,24 @@
+"""The initial weights the training entrypoint gives a model, gathered whole. Run under torchrun:
+
+    torchrun --standalone --nproc-per-node N tests/init_probe.py PLAN_DIR/plan.json OUT.pt
+
+Builds exactly as `python -m launcher.train` does (launcher.train.main.build_run: meta device,
+precision, blocks, engine, materialisation), then rank 0 saves {name: full fp32 tensor}."""
+
+import sys
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from launcher.train import distributed
+from launcher.train.main import build_run
+
+plan_path, out = sys.argv[1], sys.argv[2]
+trainer, logger = build_run(plan_path)
+logger.close()
+module = trainer.state.engine.module
+state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+if torch.distributed.get_rank() == 0:
+    torch.save({k: v.detach().float().clone() for k, v in state.items()}, out)
+distributed.barrier()
+distributed.destroy()
