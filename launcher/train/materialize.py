@@ -28,6 +28,8 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
+from launcher.errors import LauncherError
+
 Initializer = Callable[[str, nn.Module], None]
 """(clean module name, module) -> initialises the parameters and buffers the module holds itself
 (not its children's), in place."""
@@ -95,6 +97,8 @@ def full_copy(module: nn.Module) -> nn.Module:
     clone._buffers = {n: None for n, b in module._buffers.items() if b is None}
     for kind, name, t in _own(module):
         full = torch.empty(tuple(t.shape), dtype=t.dtype, device="cpu")
+        if full.is_floating_point():
+            full.fill_(float("nan"))  # what no initializer writes stays NaN, and `_check_initialised` names it
         if kind == "param":
             clone._parameters[name] = nn.Parameter(full, requires_grad=t.requires_grad)
         else:
@@ -116,9 +120,14 @@ def materialize(model: nn.Module, device: torch.device | str, initializer: Initi
     if initializer is None:
         return
     if isinstance(initializer, WholeModelInit):
+        for name, p in model.named_parameters():
+            if _local(p).is_floating_point():
+                _local(p).fill_(float("nan"))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             initializer.fn()
+        for name, p in model.named_parameters():
+            _check_initialised(name, _local(p), type(model))
         return
     done: set[int] = set()
     for fqn, module in model.named_modules():
@@ -132,6 +141,8 @@ def materialize(model: nn.Module, device: torch.device | str, initializer: Initi
         for kind, name, t in own:
             done.add(id(t))
             full = (clone._parameters if kind == "param" else clone._buffers)[name]
+            if kind == "param":
+                _check_initialised(f"{clean_name(fqn)}.{name}" if fqn else name, full, type(module))
             where = local_slice(t)
             part = full if where is None else full[where]
             _local(t).copy_(part.to(dtype=t.dtype))
@@ -144,10 +155,24 @@ def _short(kept: dict, fqn: str) -> set[str]:
 
 
 def reset_parameters_initializer(name: str, module: nn.Module) -> None:
-    """Each module's own `reset_parameters()` (torch's layers, most user modules); others keep nothing."""
+    """Each module's own `reset_parameters()` (torch's layers, most user modules), or the private
+    `_reset_parameters()` some of torch's own use (nn.MultiheadAttention, nn.Transformer); others keep nothing."""
     reset = getattr(module, "reset_parameters", None)
+    if not callable(reset):
+        reset = getattr(module, "_reset_parameters", None)
     if callable(reset):
         reset()
+
+
+def _check_initialised(name: str, tensor: torch.Tensor, owner: type) -> None:
+    """A parameter no initializer wrote still holds the NaN it was filled with: training from it would
+    stop at step 1 with a non-finite loss that points nowhere near the cause."""
+    if tensor.is_floating_point() and tensor.numel() and bool(torch.isnan(tensor).any()):
+        raise LauncherError(
+            f"parameter {name} ({owner.__module__}.{owner.__qualname__}) was built on the meta device and nothing "
+            "initialised it (its module has no reset_parameters() and the model no init_weights()); fix: give the "
+            "module a reset_parameters() or the model an init_weights(), or set `build.fp8launch_meta_init = False` "
+            "on the factory so it is called on a real device")
 
 
 @contextlib.contextmanager

@@ -53,8 +53,41 @@ def test_resume_gets_storage_but_no_random_initialisation():
     drawn = []
     mat.Pending(None, seed=0)(model, "cpu")
     assert not any(p.is_meta for p in model.parameters())
-    mat.Pending(lambda name, m: drawn.append(name), seed=0)(model, "cpu")
+    def record(name, module):
+        drawn.append(name)
+        for p in module._parameters.values():
+            if p is not None:
+                p.zero_()
+
+    mat.Pending(record, seed=0)(model, "cpu")
     assert "layers.0.attention.wq" in drawn and "output" in drawn
+
+
+def test_a_parameter_nothing_initialises_is_named_instead_of_training_from_garbage():
+    import pytest
+    from torch import nn
+
+    from launcher.errors import LauncherError
+
+    class Scale(nn.Module):  # a user module with a parameter and no reset_parameters()
+        def __init__(self):
+            super().__init__()
+            self.gain = nn.Parameter(torch.ones(4))
+
+    with mat.meta_device():
+        model = nn.Sequential(nn.Linear(4, 4), Scale())
+    with pytest.raises(LauncherError) as e:
+        mat.Pending(mat.reset_parameters_initializer, seed=0)(model, "cpu")
+    assert "parameter 1.gain" in str(e.value) and "reset_parameters()" in str(e.value) and "fp8launch_meta_init" in str(e.value)
+
+
+def test_torch_modules_with_a_private_reset_are_initialised():
+    from torch import nn
+
+    with mat.meta_device():
+        mha = nn.MultiheadAttention(16, 2, bias=False)
+    mat.Pending(mat.reset_parameters_initializer, seed=0)(mha, "cpu")
+    assert torch.isfinite(mha.in_proj_weight).all() and mha.in_proj_weight.abs().sum() > 0
 
 
 def test_the_entrypoint_skips_initialisation_when_it_resumes(tmp_path, monkeypatch):
