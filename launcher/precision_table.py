@@ -37,12 +37,15 @@ _TE_GEMM = {
 
 
 def precision_table(plan: Plan) -> dict[str, str]:
-    """{row: dtype description} for the plan's precision, backend and strategy."""
+    """{row: dtype description} for the plan's precision, backend and strategy. Which dtype the weights,
+    master weights and optimizer states are kept in is one fact with two uses: the memory estimate's
+    rows (launcher/memory.py `model_states`) decide it, this table describes it."""
+    from .memory import model_states
+
     p, d = plan.precision, plan.distributed
     hp = p.compute_dtype
-    stored = "fp32"
-    master = "fp32 (the stored weights)"
-    states = "fp32" if plan.train.optimizer != "sgd" else "none (plain SGD)"
+    rows = {r.name: r for r in model_states(plan, 1)}
+    stored, master, states = _stored(plan, rows), _master(plan, rows), _states(rows["optimizer_states"])
     gemm = hp
     weight_comm = "none (replicated)"
     grad_reduce = "fp32"
@@ -53,9 +56,6 @@ def precision_table(plan: Plan) -> dict[str, str]:
         weight_comm = hp
         grad_reduce = d.fsdp2.reduce_dtype
     elif d.strategy == "deepspeed":
-        if hp in ("bf16", "fp16"):
-            stored = hp
-            master = "fp32 (in the ZeRO optimizer)"
         grad_reduce = hp
         weight_comm = hp if d.deepspeed.zero_stage == 3 else "none (replicated)"
 
@@ -65,21 +65,9 @@ def precision_table(plan: Plan) -> dict[str, str]:
             weight_comm = "fp8 e4m3 (float8 all-gather)"
     elif p.fp8 and p.backend == "te":
         gemm = _TE_GEMM[p.te.recipe].format(fmt="e4m3 fwd / e5m2 grads" if p.te.fp8_format == "HYBRID" else "e4m3")
-        if p.te.fp8_params:
-            stored = "fp8 (quantized_model_init)"
-            if d.strategy == "deepspeed" and hp in ("bf16", "fp16"):
-                master = "fp32 (in the ZeRO optimizer)"
-            else:  # a torch optimizer keeps no copy: rule TE-FP8-PARAMS-NO-MASTER refuses the plan
-                master = "none: the torch optimizer would step the fp8 weights (refused: TE-FP8-PARAMS-NO-MASTER)"
     elif p.fp8 and p.backend == "msamp":
         gemm = "fp8 e4m3 fwd / e5m2 grads (MS-AMP)"
-        stored = "fp8 weights with scales (ScalingTensor)"
         grad_reduce = "fp8 (MS-AMP scaled all-reduce)"
-        if p.msamp.opt_level == "O1":
-            master = "fp32"
-        else:
-            master = "fp16 with scale"
-            states = "fp8 first moment, fp16 second moment"
 
     table = {
         "gemm": gemm,
@@ -106,3 +94,33 @@ def tp_comm(plan: Plan) -> str:
     if p.fp8 and p.backend == "torchao":
         return f"{hp} all-gathers and reduce-scatters (torchao has float8 TP for tensorwise only; rule TP-ROWWISE-BF16-COMM)"
     return f"{hp} all-gathers and reduce-scatters"
+
+
+def _msamp(plan: Plan) -> bool:
+    return plan.precision.fp8 and plan.precision.backend == "msamp"
+
+
+def _stored(plan: Plan, rows: dict) -> str:
+    dtype = rows["params"].dtype
+    if dtype != "fp8":
+        return dtype
+    return "fp8 weights with scales (ScalingTensor)" if _msamp(plan) else "fp8 (quantized_model_init)"
+
+
+def _master(plan: Plan, rows: dict) -> str:
+    row = rows.get("master_weights")
+    if row is None:  # the optimizer steps the stored weights themselves
+        if rows["params"].dtype == "fp8":  # a torch optimizer keeps no copy: rule TE-FP8-PARAMS-NO-MASTER refuses the plan
+            return "none: the torch optimizer would step the fp8 weights (refused: TE-FP8-PARAMS-NO-MASTER)"
+        return f"{rows['params'].dtype} (the stored weights)"
+    if _msamp(plan):
+        return row.dtype if row.dtype == "fp32" else f"{row.dtype} with scale"
+    return f"{row.dtype} (in the ZeRO optimizer)"
+
+
+def _states(row) -> str:
+    if not row.bytes_per_param:
+        return "none (plain SGD)"
+    if row.dtype == "fp8+fp16":
+        return "fp8 first moment, fp16 second moment"
+    return row.dtype

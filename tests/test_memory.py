@@ -83,3 +83,22 @@ def test_plan_prints_the_estimate_and_takes_params(cli, spec):
     assert mem["params"] == 7_000_000_000 and mem["total_bytes_per_gpu"] == 16 * 7_000_000_000 // 8
     assert mem["activations_bytes_per_gpu"] is None and mem["peak_bytes_per_gpu"] == mem["total_bytes_per_gpu"]
     assert mem["init_peak_bytes_per_rank"] == 4 * 7_000_000_000 // 8  # hf: shapes unknown to planning: the fp32 shard alone
+
+
+@pytest.mark.parametrize("precision,strategy", [
+    ({"mode": "bf16"}, "ddp"), ({"mode": "bf16"}, "deepspeed"), ({"mode": "fp32"}, "deepspeed"),
+    ({"mode": "fp8", "backend": "te", "te": {"fp8_params": True}}, "deepspeed"),
+    ({"mode": "fp8", "backend": "msamp", "msamp": {"opt_level": "O2"}}, "ddp"),
+    ({"mode": "fp8", "backend": "msamp", "msamp": {"opt_level": "O1"}}, "ddp"),
+])
+def test_precision_table_describes_the_dtypes_the_memory_rows_decide(precision, strategy):
+    """One fact, one place: the stored / master / optimizer-state dtypes come from memory.model_states."""
+    from launcher.memory import model_states
+    from launcher.precision_table import precision_table
+
+    plan = plan_of({"precision": precision, "distributed": {"strategy": strategy}})
+    rows = {r.name: r for r in model_states(plan, 1)}
+    table = precision_table(plan)
+    assert table["weights"].startswith(rows["params"].dtype)
+    assert table["master_weights"].startswith(rows["master_weights"].dtype if "master_weights" in rows else rows["params"].dtype)
+    assert table["optimizer_states"].startswith(rows["optimizer_states"].dtype.split("+")[0])
