@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from . import launch
 from .bench import Variant, _plan, _read_run, _versions
-from .errors import LauncherError, UsageError
+from .errors import LauncherError, SpecError, UsageError
 from .launch import execute, launch_command, write_plan
 from .spec import apply_overrides, read_spec
 
@@ -158,6 +158,10 @@ def run_tune(spec: str, *, steps: int | None = None, candidates: list[str] = (),
     return record
 
 
+MACHINE_RULES = frozenset({"CPU-BACKEND", "FP8-HARDWARE", "TE-RECIPE-HARDWARE", "BACKEND-MISSING"})
+"""Error rules that say this machine cannot run a candidate, rather than that the combination is invalid."""
+
+
 def _doctor(spec: str, overrides: list[str]):
     from .doctor import assess_plan, gather
     from .launch import plan_for_run
@@ -167,7 +171,11 @@ def _doctor(spec: str, overrides: list[str]):
     def runs_here(sets: list[str]) -> bool:
         try:
             return assess_plan(machine, plan_for_run(spec, overrides + sets).plan).supported
-        except LauncherError:  # an invalid combination (an error rule): kept, and reported as skipped with the rule
+        except SpecError as e:
+            # A rule about this machine (TE or MS-AMP on a CPU, ...) means the doctor's "no"; another error rule is
+            # an invalid combination: kept, and reported as skipped with the rule.
+            return not any(p.rule in MACHINE_RULES for p in e.problems)
+        except LauncherError:
             return True
 
     return runs_here
