@@ -256,8 +256,10 @@ def activations(plan: Plan, cfg) -> ActivationRow:
 def init_peak(plan: Plan, params: int, cfg=None) -> InitPeak:
     """The most one rank holds while building and initialising: launcher/train/materialize.py
     builds on the meta device; FSDP2 ranks allocate their fp32 shard and initialise one module's
-    full tensors at a time on the CPU; DDP and DeepSpeed hold the whole fp32 model on the device;
-    Transformer Engine and MS-AMP need it whole before they convert it."""
+    full tensors at a time on the CPU; DeepSpeed ZeRO-3 gives one module at a time its full fp32
+    tensors and partitions it at once (its parameters in DeepSpeed's dtype); DDP and DeepSpeed
+    ZeRO-0/1/2 hold the whole fp32 model on the device; Transformer Engine and MS-AMP need it whole
+    before they convert it."""
     d, p = plan.distributed, plan.precision
     n = plan.world_size
     full = 4.0 * params
@@ -268,4 +270,9 @@ def init_peak(plan: Plan, params: int, cfg=None) -> InitPeak:
         where = "host" if d.fsdp2.cpu_offload else "on the GPU"
         how = "its fp32 shard; plus one module's full tensors at a time in host memory while initialising"
         return InitPeak(full / n + largest, where, how)
+    if d.strategy == "deepspeed" and d.deepspeed.zero_stage == 3:
+        dtype = p.compute_dtype if p.compute_dtype in ("bf16", "fp16") else "fp32"
+        where = "host" if d.deepspeed.offload_param != "none" else "on the GPU"
+        how = f"its {dtype} partition; plus one module's full fp32 tensors at a time while initialising"
+        return InitPeak(BYTES[dtype] * params / n + largest, where, how)
     return InitPeak(full, "on the GPU", f"whole fp32 model on every rank ({d.strategy})")

@@ -3,8 +3,9 @@
     torchrun --standalone --nproc-per-node N tests/init_probe.py PLAN_DIR/plan.json OUT.pt
 
 Builds exactly as `python -m launcher.train` does (launcher.train.main.build_run: meta device,
-precision, blocks, engine, materialisation), then rank 0 saves {name: full fp32 tensor}."""
+precision, blocks, engine, materialisation), then rank 0 saves {name: full fp32 tensor} (ZeRO-3: gathered)."""
 
+import os
 import sys
 
 import torch
@@ -17,8 +18,19 @@ plan_path, out = sys.argv[1], sys.argv[2]
 trainer, logger = build_run(plan_path)
 logger.close()
 module = trainer.state.engine.module
-state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+if any(hasattr(q, "ds_id") for q in module.parameters()):  # DeepSpeed ZeRO-3: each rank holds a partition
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(module.parameters())):
+        state = {k: v.detach().float().clone() for k, v in module.state_dict().items()}
+else:
+    state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 if torch.distributed.get_rank() == 0:
     torch.save({k: v.detach().float().clone() for k, v in state.items()}, out)
 distributed.barrier()
 distributed.destroy()
+# As the entrypoint does after a gloo run (launcher/train/main.py run_process): gloo's worker threads outlive
+# destroy_process_group and one releasing tensors during interpreter finalization aborts the process (SIGABRT).
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)

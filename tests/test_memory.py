@@ -102,3 +102,24 @@ def test_precision_table_describes_the_dtypes_the_memory_rows_decide(precision, 
     assert table["weights"].startswith(rows["params"].dtype)
     assert table["master_weights"].startswith(rows["master_weights"].dtype if "master_weights" in rows else rows["params"].dtype)
     assert table["optimizer_states"].startswith(rows["optimizer_states"].dtype.split("+")[0])
+
+
+def test_deepspeed_zero3_initialises_into_its_partition_the_other_stages_hold_the_whole_model():
+    """ZeRO-3 partitions each module as soon as it is initialised: a rank's peak is its partition in DeepSpeed's
+    dtype plus the largest module in fp32 (Llama-3-8B: the embedding); ZeRO-2 materialises the whole fp32 model."""
+    params = model_params("builtin:llama3-8b")
+    embedding = 128_256 * 4096  # the largest module of Llama-3-8B (its head is as large)
+
+    def peak(zero_stage, mode="bf16", **ds):
+        plan = plan_of({"precision": {"mode": mode}, "train": {"model": "builtin:llama3-8b"},
+                        "distributed": {"strategy": "deepspeed", "procs_per_node": 8,
+                                        "deepspeed": {"zero_stage": zero_stage, **ds}}})
+        return estimate(plan, params).init_peak
+
+    z3 = peak(3)
+    assert z3.bytes == 2 * params / 8 + 4 * embedding and z3.where == "on the GPU" and "bf16 partition" in z3.how
+    assert peak(3, "fp32").bytes == 4 * params / 8 + 4 * embedding
+    assert peak(3, offload_param="cpu").where == "host"
+    z2 = peak(2)
+    assert z2.bytes == 4 * params and "whole fp32 model" in z2.how
+    assert z3.bytes < z2.bytes / 4

@@ -84,7 +84,7 @@ def test_fsdp2_json_carries_what_fully_shard_needs():
     cfg = json.loads(render(plan)["fsdp2.json"])
     assert cfg == {
         "mesh": {"shape": [8], "dim_names": ["dp_shard"]},
-        "units": ["transformer_block", "root"],
+        "units": ["embedding", "transformer_block", "output", "root"],
         "reshard_after_forward": False,
         "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"},
         "cpu_offload": True,

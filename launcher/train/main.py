@@ -192,6 +192,9 @@ def build_run(plan_path: str, *, stream=None):
     if loaded and env.is_main:
         for warning in loaded.warnings:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
+    if not resume and env.is_main:  # weights files that lack parameters, or hold tensors the model has no place for
+        for note in getattr(initializer, "notes", ()):
+            print(f"warning: {note}", file=sys.stderr, flush=True)
     monitor = build_monitor(plan, precision, model, is_main=env.is_main, start_step=state.step)  # None: monitor off, nothing hooked
     note = unwatched_note(plan, precision, monitor)
     if note and env.is_main:

@@ -8,9 +8,12 @@ storage for only what it keeps and initialise that, the way torchtitan does.
     prepare_blocks(...)                           # activation checkpointing, compile
     fully_shard(...)                              # FSDP2 (DDP: nothing)
     materialize(model, device, initializer)       # to_empty(device) + initialise each rank's shard
+    # DeepSpeed ZeRO-3: materialize(..., partition=...) gives storage module by module and hands each
+    # module's initialised parameters to deepspeed.zero.Init at once (engines/deepspeed_engine.py)
 
 World-size independence: each module's own parameters and buffers are initialised by the model's
-own rule (builtin: `Llama.init_module`; hf: the model's `_init_weights`; py: `reset_parameters()`)
+own rule (builtin: `Llama.init_module`; hf: the model's `_init_weights`, or its weights files read one
+module at a time (models/hf_weights.py); py: `reset_parameters()`)
 on a full-size CPU copy of that one module, under a seed derived from the run's seed and the
 module's name; each rank then keeps its slice of every tensor (a DTensor's local shard, or the
 whole tensor). The initial weights are therefore the same at every world size, on CPU and GPU, and
@@ -21,7 +24,6 @@ every parameter's random numbers (for Llama-3-8B about a minute per rank on one 
 from __future__ import annotations
 
 import contextlib
-import copy
 import zlib
 from typing import Callable, Iterator
 
@@ -92,7 +94,9 @@ def _own(module: nn.Module) -> list[tuple[str, str, torch.Tensor]]:
 def full_copy(module: nn.Module) -> nn.Module:
     """A shallow copy of `module` whose own parameters and buffers are new full-size fp32/own-dtype
     CPU tensors (children are shared, not copied: the initializer only touches the module's own)."""
-    clone = copy.copy(module)
+    # Not copy.copy: FSDP2's unit classes (FSDPEmbedding, ...) construct themselves again in __new__.
+    clone = object.__new__(type(module))
+    clone.__dict__ = dict(module.__dict__)
     clone._parameters = {n: None for n, p in module._parameters.items() if p is None}  # bias=None stays None
     clone._buffers = {n: None for n, b in module._buffers.items() if b is None}
     for kind, name, t in _own(module):
@@ -106,19 +110,34 @@ def full_copy(module: nn.Module) -> nn.Module:
     return clone
 
 
+Partition = Callable[[nn.Module, list[nn.Parameter]], None]
+"""(module, its own parameters, just initialised) -> hands them to an engine that keeps only this
+rank's part (DeepSpeed ZeRO-3); called module by module, children before their parent."""
+
+
 @torch.no_grad()
-def materialize(model: nn.Module, device: torch.device | str, initializer: Initializer | WholeModelInit | None, *, seed: int) -> None:
+def materialize(model: nn.Module, device: torch.device | str, initializer: Initializer | WholeModelInit | None, *, seed: int,
+                partition: Partition | None = None) -> None:
     """Give `model` (built on meta, possibly sharded by FSDP2) storage on `device` and initialise it.
 
     `initializer` None: storage only (a resumed run: the checkpoint overwrites every tensor).
-    Buffers that already have storage (computed when the model was built) keep their values."""
+    Buffers that already have storage (computed when the model was built) keep their values.
+    `partition`: storage is given one module at a time (children first) and each module's own
+    parameters are handed to it as soon as they hold their initial weights, so that a rank never
+    holds more than one module's full tensors (DeepSpeed ZeRO-3); otherwise the whole model gets its
+    storage first (its parameters are already this rank's shards, or the model is kept whole)."""
     kept = {name: b.detach().clone() for name, b in model.named_buffers() if not _local(b).is_meta}
-    model.to_empty(device=device)
-    with torch.no_grad():
+    if partition is not None and isinstance(initializer, WholeModelInit):
+        raise ValueError("a model-level init_weights() needs the whole model: materialize without partition")
+    modules = list(model.named_modules())
+    if partition is None:
+        ties = _shared_parameters(model)
+        model.to_empty(device=device)
+        _retie(ties)
         for name, value in kept.items():
             model.get_buffer(name).copy_(value)
-    if initializer is None:
-        return
+    else:
+        modules.reverse()  # the reverse of pre-order visits every module's children before it
     if isinstance(initializer, WholeModelInit):
         for name, p in model.named_parameters():
             if _local(p).is_floating_point():
@@ -129,23 +148,91 @@ def materialize(model: nn.Module, device: torch.device | str, initializer: Initi
         for name, p in model.named_parameters():
             _check_initialised(name, _local(p), type(model))
         return
-    done: set[int] = set()
+    # Who initialises each tensor: the first module that holds it in pre-order (a tied weight: the
+    # first of its modules), whatever order storage is given in, so that the weights are the same.
+    owner: dict[int, tuple[str, nn.Module, str, str]] = {}
     for fqn, module in model.named_modules():
+        for kind, name, t in _own(module):
+            owner.setdefault(id(t), (fqn, module, kind, name))
+    done: set[int] = set()
+    stored: dict[int, torch.Tensor] = {}
+    for fqn, module in modules:
+        owners = {(k, n): owner[id(t)] for k, n, t in _own(module)}
+        if partition is not None:
+            _own_storage(module, device, stored)
         own = [(k, n, t) for k, n, t in _own(module) if id(t) not in done and not (k == "buffer" and n in _short(kept, fqn))]
         if not own:
             continue
-        clone = full_copy(module)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(module_seed(seed, fqn))
-            initializer(clean_name(fqn), clone)
-        for kind, name, t in own:
-            done.add(id(t))
-            full = (clone._parameters if kind == "param" else clone._buffers)[name]
-            if kind == "param":
-                _check_initialised(f"{clean_name(fqn)}.{name}" if fqn else name, full, type(module))
-            where = local_slice(t)
-            part = full if where is None else full[where]
-            _local(t).copy_(part.to(dtype=t.dtype))
+        if initializer is not None:
+            for (ofqn, omodule), tensors in _by_owner(own, owners).items():
+                _initialise(omodule, ofqn, tensors, initializer, seed)
+        done.update(id(t) for _, _, t in own)
+        if partition is not None:
+            params = [t for k, _, t in own if k == "param"]
+            if params:
+                partition(module, params)
+
+
+def _shared_parameters(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """(module, name) of each parameter held by more than one module (tied weights), grouped."""
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                holders.setdefault(id(p), []).append((module, name))
+    return [group for group in holders.values() if len(group) > 1]
+
+
+def _retie(ties: list[list[tuple[nn.Module, str]]]) -> None:
+    """`Module.to_empty` gives each holder of a tied weight a parameter of its own (FSDP2 keeps them one):
+    the first holder's is put back in the others, so that the model trains with its weights tied."""
+    for (first, first_name), *others in ties:
+        param = first._parameters[first_name]
+        for module, name in others:
+            module._parameters[name] = param
+
+
+def _by_owner(own: list, owners: dict) -> dict:
+    """`own` ((kind, name, tensor) of one module) grouped by the module that initialises each, with
+    each tensor's name in that module."""
+    groups: dict = {}
+    for kind, name, t in own:
+        ofqn, omodule, okind, oname = owners[(kind, name)]
+        groups.setdefault((ofqn, omodule), []).append((okind, oname, t))
+    return groups
+
+
+def _own_storage(module: nn.Module, device, stored: dict[int, torch.Tensor]) -> None:
+    """Storage on `device` for the meta tensors `module` holds itself (not its children's); a buffer
+    computed when the model was built keeps its values. `stored` maps each meta tensor replaced so far
+    to its replacement, so that a parameter shared by two modules (tied weights) stays one parameter."""
+    for kind, name, t in _own(module):
+        if not t.is_meta:
+            if kind == "buffer" and t.device != torch.device(device):
+                module._buffers[name] = t.to(device)  # built with its values on another device
+            continue
+        new = stored.get(id(t))
+        if new is None:
+            empty = torch.empty_like(t, device=device)
+            new = nn.Parameter(empty, requires_grad=t.requires_grad) if kind == "param" else empty
+            stored[id(t)] = new
+        (module._parameters if kind == "param" else module._buffers)[name] = new
+
+
+def _initialise(module: nn.Module, fqn: str, own: list, initializer: Initializer, seed: int) -> None:
+    """The model's rule on a full-size CPU copy of `module`'s own tensors under the module's seed;
+    each tensor then takes its slice of that copy (a DTensor: its local shard; else all of it)."""
+    clone = full_copy(module)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(module_seed(seed, fqn))
+        initializer(clean_name(fqn), clone)
+    for kind, name, t in own:
+        full = (clone._parameters if kind == "param" else clone._buffers)[name]
+        if kind == "param":
+            _check_initialised(f"{clean_name(fqn)}.{name}" if fqn else name, full, type(module))
+        where = local_slice(t)
+        part = full if where is None else full[where]
+        _local(t).copy_(part.to(dtype=t.dtype))
 
 
 def _short(kept: dict, fqn: str) -> set[str]:
@@ -191,8 +278,13 @@ class Pending:
         """None: storage only (a resumed run: the checkpoint sets every tensor)."""
         self.seed = seed
 
-    def __call__(self, model: nn.Module, device: torch.device | str) -> None:
-        materialize(model, device, self.initializer, seed=self.seed)
+    def __call__(self, model: nn.Module, device: torch.device | str, *, partition: Partition | None = None) -> None:
+        materialize(model, device, self.initializer, seed=self.seed, partition=partition)
+
+    @property
+    def whole_model_init(self) -> bool:
+        """The model initialises itself as a whole (a py: model's init_weights()): it needs all of it at once."""
+        return isinstance(self.initializer, WholeModelInit)
 
 
 def needs_weights_before_precision(plan) -> bool:

@@ -44,3 +44,35 @@ def test_gathered_initial_weights_are_equal_at_world_1_and_2_for_fsdp2_and_ddp(t
     assert one["layers.1.attention.wo.weight"].std().item() == pytest.approx(0.02 / (2 * 4) ** 0.5, rel=0.05)
     assert torch.equal(one["norm.weight"], torch.ones(256))
     assert not torch.equal(one["layers.0.attention.wq.weight"], one["layers.1.attention.wq.weight"])
+
+
+def test_deepspeed_zero3_at_world_2_starts_from_the_same_weights_in_its_dtype(tmp_path):
+    """ZeRO-3 partitions each module as soon as it is initialised (no rank holds the whole model): gathered,
+    its bf16 parameters are FSDP2's world-1 fp32 weights rounded to bf16, bit for bit."""
+    pytest.importorskip("deepspeed")
+    one = initial_weights(tmp_path, "w1", 1, **{"distributed.strategy": "fsdp2"})
+    zero3 = initial_weights(tmp_path, "z3", 2, **{"distributed.strategy": "deepspeed", "distributed.deepspeed.zero_stage": 3})
+    assert set(zero3) == set(one)
+    for name in one:
+        assert torch.equal(zero3[name], one[name].to(torch.bfloat16).float()), name
+    assert not torch.equal(zero3["layers.0.attention.wq.weight"], one["layers.0.attention.wq.weight"])  # really bf16
+
+
+def test_hf_weights_at_world_2_are_the_saved_weights(tmp_path):
+    """An HF folder with weights: every rank builds on meta and reads each module's tensors as its turn comes, keeping
+    its shard (FSDP2) or its partition (ZeRO-3): gathered, the saved weights, bit for bit (ZeRO-3: in bf16)."""
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=96, tie_word_embeddings=True)
+    torch.manual_seed(5)
+    saved_model = transformers.AutoModelForCausalLM.from_config(config)
+    saved_model.save_pretrained(tmp_path / "hf", max_shard_size="50KB")
+    saved = {k: v.detach().clone() for k, v in saved_model.state_dict().items()}
+    model = {"train.model": f"hf:{tmp_path / 'hf'}"}
+    fsdp2 = initial_weights(tmp_path, "hf-fsdp2", 2, **model, **{"distributed.strategy": "fsdp2"})
+    zero3 = initial_weights(tmp_path, "hf-z3", 2, **model, **{"distributed.strategy": "deepspeed", "distributed.deepspeed.zero_stage": 3})
+    assert set(fsdp2) == set(saved)
+    for name, value in saved.items():
+        assert torch.equal(fsdp2[name], value), name
+        assert torch.equal(zero3[name], value.to(torch.bfloat16).float()), name

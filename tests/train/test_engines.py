@@ -4,6 +4,7 @@ process (a gloo world of one). The multi-process runs are in tests/e2e."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,17 +66,68 @@ def test_fsdp2_shards_blocks_then_root_as_fsdp2_json_says(world, tmp_path):
     blocks = transformer_blocks(model)
     assert all(isinstance(b, FSDPModule) for b in blocks) and isinstance(engine.model, FSDPModule)
     assert all(isinstance(p, DTensor) for p in model.parameters())
+    # the embedding a unit of its own, the final norm and the head one more, kept gathered after forward
+    units = {name: m._get_fsdp_state() for name, m in model.named_modules() if isinstance(m, FSDPModule)}
+    assert set(units) == {"", "tok_embeddings", "norm", "output", "layers.0", "layers.1"}
+    assert units["norm"] is units["output"] and len({id(u) for u in units.values()}) == 5
+    groups = {name: u._fsdp_param_group for name, u in units.items()}
+    assert groups[""] is None  # the root holds no parameter of its own any more
+    assert groups["output"].post_forward_mesh_info is None and groups["tok_embeddings"].post_forward_mesh_info is None
     policy = blocks[0]._get_fsdp_state()._fsdp_param_group.mp_policy
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
     loss, norm = _one_step(engine, token_batches(1)[0])
     assert 7 < loss < 8.5 and isinstance(norm, torch.Tensor) and not isinstance(norm, DTensor)
 
 
+def test_fsdp2_follows_the_units_fsdp2_json_lists(world, tmp_path):
+    """A plan written before the embedding and the head were units of their own keeps its two; a model whose
+    embedding is tied to its head keeps both in the root (one parameter lives in one unit)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from launcher.train.models import edge_units
+
+    plan, plan_dir = make_plan(tmp_path, distributed__strategy="fsdp2", precision__mode="bf16")
+    config = json.loads((Path(plan_dir) / "fsdp2.json").read_text())
+    assert config["units"] == ["embedding", "transformer_block", "output", "root"]
+    config["units"] = ["transformer_block", "root"]
+    (Path(plan_dir) / "fsdp2.json").write_text(json.dumps(config))
+    model = tiny_model()
+    engine = wrap(model, plan, apply_precision(model, plan, CPU.device), plan_dir, env=CPU, blocks=prepare_blocks(model, plan))
+    assert not isinstance(model.tok_embeddings, FSDPModule) and not isinstance(model.output, FSDPModule)
+    assert engine.model._get_fsdp_state()._fsdp_param_group is not None  # embedding, norm and head in the root
+    tied = tiny_model()
+    tied.output.weight = tied.tok_embeddings.weight
+    assert edge_units(tied) == (None, [])
+    assert edge_units(tiny_model())[1][1].out_features == 2048
+
+
+def test_fsdp2_initialises_a_meta_model_unit_by_unit_as_materialising_it_whole_does(world, tmp_path):
+    """The entrypoint's path (build on meta, fully_shard, then storage and weights) with the embedding and the head
+    as FSDP2 units of their own (their classes cannot be copied the usual way): the weights of a whole materialisation."""
+    from launcher.train.materialize import Pending
+    from launcher.train.models import build_for_run
+
+    plan, plan_dir = make_plan(tmp_path, distributed__strategy="fsdp2", precision__mode="bf16")
+    whole, init = build_for_run("builtin:llama-debug?layers=2", ".")
+    Pending(init, seed=plan.train.seed)(whole, "cpu")
+    model, init = build_for_run("builtin:llama-debug?layers=2", ".")
+    precision = apply_precision(model, plan, CPU.device)
+    engine = wrap(model, plan, precision, plan_dir, env=CPU, blocks=prepare_blocks(model, plan, precision),
+                  pending=Pending(init, seed=plan.train.seed))
+    from torch.distributed.fsdp import FSDPModule
+
+    assert isinstance(model.tok_embeddings, FSDPModule) and isinstance(model.output, FSDPModule)
+    for name, p in whole.state_dict().items():
+        assert torch.equal(model.state_dict()[name].full_tensor(), p), name
+    loss, _ = _one_step(engine, token_batches(1, vocab=model.vocab_size)[0])
+    assert 6 < loss < 10
+
+
 def test_fsdp2_cpu_offload_runs_on_a_cpu_machine(world, tmp_path):
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     plan, model, engine = _wrapped(tmp_path, distributed__strategy="fsdp2", precision__mode="bf16", distributed__fsdp2__cpu_offload=True)
-    policy = engine.model._get_fsdp_state()._fsdp_param_group.offload_policy
+    policy = engine.module.tok_embeddings._get_fsdp_state()._fsdp_param_group.offload_policy
     assert isinstance(policy, CPUOffloadPolicy) and policy.pin_memory is False  # pinning needs an accelerator
     loss, _ = _one_step(engine, token_batches(1)[0])
     assert 7 < loss < 8.5
@@ -128,6 +180,45 @@ def test_deepspeed_zero2_trains_with_sgd(world, tmp_path):
     engine.backward(cross_entropy(engine.forward(batch[:, :-1]), batch[:, 1:]), True)
     engine.step()
     assert not torch.equal(engine.module.output.weight, before)
+
+
+def test_deepspeed_zero3_gets_a_meta_model_partitioned_module_by_module_before_initialize(world, tmp_path, monkeypatch):
+    """ZeRO-3 with a meta-built model: every parameter is already a ZeRO-3 parameter in the config's dtype
+    when deepspeed.initialize sees the model (nothing was materialised whole), holding the model's own
+    initial weights; it trains. World 2 (weights equal to FSDP2's at world 1): tests/e2e/test_meta_init.py."""
+    import deepspeed
+
+    from launcher.train.materialize import Pending
+    from launcher.train.models import build_for_run
+
+    plan, plan_dir = make_plan(tmp_path, distributed__strategy="deepspeed", distributed__deepspeed__zero_stage=3,
+                               precision__mode="bf16")
+    reference, init = build_for_run("builtin:llama-debug?layers=1", ".")
+    Pending(init, seed=plan.train.seed)(reference, "cpu")
+    model, init = build_for_run("builtin:llama-debug?layers=1", ".")
+    seen = []
+    real = deepspeed.initialize
+
+    def initialize(**kw):
+        seen.append({(hasattr(q, "ds_id"), q.dtype) for q in kw["model"].parameters()})
+        return real(**kw)
+
+    monkeypatch.setattr(deepspeed, "initialize", initialize)
+    precision = apply_precision(model, plan, CPU.device)
+    engine = wrap(model, plan, precision, plan_dir, env=CPU, blocks=prepare_blocks(model, plan),
+                  pending=Pending(init, seed=plan.train.seed))
+    assert seen == [{(True, torch.bfloat16)}]
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        got = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    assert got.keys() == reference.state_dict().keys()
+    for k, v in reference.state_dict().items():
+        assert torch.equal(got[k], v.to(torch.bfloat16)), k
+    batch = token_batches(1, vocab=model.vocab_size)[0]
+    before = got["output.weight"]
+    loss, _ = _one_step(engine, batch)
+    assert 6 < loss < 10  # ~ln(vocab) at init: the builtin init, not garbage
+    with deepspeed.zero.GatheredParameters([model.output.weight]):
+        assert not torch.equal(model.output.weight.detach(), before)
 
 
 @pytest.mark.parametrize("mode, wrapped", [("none", []), ("full", [0, 1, 2, 3]), ("selective", [0, 2])])

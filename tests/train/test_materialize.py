@@ -119,11 +119,23 @@ def test_the_entrypoint_skips_initialisation_when_it_resumes(tmp_path, monkeypat
         distributed.destroy()  # build_run joined a process group of one: leave it for the next test
 
 
-def _tiny_hf(tmp_path):
+def _tiny_hf(tmp_path, tied: bool = False):
     transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, vocab_size=96, tie_word_embeddings=False,
+                             num_key_value_heads=2, vocab_size=96, tie_word_embeddings=tied,
                              initializer_range=0.05).save_pretrained(tmp_path / "tiny")
     return f"hf:{tmp_path / 'tiny'}"
+
+
+@pytest.mark.parametrize("partitioned", [False, True], ids=["whole", "partitioned"])
+def test_hf_tied_embeddings_stay_tied_through_meta_initialisation(tmp_path, partitioned):
+    """tie_word_embeddings (Llama-3.2-1B/3B, Gemma, GPT-2): one parameter for the embedding and the head, as an
+    eager build has, not a second head trained on its own."""
+    model, init = build_for_run(_tiny_hf(tmp_path, tied=True), ".")
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    mat.materialize(model, "cpu", init, seed=0, partition=(lambda m, ps: None) if partitioned else None)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in build_model(_tiny_hf(tmp_path, tied=True), ".").parameters())
+    assert model.model.embed_tokens.weight.std().item() == pytest.approx(0.05, rel=0.05)
 
 
 def test_hf_config_is_built_on_meta_and_initialised_by_its_own_init_weights(tmp_path):
@@ -139,6 +151,63 @@ def test_hf_config_is_built_on_meta_and_initialised_by_its_own_init_weights(tmp_
     assert torch.equal(model.model.norm.weight, torch.ones(64))
     logits = model(torch.randint(0, 96, (2, 9))).logits
     assert torch.isfinite(logits).all()
+
+
+def _saved_hf(tmp_path, *, tied: bool = True, shard: str | None = "20KB"):
+    """A tiny HF Llama saved with its weights (sharded safetensors by default) and its state_dict."""
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=96, tie_word_embeddings=tied, initializer_range=0.05)
+    torch.manual_seed(11)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    folder = tmp_path / "saved"
+    model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
+    return folder, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("partitioned", [False, True], ids=["whole", "partitioned"])
+def test_hf_weights_are_read_module_by_module_into_a_meta_model(tmp_path, partitioned):
+    """A folder with (sharded) safetensors: built from its config on meta; each module's tensors read from the files
+    when its turn comes: the model equals from_pretrained's, its tied head included, whatever the seed."""
+    from launcher.train.models.hf_weights import CheckpointInit
+
+    folder, saved = _saved_hf(tmp_path)
+    assert len(list(folder.glob("model-*.safetensors"))) > 3  # really sharded, with an index
+    model, init = build_for_run(f"hf:{folder}", ".")
+    assert isinstance(init, CheckpointInit) and init.notes == [] and all(p.is_meta for p in model.parameters())
+    read = []
+    real_get = init.reader.get
+    init.reader.get = lambda name: read.append(name) or real_get(name)
+    mat.materialize(model, "cpu", init, seed=123, partition=(lambda m, ps: None) if partitioned else None)
+    assert sorted(read) == sorted(k for k in saved if k != "lm_head.weight")  # each tensor once; the tied head is the embedding
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    eager = build_model(f"hf:{folder}", ".")  # from_pretrained
+    for k, v in eager.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+        if k in saved:
+            assert torch.equal(v, saved[k]), k
+
+
+def test_hf_pytorch_bin_weights_missing_and_unused_tensors(tmp_path):
+    """pytorch_model.bin (memory-mapped); a parameter the file lacks starts from the model's own init and is named,
+    as is a tensor the model has no place for; a tensor of the wrong shape stops the run naming it."""
+    from launcher.train.factory import InputError
+
+    folder, saved = _saved_hf(tmp_path, tied=False, shard=None)
+    (folder / "model.safetensors").unlink()
+    partial = {k: v for k, v in saved.items() if k != "lm_head.weight"} | {"extra.weight": torch.ones(3)}
+    torch.save(partial, folder / "pytorch_model.bin")
+    model, init = build_for_run(f"hf:{folder}", ".")
+    assert init.notes == [f"train.model: 1 parameter(s) are not in {folder} and start from the model's own init: lm_head.weight",
+                          f"train.model: 1 tensor(s) of {folder} belong to no parameter of the model and are not used: extra.weight"]
+    mat.materialize(model, "cpu", init, seed=0)
+    assert torch.equal(model.model.embed_tokens.weight, saved["model.embed_tokens.weight"])
+    head = model.lm_head.weight
+    assert not torch.equal(head, saved["lm_head.weight"]) and head.std().item() == pytest.approx(0.05, rel=0.1)  # _init_weights
+    torch.save({**partial, "model.norm.weight": torch.ones(65)}, folder / "pytorch_model.bin")
+    model, init = build_for_run(f"hf:{folder}", ".")
+    with pytest.raises(InputError, match=r"model.norm.weight in .* has shape \(65,\), the model built from its config.json "
+                                         r"expects \(64,\); fix: use the config.json saved with these weights"):
+        mat.materialize(model, "cpu", init, seed=0)
 
 
 USER = """
@@ -218,3 +287,58 @@ def test_a_model_level_init_weights_is_called_once_after_materialising():
         model = WithInit()
     mat.materialize(model, "cpu", user_initializer(model), seed=0)
     assert model.calls == 1 and torch.equal(model.a.weight, torch.full((4, 4), 2.0))
+
+
+def test_partitioned_materialisation_gives_each_module_storage_only_when_its_turn_comes():
+    """DeepSpeed ZeRO-3's path: module by module, children first, each module's own parameters handed on
+    as soon as they hold their weights (while the modules not reached yet have no storage), each exactly
+    once, with the same weights as materialising the whole model."""
+    whole, init = build_for_run("builtin:llama-debug?layers=2", ".")
+    mat.materialize(whole, "cpu", init, seed=5)
+    model, init2 = build_for_run("builtin:llama-debug?layers=2", ".")
+    order, handed, holding = [], [], []
+
+    def partition(module, params):
+        order.append(module)
+        handed.extend(params)
+        assert all(not p.is_meta and not torch.isnan(p).any() for p in params)  # initialised when handed on
+        holding.append(sum(p.numel() for p in model.parameters() if not p.is_meta))
+        for p in params:  # what ZeRO-3 does: keep a part, free the rest
+            p.data = p.data.flatten()[:1].clone()
+
+    mat.materialize(model, "cpu", init2, seed=5, partition=partition)
+    names = {m: n for n, m in model.named_modules()}
+    for i, m in enumerate(order):  # a module is handed on after all of its children
+        assert all(c in order[:i] for c in m.modules() if c is not m and any(True for _ in c.parameters(recurse=False)))
+    assert len(handed) == len({id(p) for p in handed}) == len(list(model.parameters()))
+    total = sum(p.numel() for p in whole.parameters())
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in whole.modules())
+    assert max(holding) <= largest + len(handed)  # never more than one module's full tensors (+ the kept 1-element parts)
+    assert max(holding) < total / 4
+    model2, init3 = build_for_run("builtin:llama-debug?layers=2", ".")
+    mat.materialize(model2, "cpu", init3, seed=5, partition=lambda m, ps: None)  # keep everything: compare the weights
+    assert _state(model2).keys() == _state(whole).keys()
+    for k, v in _state(model2).items():
+        assert torch.equal(v, _state(whole)[k]), k
+    assert (names[order[0]], names[order[-1]]) == ("output", "tok_embeddings")  # the model's order, reversed
+
+
+def test_a_tied_weight_stays_one_parameter_initialised_by_its_first_owner_whole_or_partitioned():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(16, 8)
+            self.head = nn.Linear(8, 16, bias=False)
+            self.head.weight = self.embed.weight
+
+    with torch.device("meta"):
+        whole, parted = Tied(), Tied()
+    rule = mat.reset_parameters_initializer
+    mat.materialize(whole, "cpu", rule, seed=1)
+    assert whole.head.weight is whole.embed.weight and len(list(whole.parameters())) == 1  # to_empty alone unties them
+    handed = []
+    mat.materialize(parted, "cpu", rule, seed=1, partition=lambda m, ps: handed.extend(ps))
+    assert parted.head.weight is parted.embed.weight and len(handed) == 1
+    # nn.Embedding's rule (N(0, 1)), the first owner in the model's order, as without partitioning
+    assert torch.equal(parted.embed.weight, whole.embed.weight)
+    assert parted.embed.weight.std().item() > 0.5  # not nn.Linear's kaiming-uniform (std ~0.2 for 8 inputs)

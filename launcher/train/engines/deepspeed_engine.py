@@ -79,18 +79,50 @@ def import_deepspeed(device: torch.device, msamp: bool):
     return deepspeed
 
 
+def param_dtype(config: dict) -> torch.dtype:
+    """The dtype DeepSpeed keeps a model's parameters in under `config` (its optimizer keeps fp32 masters)."""
+    if config.get("bf16", {}).get("enabled"):
+        return torch.bfloat16
+    if config.get("fp16", {}).get("enabled"):
+        return torch.float16
+    return torch.float32
+
+
+def zero3_partition(deepspeed, config: dict):
+    """A materialize.Partition for ZeRO-3: each module's parameters, as soon as they hold their initial
+    weights, become ZeRO-3 parameters in the config's dtype, partitioned over the ranks (what building
+    under `deepspeed.zero.Init` does, with weights that do not depend on the world size), so a rank never
+    holds more than one module's full tensors. deepspeed.initialize then finds a ZeRO-3 model ready."""
+    dtype = param_dtype(config)
+    converted: list[nn.Parameter] = []
+
+    def partition(module: nn.Module, params: list[nn.Parameter]) -> None:
+        for q in params:
+            if q.is_floating_point() and q.dtype != dtype:
+                q.data = q.data.to(dtype)
+        if not converted:  # the first: deepspeed.zero.Init with the run's config (offload_param, process group)
+            deepspeed.zero.Init(module=module, config_dict_or_path=config)
+        else:  # the others join it, as DeepSpeed's own _convert_to_zero_parameters does
+            converted[0].convert_to_zero_parameters(param_list=params)
+        converted.extend(params[:1])
+
+    return partition
+
+
 def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: dict, *, env: DistEnv,
                    pending: Pending | None = None) -> DeepSpeedEngine:
-    """`pending` (a meta-built model): it gets its storage and weights on the device, whole, before
-    deepspeed.initialize (ZeRO-0/1/2 keep whole parameters on every rank anyway). ZeRO-3 therefore
-    still holds the whole fp32 model on every rank for a moment: building under deepspeed.zero.Init
-    is not done yet (it hung on CPU/gloo here; see the memory estimate's initialisation peak)."""
+    """`pending` (a meta-built model) gets its storage and weights on the device before
+    deepspeed.initialize: under ZeRO-3 one module at a time, each partitioned as soon as it is
+    initialised (`zero3_partition`); under ZeRO-0/1/2, which keep whole parameters on every rank
+    anyway, whole. A model that initialises itself as a whole (a py: model's init_weights()) is
+    materialised whole under ZeRO-3 too, and partitioned by deepspeed.initialize."""
     p = plan.precision
     msamp = p.fp8 and p.backend == "msamp"
     deepspeed = import_deepspeed(env.device, msamp)
     deepspeed.init_distributed(dist_backend=env.backend)
     if pending is not None:
-        pending(model, env.device)
+        zero3 = plan.distributed.deepspeed.zero_stage == 3 and not pending.whole_model_init
+        pending(model, env.device, partition=zero3_partition(deepspeed, config) if zero3 else None)
     # MS-AMP O3 builds its FP8 ZeRO optimizer from deepspeed.json's "optimizer" section.
     optimizer = None if "optimizer" in config else build_optimizer(model.parameters(), plan.train)
     engine, ds_optimizer, _, scheduler = deepspeed.initialize(

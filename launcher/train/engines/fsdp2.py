@@ -1,4 +1,5 @@
-"""FSDP2 (`torch.distributed.fsdp.fully_shard`): one unit per transformer block, then the root,
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`): the token embedding, one unit per transformer
+block, the final norm with the output head, then the root (the units fsdp2.json lists),
 configured from the generated fsdp2.json (mesh, MixedPrecisionPolicy, CPUOffloadPolicy,
 reshard_after_forward). The optimizer is built on the sharded (DTensor) parameters."""
 
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 
 from launcher.errors import LauncherError
-from launcher.train.models import transformer_blocks
+from launcher.train.models import edge_units, transformer_blocks
 from launcher.train.optim import build_optimizer, build_scheduler
 
 from . import Engine
@@ -89,9 +90,17 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
         mesh = mesh["dp_shard"]
     blocks = transformer_blocks(model) if blocks is None else blocks
     reshard = bool(config["reshard_after_forward"])
+    # The units fsdp2.json lists; a plan written before "embedding" and "output" were units keeps its two.
+    units = config.get("units", ["transformer_block", "root"])
+    embedding, head = edge_units(model) if {"embedding", "output"} & set(units) else (None, [])
+    if embedding is not None and "embedding" in units:
+        fully_shard(embedding, mesh=mesh, reshard_after_forward=reshard, **kwargs)
     for i, block in enumerate(blocks):
         # The last block's parameters are all-gathered again at once by backward: keep them (torchtitan).
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard and i < len(blocks) - 1, **kwargs)
+    if head and "output" in units:
+        # The final norm and the head: backward needs them first, right after forward: kept gathered (torchtitan).
+        fully_shard(head, mesh=mesh, reshard_after_forward=False, **kwargs)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **kwargs)
     if pending is not None:  # meta-built: each rank allocates and initialises only its shards
         pending(model, torch.device("cpu") if config["cpu_offload"] else env.device)

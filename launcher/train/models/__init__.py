@@ -13,8 +13,9 @@ The training entrypoint builds through `build_for_run` instead: on the meta devi
 storage), with the rule that initialises it later, rank by rank (launcher/train/materialize.py):
 
     builtin   built on meta; `Llama.init_module` per module
-    hf:PATH   a config alone: built from the config on meta; the model's own `_init_weights`
-              per module. A folder with weights loads them as before (every rank reads all).
+    hf:PATH   built from its config on meta; a folder with weights: each module's tensors read from
+              the files when its turn comes (hf_weights.CheckpointInit; what the files lack: the
+              model's `_init_weights`); a config alone: the model's own `_init_weights` per module.
     py:       the factory is called under torch.device("meta"); the model's `init_weights()`
               when it has one (called once on the sharded model), else each module's
               `reset_parameters()` per module. A factory that loads its own weights opts out
@@ -44,7 +45,7 @@ of the model in host memory per process before sharding (what meta-device init a
 def build_for_run(spec: str, spec_dir: str):
     """(model, initializer) for the training entrypoint: the model on the meta device and the
     launcher.train.materialize Initializer that sets its weights later, or (model, None) for a
-    model built with its weights (hf: with weights, a py: factory that opted out)."""
+    model built with its weights (a py: factory that opted out)."""
     import torch
 
     from . import materialize_rules as rules
@@ -56,10 +57,15 @@ def build_for_run(spec: str, spec_dir: str):
             model = build_llama(spec)
         return model, model.init_module
     if spec.startswith("hf:"):
-        from .hf import build_hf
+        from .hf import build_hf, locate
 
         model = build_hf(spec[3:], spec_dir, meta=True)
-        return model, (rules.hf_initializer(model) if rules.is_meta_model(model) else None)
+        weights = locate(spec[3:], spec_dir)[2]
+        if weights is None:
+            return model, rules.hf_initializer(model)
+        from .hf_weights import CheckpointInit, CheckpointReader
+
+        return model, CheckpointInit(CheckpointReader(weights), model, fallback=rules.hf_initializer(model))
     if spec.startswith("py:"):
         from launcher.train.factory import import_factory
 
@@ -114,6 +120,30 @@ def logits_of(output):
     """The logits tensor of a model's output: the output itself, or its `.logits` (Hugging Face)."""
     logits = getattr(output, "logits", None)
     return output if logits is None else logits
+
+
+def edge_units(model: "nn.Module") -> tuple["nn.Module | None", list["nn.Module"]]:
+    """(the token embedding, [the final norm, the output head]) that FSDP2 shards as units of their
+    own (torchtitan), so that neither is gathered for the whole step with the root. builtin:
+    tok_embeddings, norm, output; Hugging Face models: get_input_embeddings(), their base model's
+    `norm`, get_output_embeddings(). (None, []) for a model that names neither, or that ties the
+    embedding to the head (a shared parameter lives in one unit: the root's)."""
+    from torch import nn
+
+    embedding, head = getattr(model, "tok_embeddings", None), [getattr(model, "norm", None), getattr(model, "output", None)]
+    if not isinstance(embedding, nn.Module) and callable(getattr(model, "get_input_embeddings", None)):
+        try:
+            embedding, output = model.get_input_embeddings(), model.get_output_embeddings()
+        except (NotImplementedError, AttributeError):
+            return None, []
+        base = getattr(model, getattr(model, "base_model_prefix", "") or "", None)
+        head = [getattr(base, "norm", None), output]
+    head = [m for m in head if isinstance(m, nn.Module) and any(True for _ in m.parameters())]
+    if not isinstance(embedding, nn.Module) or not head:
+        return None, []
+    if {id(q) for q in embedding.parameters()} & {id(q) for m in head for q in m.parameters()}:
+        return None, []
+    return embedding, head
 
 
 def transformer_blocks(model: "nn.Module") -> list["nn.Module"]:

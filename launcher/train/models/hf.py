@@ -3,6 +3,8 @@
 Nothing is ever downloaded. A folder with weights is loaded with
 `from_pretrained(local_files_only=True)`; a config alone (a folder without weights, or a
 config.json file) is built with random init by `from_config`, seeded by the caller. The
+training entrypoint builds either from its config on the meta device and reads the weights one
+module at a time later (hf_weights.py). The
 model keeps its Hugging Face module names (so `precision.keep` globs read like the
 model's own code) and returns its usual output object; `logits_of` takes the logits out.
 """
@@ -37,24 +39,30 @@ def _dtype_kwargs(transformers) -> dict:
     return {"dtype": torch.float32} if (major, minor) >= (4, 56) else {"torch_dtype": torch.float32}
 
 
-def build_hf(path: str, spec_dir: str, *, meta: bool = False) -> nn.Module:
-    """The causal LM at local `path` (folder or config.json), in fp32 on the CPU, in train mode.
-    `meta`: a model built from a config alone is built on the meta device (no storage; its
-    `_init_weights` initialises it later); a folder with weights still loads them."""
+def locate(path: str, spec_dir: str) -> tuple[str, str, str | None]:
+    """(what `path` names, its config.json, the folder of its weights or None: a config alone)."""
     found = resolve_path(path, spec_dir, KEY)
     folder, config_file = (found, os.path.join(found, "config.json")) if os.path.isdir(found) else (os.path.dirname(found), found)
     if not os.path.isfile(config_file):
         raise InputError(
             KEY, f"'{found}' has no config.json", "point hf: at a Hugging Face model folder (with config.json) or at a config.json file"
         )
-    transformers = _transformers()
     has_weights = os.path.isdir(found) and any(os.path.exists(os.path.join(folder, f)) for f in WEIGHT_FILES)
+    return found, config_file, folder if has_weights else None
+
+
+def build_hf(path: str, spec_dir: str, *, meta: bool = False) -> nn.Module:
+    """The causal LM at local `path` (folder or config.json), in fp32 on the CPU, in train mode.
+    `meta`: built from its config on the meta device (no storage), weights or not: its
+    `_init_weights` or its weights files (launcher.train.models.hf_weights) initialise it later."""
+    found, config_file, weights = locate(path, spec_dir)
+    transformers = _transformers()
     try:
         config = transformers.AutoConfig.from_pretrained(config_file, local_files_only=True)
         config.use_cache = False  # training: no key/value cache
-        if has_weights:
+        if weights and not meta:
             model = transformers.AutoModelForCausalLM.from_pretrained(
-                folder, config=config, local_files_only=True, **_dtype_kwargs(transformers)
+                weights, config=config, local_files_only=True, **_dtype_kwargs(transformers)
             )
         else:
             with torch.device("meta") if meta else contextlib.nullcontext():
