@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import textwrap
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +34,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _run_then_leave(rank: int, fn, *args) -> None:
+    """A spawned rank: `fn(rank, *args)`, then leave as the entrypoint does after a gloo run
+    (launcher/train/main.py run_process): gloo's worker threads outlive destroy_process_group, and
+    one releasing tensors while the interpreter finalizes aborts the process with SIGABRT
+    ("terminate called without an active exception") after the work passed. A failure still
+    raises, so spawn reports its traceback."""
+    fn(rank, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def spawn_ranks(fn, world_size: int, *args) -> None:
+    """`fn(rank, world_size, port, *args)` on `world_size` real processes joined by a free port."""
+    torch.multiprocessing.spawn(_run_then_leave, args=(fn, world_size, free_port(), *args), nprocs=world_size, join=True)
 
 
 @contextmanager

@@ -28,7 +28,7 @@ from launcher.train.models.llama import Llama, LlamaConfig
 from launcher.train.optim import build_scheduler
 from launcher.train.rng import rng_state, set_rng_state
 
-from ._engine_setup import free_port, gloo_world
+from ._engine_setup import gloo_world, spawn_ranks
 
 CFG = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, multiple_of=16)
 TRAIN = SimpleNamespace(lr=3e-3, weight_decay=0.1, warmup_steps=2, steps=8)
@@ -345,7 +345,7 @@ def test_fp8_extra_state_rides_in_the_rank_file_and_stays_out_of_the_weights(tmp
 # -- two real ranks ----------------------------------------------------------------------------
 
 def _spawn(fn, *args) -> None:
-    torch.multiprocessing.spawn(fn, args=(2, free_port(), *args), nprocs=2, join=True)
+    spawn_ranks(fn, 2, *args)
 
 
 def _fsdp2_float8_worker(rank: int, world_size: int, port: int, out: str) -> None:

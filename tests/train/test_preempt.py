@@ -22,7 +22,7 @@ from launcher.train.loop import Trainer, TrainState
 from launcher.train.metrics import MetricsLogger, Throughput
 from launcher.train.precision import apply_precision
 
-from ._engine_setup import CPU, free_port, make_plan, tiny_model, world_of_one
+from ._engine_setup import CPU, make_plan, spawn_ranks, tiny_model, world_of_one
 
 
 @pytest.fixture(autouse=True)
@@ -170,7 +170,7 @@ def _two_rank_worker(rank: int, world_size: int, port: int, folder: str) -> None
 @pytest.mark.slow
 def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
     """FSDP2 on two real ranks; only rank 1 gets the request (as when one node is preempted). ~6 s."""
-    torch.multiprocessing.spawn(_two_rank_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_two_rank_worker, 2, str(tmp_path))
     r0, r1 = (json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1))
     assert (r0["requested"], r1["requested"]) == (None, "SIGTERM")
     assert r0["step"] == r1["step"] == 3 and r0["outcome"] == r1["outcome"]

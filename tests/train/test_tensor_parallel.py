@@ -21,7 +21,7 @@ from launcher.errors import EnvironmentProblem, LauncherError
 from launcher.train.distributed import DistEnv, data_rank
 from launcher.train.tensor_parallel import _enable_async_tp, float8_tp, parallelize
 
-from ._engine_setup import free_port, gloo_world, tiny_model
+from ._engine_setup import gloo_world, spawn_ranks, tiny_model
 from ._precision import make_plan
 
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
@@ -104,7 +104,7 @@ def test_a_tp_group_reads_one_data_parallel_rank():
 # -- two real ranks ----------------------------------------------------------------------------
 
 def _spawn(fn, *args) -> None:
-    torch.multiprocessing.spawn(fn, args=(2, free_port(), *args), nprocs=2, join=True)
+    spawn_ranks(fn, 2, *args)
 
 
 def _loss_and_grads(model, tokens):
