@@ -141,6 +141,10 @@ def test_a_2d_checkpoint_loads_into_tp_alone(runs):
     got = losses(metrics(out))
     assert sorted(got) == list(range(11, STEPS + 1))
     assert all(math.isfinite(v) for v in got.values())
-    # the batch is data-parallel rank 0's half of the 2D run's, so the loss is close, not equal
-    assert got[11] == pytest.approx(ref[11], rel=0.05)
+    # The batch is data-parallel rank 0's half of the 2D run's, so the loss is close, not equal: one
+    # half-batch's loss differs from the two halves' mean by a few % (5.4% seen on an AVX2 machine).
+    # What shows the 2D shards were loaded and placed right is that it is near the trained loss and far
+    # from the initial one (a fresh or misplaced model is back near ref[1]).
+    assert got[11] == pytest.approx(ref[11], rel=0.10), (got, ref)
+    assert got[11] < 0.85 * ref[1] and abs(got[11] - ref[11]) < 0.25 * (ref[1] - ref[11]), (got, ref)
     assert "tensor parallel: mesh dp 1 x tp 2" in _stdout(runs, "2d-to-tp2")
