@@ -18,8 +18,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 test: setup
 	$(BIN)/python -m pytest -q
 
+# Two workers (pytest-xdist): the in-process tests are independent; measured 79-82 s vs 118-168 s serial on a 2-core AVX2 machine.
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" -n 2
 
 smoke: setup
 	$(BIN)/fp8launch run specs/cpu-smoke.toml
