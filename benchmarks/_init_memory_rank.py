@@ -65,4 +65,4 @@ with open(f"{out}.rank{record['rank']}", "w") as f:
     f.write(json.dumps(record) + "\n")
 distributed.barrier()
 distributed.destroy()
-os._exit(0)  # gloo threads (see launcher.train.main.run_process)
+distributed.exit_now(0)  # gloo threads (see launcher.train.distributed.exit_now)

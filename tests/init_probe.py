@@ -5,7 +5,6 @@
 Builds exactly as `python -m launcher.train` does (launcher.train.main.build_run: meta device,
 precision, blocks, engine, materialisation), then rank 0 saves {name: full fp32 tensor} (ZeRO-3: gathered)."""
 
-import os
 import sys
 
 import torch
@@ -29,8 +28,4 @@ if torch.distributed.get_rank() == 0:
     torch.save({k: v.detach().float().clone() for k, v in state.items()}, out)
 distributed.barrier()
 distributed.destroy()
-# As the entrypoint does after a gloo run (launcher/train/main.py run_process): gloo's worker threads outlive
-# destroy_process_group and one releasing tensors during interpreter finalization aborts the process (SIGABRT).
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
+distributed.exit_now(0)  # as the entrypoint leaves after a gloo run (gloo's threads abort a finalizing interpreter)

@@ -7,8 +7,11 @@ plain `python -m launcher.train`) this is a world of one on 127.0.0.1.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import time
+import typing
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -111,6 +114,19 @@ def destroy() -> None:
     """Leave the process group (safe to call when none was joined)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_now(code: int) -> typing.NoReturn:
+    """Leave the process with `code` without finalizing the interpreter, as every process that used a
+    gloo group must: gloo's worker threads outlive destroy_process_group (ProcessGroupGloo has no
+    shutdown), and one that releases the tensors of the last collective (a checkpoint's closing
+    broadcast, say) while the interpreter finalizes takes the GIL and aborts the process ("terminate
+    called without an active exception", SIGABRT), turning finished work into a failure. The caller
+    has closed what it wrote; logging and stdio are flushed here."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:

@@ -79,22 +79,14 @@ def _leave(distributed) -> None:
 
 
 def run_process(argv: list[str] | None = None) -> typing.NoReturn:
-    """`python -m launcher.train`: `main`, then exit with its code.
-
-    After a gloo run the process leaves without finalizing the interpreter: gloo's worker threads
-    outlive destroy_process_group (ProcessGroupGloo has no shutdown), and one that releases the
-    tensors of the last collective (a checkpoint's closing broadcast, say) while the interpreter
-    finalizes takes the GIL and aborts the process ("terminate called without an active
-    exception", SIGABRT), turning a finished run into a failed one. Everything this process
-    wrote is closed by then (metrics closed, checkpoint files fsynced); stdio and logging are flushed."""
+    """`python -m launcher.train`: `main`, then exit with its code; after a gloo run without
+    finalizing the interpreter (`distributed.exit_now`: gloo's threads abort it otherwise). Everything
+    this process wrote is closed by then (metrics closed, checkpoint files fsynced)."""
     code = main(argv)
     if _GLOO:
-        import logging
+        from launcher.train import distributed
 
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        distributed.exit_now(code)
     raise SystemExit(code)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import textwrap
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +14,7 @@ import torch.distributed as dist
 
 from launcher.output import write
 from launcher.pipeline import plan_one
-from launcher.train.distributed import DistEnv
+from launcher.train.distributed import DistEnv, exit_now
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
 
@@ -38,14 +37,10 @@ def free_port() -> int:
 
 def _run_then_leave(rank: int, fn, *args) -> None:
     """A spawned rank: `fn(rank, *args)`, then leave as the entrypoint does after a gloo run
-    (launcher/train/main.py run_process): gloo's worker threads outlive destroy_process_group, and
-    one releasing tensors while the interpreter finalizes aborts the process with SIGABRT
-    ("terminate called without an active exception") after the work passed. A failure still
-    raises, so spawn reports its traceback."""
+    (`launcher.train.distributed.exit_now`: gloo's threads abort a finalizing interpreter after the
+    work passed). A failure still raises, so spawn reports its traceback."""
     fn(rank, *args)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_now(0)
 
 
 def spawn_ranks(fn, world_size: int, *args) -> None:

@@ -344,10 +344,6 @@ def test_fp8_extra_state_rides_in_the_rank_file_and_stays_out_of_the_weights(tmp
 
 # -- two real ranks ----------------------------------------------------------------------------
 
-def _spawn(fn, *args) -> None:
-    spawn_ranks(fn, 2, *args)
-
-
 def _fsdp2_float8_worker(rank: int, world_size: int, port: int, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -406,7 +402,7 @@ def test_fsdp2_torchao_float8_allgather_resume_is_bit_identical_and_exports_plai
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # what `python -m ...format_utils dcp_to_torch` runs
 
     out = str(tmp_path / "run")
-    _spawn(_fsdp2_float8_worker, out)
+    spawn_ranks(_fsdp2_float8_worker, 2, out)
     r = torch.load(os.path.join(out, "result.pt"))
     assert r["step"] == 2 and r["got"] == r["expected"] and r["again"] == r["expected"]
     assert all(torch.equal(r["weights"][k], v) for k, v in r["expected_weights"].items())
@@ -489,7 +485,7 @@ def _deepspeed_worker(rank: int, world_size: int, port: int, out: str) -> None:
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
 def test_deepspeed_zero2_resume_is_bit_identical_and_zero_to_fp32_exports_clean_fqns(tmp_path):
     out = str(tmp_path / "run")
-    _spawn(_deepspeed_worker, out)
+    spawn_ranks(_deepspeed_worker, 2, out)
     r = torch.load(os.path.join(out, "result.pt"))
     assert (r["step"], r["extra"]) == (2, {"tokens_seen": 128}) and r["got"] == r["expected"]
     assert all(torch.equal(r["weights"][k], v) for k, v in r["expected_weights"].items())

@@ -103,10 +103,6 @@ def test_a_tp_group_reads_one_data_parallel_rank():
 
 # -- two real ranks ----------------------------------------------------------------------------
 
-def _spawn(fn, *args) -> None:
-    spawn_ranks(fn, 2, *args)
-
-
 def _loss_and_grads(model, tokens):
     from launcher.train.models import logits_of
 
@@ -140,7 +136,7 @@ def _fp32_worker(rank: int, world_size: int, port: int, out: str, plan) -> None:
 def test_tp_computes_the_unsharded_models_logits_and_gradients(tmp_path):
     """fp32, TP 2: every rank holds 4 of 8 query heads and 2 of 4 KV heads; logits, loss and every
     gradient equal the unsharded model's up to float reassociation."""
-    _spawn(_fp32_worker, str(tmp_path), tp_plan(2))
+    spawn_ranks(_fp32_worker, 2, str(tmp_path), tp_plan(2))
     r = torch.load(tmp_path / "result.pt")
     head_dim = 256 // 8
     assert r["local"] == {"wq": (4 * head_dim, 256), "wk": (2 * head_dim, 256), "wv": (2 * head_dim, 256), "wo": (256, 4 * head_dim)}
@@ -187,7 +183,7 @@ FP8_PRECISION = {"mode": "fp8", "backend": "torchao", "high_precision": "bf16"}
 def test_rowwise_fp8_under_tp_uses_the_plain_styles(tmp_path):
     """torchao has float8 TP styles for tensorwise only: rowwise runs its FP8 GEMMs on bf16 collectives."""
     plan = tp_plan(2, precision={**FP8_PRECISION, "torchao": {"recipe": "rowwise", "skip_small": False}})
-    _spawn(_fp8_worker, str(tmp_path), plan)
+    spawn_ranks(_fp8_worker, 2, str(tmp_path), plan)
     r = torch.load(tmp_path / "result.pt")
     assert r["fp8_layers"] == 13
     styles = r["styles"]
@@ -206,7 +202,7 @@ def test_tensorwise_fp8_uses_float8_styles_except_where_a_layer_is_kept(tmp_path
     (a float8 input cast there would feed a bf16 GEMM), w3 and w2 and the other blocks the float8 ones."""
     plan = tp_plan(2, precision={**FP8_PRECISION, "keep": ["layers.1.feed_forward.w1"],
                                  "torchao": {"recipe": "tensorwise", "skip_small": False}})
-    _spawn(_fp8_worker, str(tmp_path), plan)
+    spawn_ranks(_fp8_worker, 2, str(tmp_path), plan)
     r = torch.load(tmp_path / "result.pt")
     styles = r["styles"]
     assert r["fp8_layers"] == 12
