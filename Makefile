@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 EXTRAS := torchao,deepspeed,hf,bench,accelerate,dev
 
-.PHONY: setup test test-fast smoke plan-check bench clean
+.PHONY: setup test test-fast smoke plan-check support-matrix bench clean
 
 setup: $(VENV)/.installed
 
@@ -15,8 +15,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $@
 
-test: setup
-	$(BIN)/python -m pytest -q
+# The in-process tests (test-fast), then the multi-process ones, one at a time: each run already uses both cores.
+test: test-fast
+	$(BIN)/python -m pytest -q -m slow
 
 # Two workers (pytest-xdist): the in-process tests are independent; measured 79-82 s vs 118-168 s serial on a 2-core AVX2 machine.
 test-fast: setup
@@ -24,6 +25,10 @@ test-fast: setup
 
 smoke: setup
 	$(BIN)/fp8launch run specs/cpu-smoke.toml
+
+# docs/support-matrix.md from the schema and the rule table (CI checks it is current).
+support-matrix: setup
+	$(BIN)/python -m launcher.support_matrix --write
 
 plan-check: setup
 	$(BIN)/fp8launch plan --check --out specs/generated specs/*.toml

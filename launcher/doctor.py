@@ -19,6 +19,7 @@ from .hardware import INSTALL, capability_text, requirement, supports
 from .plan import Plan, resolve
 from .rules import RULES_BY_ID, Facts, check
 from .spec import SpecSource, validate
+from .stack import dist_version, msamp_problem
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
 
@@ -69,6 +70,8 @@ class Machine:
     cpus: int = 1
     notes: tuple[str, ...] = ()
     """Problems met while looking: a package installed but not importable, a CUDA driver error."""
+    msamp_stack: dict[str, str | None] = field(default_factory=dict)
+    """strategy (ddp | deepspeed) -> why the installed MS-AMP cannot run here with it (launcher.stack), or None."""
 
     def has(self, package: str) -> bool:
         return self.torch is not None if package == "torch" else self.packages.get(package) is not None
@@ -144,7 +147,7 @@ def gather() -> Machine:
     try:
         import torch
     except Exception as e:  # a broken torch must not crash the doctor; say what broke
-        if _installed_version("torch", []) is not None or _dist_version("torch"):
+        if _installed_version("torch", []) is not None or dist_version("torch"):
             notes.append(f"torch is installed but fails to import: {type(e).__name__}: {e}")
     else:
         torch_version, torch_cuda = torch.__version__, torch.version.cuda
@@ -156,24 +159,14 @@ def gather() -> Machine:
             notes.append(f"torch cannot query CUDA: {type(e).__name__}: {e}")
     return Machine(python=platform.python_version(), platform=f"{platform.system()} {platform.machine()}".strip(),
                    torch=torch_version, torch_cuda=torch_cuda, cuda_available=cuda, gpus=gpus, packages=packages,
-                   cpus=os.cpu_count() or 1, notes=tuple(notes))
+                   cpus=os.cpu_count() or 1, notes=tuple(notes),
+                   msamp_stack={s: msamp_problem(s) for s in ("ddp", "deepspeed")})
 
 
 def _gpu(torch, index: int) -> Gpu:
     props = torch.cuda.get_device_properties(index)
     return Gpu(index=index, name=props.name, capability=(props.major, props.minor),
                memory_gib=round(props.total_memory / 1024**3, 1))
-
-
-def _dist_version(module: str) -> str | None:
-    from importlib import metadata
-
-    for dist in dict.fromkeys((module, module.replace("_", "-"))):
-        try:
-            return metadata.version(dist)
-        except (metadata.PackageNotFoundError, ValueError):
-            continue
-    return None
 
 
 def _installed_version(module: str, notes: list[str]) -> str | None:
@@ -185,7 +178,7 @@ def _installed_version(module: str, notes: list[str]) -> str | None:
     except (ImportError, ValueError) as e:
         found = False
         notes.append(f"{module} cannot be located: {type(e).__name__}: {e}")
-    version = _dist_version(module)
+    version = dist_version(module)
     if not found:
         if version:
             notes.append(f"{module} {version} is installed but not importable; reinstall it: {INSTALL.get(module, 'pip install ' + module)}")
@@ -227,7 +220,8 @@ def assess_plan(machine: Machine, plan: Plan) -> Support:
                 'build of torch, or set launch.device = "cpu" (or "auto")'] = None
     else:
         here = dataclasses.replace(plan, launch=dataclasses.replace(plan.launch, device=device))
-        facts = Facts(plan=here, device=device, capability=machine.capability if device == "cuda" else None)
+        facts = Facts(plan=here, device=device, capability=machine.capability if device == "cuda" else None,
+                      msamp_stack=machine.msamp_stack.get(plan.distributed.strategy))
         findings = [f for f in check(facts, "plan") + check(facts, "run") if f.is_error]
         for finding in sorted(findings, key=lambda f: FIRST.index(f.rule.id) if f.rule.id in FIRST else len(FIRST)):
             message = finding.message

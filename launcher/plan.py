@@ -4,6 +4,7 @@ derived values computed. Everything after validation takes a Plan, never a raw d
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import typing
@@ -94,7 +95,11 @@ class FSDP2Config:
 class DeepSpeedConfig:
     zero_stage: int
     offload_optimizer: str
+    """none | cpu | nvme: where optimizer states live (cpu: DeepSpeed's CPU Adam steps them)."""
     offload_param: str
+    """none | cpu | nvme (ZeRO-3)."""
+    nvme_path: str = ""
+    """The folder DeepSpeed swaps to with "nvme" (required then)."""
     overlap_comm: bool
     contiguous_gradients: bool
     reduce_bucket_size: int
@@ -295,9 +300,14 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+@functools.cache
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
 def _build(cls, data: dict):
     """Construct dataclass `cls` from `data`, recursing into nested config classes."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name not in data:

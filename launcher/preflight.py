@@ -6,6 +6,8 @@ imported torch and torchrun has printed its failure table.
 - launch.device = "cuda" finds a GPU on this machine (device files, the driver's /proc entries,
   or `nvidia-smi -L`), when torchrun starts the processes here (not under SLURM: the job's nodes
   are not the machine that submits it);
+- the run-stage rules that need only the installed packages: an MS-AMP that cannot run next to them
+  (MSAMP-STACK), NVMe offload without libaio (DS-NVME-AIO);
 - train.output_dir can be created and written.
 """
 
@@ -15,7 +17,6 @@ import glob
 import os
 import shutil
 import subprocess
-from importlib import util
 from typing import Mapping
 
 from .doctor import packages_needed
@@ -23,6 +24,8 @@ from .errors import EnvironmentProblem
 from .hardware import INSTALL
 from .plan import Plan
 from .rules import RULES_BY_ID, Facts
+from .rules import check as check_rules
+from .stack import importable, msamp_problem
 
 
 def check(plan: Plan, *, local: bool, gpu_here: bool | None = None, environ: Mapping[str, str] | None = None) -> None:
@@ -38,17 +41,25 @@ def check(plan: Plan, *, local: bool, gpu_here: bool | None = None, environ: Map
         if not importable(package):
             detail = RULES_BY_ID["BACKEND-MISSING"].detail(Facts(plan=plan, missing_package=package))
             raise EnvironmentProblem(f"{detail} fix: install it: {INSTALL[package]}", rule="BACKEND-MISSING")
+    facts = Facts(plan=plan, msamp_stack=msamp_problem(plan.distributed.strategy), libaio=libaio_present(environ))
+    for finding in check_rules(facts, "run"):
+        if finding.is_error:
+            raise EnvironmentProblem(f"{finding.message} fix: {finding.rule.fix}", rule=finding.rule.id)
     if plan.launch.device == "cuda" and (local if gpu_here is None else gpu_here) and not gpu_present(environ):
         raise EnvironmentProblem('launch.device = "cuda" but this machine shows no GPU (no /dev/nvidia*, no /proc/driver/nvidia/gpus, '
                                  'no GPU in `nvidia-smi -L`, or CUDA_VISIBLE_DEVICES hides them); fix: run on a GPU machine, '
                                  'or set launch.device = "cpu" (or "auto")')
 
 
-def importable(module: str) -> bool:
-    try:
-        return util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
+LIBRARY_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib/*-linux-gnu", "/lib", "/lib64", "/lib/*-linux-gnu", "/usr/local/lib", "/usr/local/lib64")
+
+
+def libaio_present(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the linker can find libaio.so (the development library: DeepSpeed JIT-builds its async_io
+    op, behind NVMe offload, with -laio; the runtime libaio.so.1 alone does not link)."""
+    environ = os.environ if environ is None else environ
+    extra = [d for var in ("LIBRARY_PATH", "LD_LIBRARY_PATH") for d in environ.get(var, "").split(os.pathsep) if d]
+    return any(glob.glob(os.path.join(d, "libaio.so")) for d in (*extra, *LIBRARY_DIRS))
 
 
 def gpu_present(environ: Mapping[str, str], root: str = "/") -> bool:

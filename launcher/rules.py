@@ -36,6 +36,12 @@ class Facts:
     """Type names of the model's weight-matrix layers that are not nn.Linear (no backend converts them), at run time."""
     prediction: typing.Any = None
     """The speed prediction (launcher.predict.Prediction) when planning made one."""
+    msamp_stack: str | None = None
+    """Why the installed MS-AMP cannot run next to the installed packages (launcher.stack), at run time."""
+    libaio: bool | None = None
+    """Whether libaio (DeepSpeed's NVMe offload) is on this machine, at run time; None: not looked."""
+    missing_effects: tuple[str, ...] = ()
+    """Features the spec asks for that the run's setup did not take (launcher/train/effects.py), at run time."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -265,7 +271,7 @@ RULES: tuple[Rule, ...] = (
          when="precision.te.fp8_params with DDP or FSDP2 (or an fp32 DeepSpeed run)",
          why="quantized_model_init keeps only FP8 weights, and the plain torch optimizer these engines use keeps no fp32 master copy: "
              "every update would be rounded to FP8 and small updates lost. Only DeepSpeed's bf16/fp16 ZeRO optimizer keeps fp32 master weights.",
-         fix='set precision.te.fp8_params = false, or distributed.strategy = "deepspeed" with precision.high_precision = "bf16"',
+         fix='set precision.te.fp8_params = false',
          condition=lambda f: _fp8(f, "te") and f.plan.precision.te.fp8_params and not _has_master_weights(f)),
 )
 
@@ -425,6 +431,151 @@ RULES += (
          condition=lambda f: _k8s(f) and f.plan.launch.device != "cpu"
              and 0 < f.plan.launch.kubernetes.gpus_per_node < f.plan.distributed.procs_per_node,
          detail=lambda f: f"launch.kubernetes.gpus_per_node = {f.plan.launch.kubernetes.gpus_per_node} but distributed.procs_per_node = {f.plan.distributed.procs_per_node}."),
+)
+
+# --- every option proven (issue 19): options that crashed or silently did nothing ---------------------
+
+
+def _ds(f: Facts) -> bool:
+    return _strategy(f) == "deepspeed"
+
+
+def _nvme(f: Facts) -> list[str]:
+    ds = f.plan.distributed.deepspeed
+    return [k for k in ("offload_optimizer", "offload_param") if getattr(ds, k) == "nvme"]
+
+
+def _te_tokens(f: Facts) -> int:
+    """Rows of the GEMM input of every TE layer: the tokens of one micro-batch on one rank."""
+    t = f.plan.train
+    return t.micro_batch_size * t.seq_len // max(1, f.plan.distributed.tensor_parallel)
+
+
+def _monitor(f: Facts) -> bool:
+    return f.plan.monitor.fp8_stats_every > 0
+
+
+def _fullgraph(f: Facts) -> bool:
+    return f.plan.compile.enabled and f.plan.compile.fullgraph
+
+
+RULES += (
+    Rule(id="DS-NVME-PATH", severity="error", stage="plan",
+         when='distributed.deepspeed offload_optimizer or offload_param = "nvme" and distributed.deepspeed.nvme_path is empty',
+         why="DeepSpeed swaps NVMe-offloaded tensors into files under nvme_path; without one, deepspeed.zero.Init asserts and the "
+             "stage-3 optimizer joins None into a path.",
+         fix='set distributed.deepspeed.nvme_path = "/local_nvme/deepspeed" (a folder on a fast local drive, present on every node)',
+         condition=lambda f: _ds(f) and bool(_nvme(f)) and not f.plan.distributed.deepspeed.nvme_path.strip(),
+         detail=lambda f: " and ".join(f"distributed.deepspeed.{k}" for k in _nvme(f)) + ' = "nvme" needs a folder to swap to, '
+             "and distributed.deepspeed.nvme_path is empty."),
+    Rule(id="DS-NVME-STAGE", severity="error", stage="plan",
+         when='distributed.deepspeed.offload_optimizer = "nvme" with zero_stage 1 or 2',
+         why="only ZeRO stage 3 (ZeRO-Infinity) swaps optimizer states to NVMe; DeepSpeed's stage 1/2 optimizer treats any offload "
+             "device as CPU memory, so \"nvme\" would silently offload to host memory instead.",
+         fix='set distributed.deepspeed.zero_stage = 3, or distributed.deepspeed.offload_optimizer = "cpu"',
+         condition=lambda f: _ds(f) and f.plan.distributed.deepspeed.offload_optimizer == "nvme" and f.plan.distributed.deepspeed.zero_stage in (1, 2)),
+    Rule(id="DS-OFFLOAD-STAGE0", severity="error", stage="plan",
+         when="distributed.deepspeed.offload_optimizer != none with zero_stage 0",
+         why="ZeRO stage 0 has no partitioned optimizer to offload: DeepSpeed keeps the optimizer states with the parameters and the "
+             "offload setting does nothing.",
+         fix='set distributed.deepspeed.zero_stage = 1 (or 2, 3), or distributed.deepspeed.offload_optimizer = "none"',
+         condition=lambda f: _ds(f) and f.plan.distributed.deepspeed.offload_optimizer != "none" and f.plan.distributed.deepspeed.zero_stage == 0),
+    Rule(id="DS-NVME-AIO", severity="error", stage="run",
+         when='NVMe offload on a machine without libaio',
+         why="DeepSpeed's NVMe offload reads and writes through its async_io op, which links libaio; without it the op cannot be built "
+             "and deepspeed.initialize fails.",
+         fix="install libaio (Debian/Ubuntu: apt-get install libaio-dev; RHEL: yum install libaio-devel), or "
+             'set distributed.deepspeed.offload_optimizer / offload_param = "cpu"',
+         condition=lambda f: _ds(f) and bool(_nvme(f)) and f.libaio is False),
+    Rule(id="DS-FP16-CPU", severity="error", stage="plan",
+         when='strategy deepspeed with fp16 (precision.mode, or high_precision in fp8) on launch.device = "cpu"',
+         why="DeepSpeed's CPU accelerator supports bf16 and fp32 only: deepspeed.initialize raises \"Type fp16 is not supported "
+             "on your device\" before the first step.",
+         fix='set precision.mode = "bf16" (or precision.high_precision = "bf16"), or launch.device = "cuda"',
+         condition=lambda f: _ds(f) and f.plan.precision.compute_dtype == "fp16" and f.plan.launch.device == "cpu"),
+    Rule(id="DS-ZERO3-COMPILE", severity="error", stage="plan",
+         when="DeepSpeed ZeRO-3 with compile.enabled and compile.fullgraph, or with activation checkpointing",
+         why="ZeRO-3 gathers each block's parameters in module hooks that run inside the compiled block: some are "
+             "torch.compiler.disable'd (a graph break, an error under fullgraph), and dynamo fails tracing them through the "
+             "activation-checkpoint wrapper (\"UnspecializedNNModuleVariable(CheckpointWrapper) is already tracked for mutation\", "
+             "torch 2.13, DeepSpeed 0.19). ZeRO-3 with compiled blocks and neither of them trains.",
+         fix='set compile.fullgraph = false and activation_checkpointing.mode = "none", or compile.enabled = false, or '
+             "distributed.deepspeed.zero_stage = 2 (or distributed.strategy = \"fsdp2\")",
+         condition=lambda f: _ds(f) and f.plan.distributed.deepspeed.zero_stage == 3 and f.plan.compile.enabled
+             and (f.plan.compile.fullgraph or f.plan.activation_checkpointing.mode != "none"),
+         detail=lambda f: "DeepSpeed ZeRO-3 gathers each block's parameters in hooks that run inside the compiled block, and "
+             + ("some are torch.compiler.disable'd: a graph break, which compile.fullgraph makes an error at the first forward."
+                if f.plan.compile.fullgraph else
+                "dynamo fails tracing them through the activation-checkpoint wrapper (\"UnspecializedNNModuleVariable(CheckpointWrapper) "
+                "is already tracked for mutation\", torch 2.13, DeepSpeed 0.19).")),
+    Rule(id="FULLGRAPH-TE", severity="error", stage="plan",
+         when="compile.fullgraph with backend te",
+         why="Transformer Engine's modules fall back to eager through a graph break in many configurations (te.Linear with delayed "
+             "scaling, FP8 weight caching, debug features) and te.distributed.checkpoint is dynamo-disabled: under fullgraph a graph "
+             "break is an error at the first forward.",
+         fix="set compile.fullgraph = false (TE's modules then run eager between compiled regions)",
+         condition=lambda f: _fp8(f, "te") and _fullgraph(f)),
+    Rule(id="FULLGRAPH-MONITOR", severity="error", stage="plan",
+         when="compile.fullgraph with monitor.fp8_stats_every > 0",
+         why="the FP8 monitor's hooks run eagerly (torch.compiler.disable) so that sampling does not recompile the blocks; that is a "
+             "graph break, and fullgraph turns a graph break into an error at the first sampled step.",
+         fix="set compile.fullgraph = false, or monitor.fp8_stats_every = 0",
+         condition=lambda f: _fullgraph(f) and _monitor(f)),
+    Rule(id="TE-TOKENS-DIV8", severity="error", stage="plan",
+         when="backend te and the tokens of one micro-batch on one rank (micro_batch_size x seq_len) not divisible by 8",
+         why="Transformer Engine's FP8 GEMMs need the product of the input's leading dimensions divisible by 8 "
+             "(assert_dim_for_fp8_exec): the first FP8 layer fails at step 1.",
+         fix="set train.seq_len (or train.micro_batch_size) so that micro_batch_size x seq_len is a multiple of 8",
+         condition=lambda f: _fp8(f, "te") and _te_tokens(f) % 8 != 0,
+         detail=lambda f: f"micro_batch_size {f.plan.train.micro_batch_size} x seq_len {f.plan.train.seq_len} = {_te_tokens(f)} tokens per "
+             f"micro-batch, not a multiple of 8 (Transformer Engine's assert_dim_for_fp8_exec fails at step 1)."),
+    Rule(id="TE-FP8-PARAMS-DEEPSPEED", severity="error", stage="plan",
+         when="precision.te.fp8_params with strategy deepspeed",
+         why="DeepSpeed casts parameters with `p.data = ...` and points p.data at its flat bf16/fp16 buffer after every step; a "
+             "Transformer Engine FP8 weight quantizes a copy on assignment, so the full high-precision copy stays and nothing is saved "
+             "(and ZeRO-3 partitioning of TE's Float8Tensor is untested upstream).",
+         fix="set precision.te.fp8_params = false",
+         condition=lambda f: _fp8(f, "te") and f.plan.precision.te.fp8_params and _ds(f) and _has_master_weights(f)),
+    Rule(id="FP8-PRECOMPUTE-OFFLOAD", severity="error", stage="plan",
+         when="precision.torchao.fsdp_float8_all_gather and precompute_scale with distributed.fsdp2.cpu_offload",
+         why="FSDP2 copies each offloaded shard to the GPU with .to(device) before the float8 all-gather, and torchao rebuilds the "
+             "weight wrapper without its precomputed scale there: precompute_scale does nothing and every weight all-reduces its own "
+             "amax at each all-gather.",
+         fix="set precision.torchao.precompute_scale = false (each weight then computes its scale at its all-gather), or "
+             "distributed.fsdp2.cpu_offload = false",
+         condition=lambda f: _fp8(f, "torchao") and _strategy(f) == "fsdp2" and f.plan.precision.torchao.fsdp_float8_all_gather
+             and f.plan.precision.torchao.precompute_scale and f.plan.distributed.fsdp2.cpu_offload),
+    Rule(id="MONITOR-NO-FP8", severity="warning", stage="plan",
+         when="monitor.fp8_stats_every > 0 with no FP8 layer to watch (precision.mode != fp8, or backend msamp)",
+         why="the monitor measures the casts of FP8 layers; without any (or with MS-AMP, whose FP8 layers it does not hook) it writes no "
+             "fp8_stats.jsonl, a silent no-op.",
+         fix='set monitor.fp8_stats_every = 0, or precision.mode = "fp8" with backend torchao or te',
+         condition=lambda f: _monitor(f) and not (_fp8(f, "torchao") or _fp8(f, "te"))),
+    Rule(id="MSAMP-UNMAINTAINED", severity="warning", stage="plan",
+         when="backend msamp",
+         why="MS-AMP's last release is 0.4.0 (2024-02); it needs Transformer Engine <= 1.7 and, through DeepSpeed, DeepSpeed 0.13 "
+             "(it pins 0.13.1), and Accelerate marks it deprecated. Plan for torchao or Transformer Engine.",
+         fix='set precision.backend = "torchao" (or "te")',
+         condition=lambda f: _fp8(f, "msamp")),
+    Rule(id="EFFECT-MISSING", severity="error", stage="run",
+         when="after setup, before step 1: a feature the spec asks for did not take effect on the live objects (the start "
+              "record's effects: compiled and checkpointed blocks, fullgraph, FSDP2's all-gather dtype, the optimizer class, "
+              "offload, tensor parallel, async TP, the monitor's hooks)",
+         why="a run that trains on without something its spec asked for is the silent no-op users forgive least "
+             "(LlamaFactory #9500, torchtitan #3123, Accelerate #3830): fp8launch stops instead.",
+         fix="set each named spec key to what this model and engine support (e.g. compile.enabled = false for a model whose "
+             "repeated blocks fp8launch cannot find as model.layers), or report the gap as a bug",
+         condition=lambda f: bool(f.missing_effects),
+         detail=lambda f: "the spec asks for something this run did not set up: " + "; ".join(f.missing_effects) + "."),
+    Rule(id="MSAMP-STACK", severity="error", stage="run",
+         when="MS-AMP is installed next to packages it cannot run with (Transformer Engine >= 1.8, or DeepSpeed > 0.13 for its "
+              "DeepSpeed integration, or neither installed)",
+         why="MS-AMP 0.4 imports transformer_engine_extensions (renamed transformer_engine_torch in TE 1.8) and, for DeepSpeed, "
+             "AMP from deepspeed.runtime.engine (removed after DeepSpeed 0.13).",
+         fix="run MS-AMP in its own environment (torch 2.1-2.2, Transformer Engine 1.1-1.7, DeepSpeed 0.13.1: its Docker image "
+             'ghcr.io/azure/msamp), or set precision.backend = "torchao" (or "te")',
+         condition=lambda f: _fp8(f, "msamp") and f.msamp_stack is not None,
+         detail=lambda f: f.msamp_stack),
 )
 
 RULES_BY_ID = {r.id: r for r in RULES}

@@ -15,6 +15,12 @@ from click.testing import CliRunner
 from launcher.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
+
+# DeepSpeed JIT-builds its CPU ops (shared-memory comm, CPU Adam, async_io) into TORCH_EXTENSIONS_DIR, once per
+# Python environment: the in-process tests and every process a test starts share one folder, so each op is built
+# once per CI run (~30 s each on 2 cores), not once per kind of test (tests/e2e/helpers.env keeps it for runs).
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser(
+    f"~/.cache/torch_extensions/fp8launch-{__import__('hashlib').sha256(sys.prefix.encode()).hexdigest()[:8]}"))
 CASES = Path(__file__).resolve().parent / "cases"
 
 

@@ -107,7 +107,8 @@ def test_every_choice_plans_without_error_rules(tmp_path, machine, backend, stra
     # the CPU smoke model's GEMMs are too small to gain on a GPU; and without compile (DeepSpeed starters) the
     # unfused casts eat the gain, which the prediction says beside FP8-NO-COMPILE
     small = {"FP8-NO-GAIN"} if machine == "cpu" or not p.plan.compile.enabled else set()
-    assert {f.rule.id for f in p.warnings} <= {"FP8-NO-COMPILE"} | small
+    unmaintained = {"MSAMP-UNMAINTAINED"} if backend == "msamp" else set()  # said for every MS-AMP spec
+    assert {f.rule.id for f in p.warnings} <= {"FP8-NO-COMPILE"} | small | unmaintained
 
 
 def test_user_strings_are_quoted_not_pasted():

@@ -74,8 +74,49 @@ PLAN_CASES.update({
     "MEMORY-EXCEEDS-GPU": ({**_8B_SEQ_8192, "launch": {"device": "cuda", "gpu": "h100"}},
                            {**_8B_SEQ_8192, "launch": {"device": "cuda", "gpu": "h100"}, "activation_checkpointing": {"mode": "full"}}),
     "TE-FP8-PARAMS-NO-MASTER": ({"precision": {**TE, "te": {"fp8_params": True}}, "distributed": {"strategy": "fsdp2"}},
-                                {"precision": {**TE, "te": {"fp8_params": True}}, "distributed": {"strategy": "deepspeed"}}),
+                                {"precision": {**TE, "te": {"fp8_params": False}}, "distributed": {"strategy": "fsdp2"}}),
 })
+
+# --- issue 19: options that crashed or silently did nothing ---
+DS = {"strategy": "deepspeed"}
+MONITORED = {"monitor": {"fp8_stats_every": 5}}
+PLAN_CASES.update({
+    "DS-NVME-PATH": ({"distributed": {**DS, "deepspeed": {"zero_stage": 3, "offload_param": "nvme"}}},
+                     {"distributed": {**DS, "deepspeed": {"zero_stage": 3, "offload_param": "nvme", "nvme_path": "/nvme/ds"}}}),
+    "DS-NVME-STAGE": ({"distributed": {**DS, "deepspeed": {"zero_stage": 2, "offload_optimizer": "nvme", "nvme_path": "/nvme"}}},
+                      {"distributed": {**DS, "deepspeed": {"zero_stage": 3, "offload_optimizer": "nvme", "nvme_path": "/nvme"}}}),
+    "DS-OFFLOAD-STAGE0": ({"distributed": {**DS, "deepspeed": {"zero_stage": 0, "offload_optimizer": "cpu"}}},
+                          {"distributed": {**DS, "deepspeed": {"zero_stage": 1, "offload_optimizer": "cpu"}}}),
+    "DS-FP16-CPU": ({"precision": {"mode": "fp16"}, "distributed": DS, "launch": {"device": "cpu"}},
+                    {"precision": {"mode": "bf16"}, "distributed": DS, "launch": {"device": "cpu"}}),
+    "DS-ZERO3-COMPILE": ({"distributed": {**DS, "deepspeed": {"zero_stage": 3}}, "compile": {"enabled": True, "fullgraph": True}},
+                         {"distributed": {**DS, "deepspeed": {"zero_stage": 3}}, "compile": {"enabled": True, "fullgraph": False}}),
+    "FULLGRAPH-TE": ({"precision": {**TE, "te": {"recipe": "current"}}, "compile": {"enabled": True, "fullgraph": True}},
+                     {"precision": {**TE, "te": {"recipe": "current"}}, "compile": {"enabled": True, "fullgraph": False}}),
+    "FULLGRAPH-MONITOR": ({"precision": TAO, "compile": {"enabled": True, "fullgraph": True}, **MONITORED},
+                         {"precision": TAO, "compile": {"enabled": True, "fullgraph": False}, **MONITORED}),
+    "TE-TOKENS-DIV8": ({"precision": TE, "train": {"seq_len": 2047, "micro_batch_size": 1}},
+                       {"precision": TE, "train": {"seq_len": 2048, "micro_batch_size": 1}}),
+    "TE-FP8-PARAMS-DEEPSPEED": ({"precision": {**TE, "te": {"fp8_params": True}}, "distributed": DS},
+                                {"precision": {**TE, "te": {"fp8_params": False}}, "distributed": DS}),
+    "FP8-PRECOMPUTE-OFFLOAD": ({"precision": {**TAO, "torchao": {"fsdp_float8_all_gather": True}}, "distributed": {"fsdp2": {"cpu_offload": True}}},
+                               {"precision": {**TAO, "torchao": {"fsdp_float8_all_gather": True, "precompute_scale": False}},
+                                "distributed": {"fsdp2": {"cpu_offload": True}}}),
+    "MONITOR-NO-FP8": ({"precision": {"mode": "bf16"}, **MONITORED}, {"precision": TAO, **MONITORED}),
+    "MSAMP-UNMAINTAINED": ({"precision": MSAMP, "distributed": {"strategy": "ddp"}}, {"precision": TAO}),
+})
+
+
+def test_te_tokens_rule_names_the_numbers():
+    plan = plan_of({"precision": TE, "train": {"seq_len": 2047, "micro_batch_size": 1}})
+    (finding,) = [f for f in check(Facts(plan=plan), "plan") if f.rule.id == "TE-TOKENS-DIV8"]
+    assert finding.message.startswith("micro_batch_size 1 x seq_len 2047 = 2047 tokens per micro-batch, not a multiple of 8")
+
+
+def test_nvme_path_rule_names_the_offload_keys():
+    plan = plan_of({"distributed": {**DS, "deepspeed": {"zero_stage": 3, "offload_param": "nvme", "offload_optimizer": "nvme"}}})
+    (finding,) = [f for f in check(Facts(plan=plan), "plan") if f.rule.id == "DS-NVME-PATH"]
+    assert finding.message.startswith("distributed.deepspeed.offload_optimizer and distributed.deepspeed.offload_param = \"nvme\"")
 
 RUN_CASES = {
     "FP8-HARDWARE": ({"precision": TAO}, {"device": "cuda", "capability": (8, 0)}, {"device": "cuda", "capability": (8, 9)}),
@@ -83,6 +124,16 @@ RUN_CASES = {
     "FP8-NOT-APPLIED": ({"precision": TAO}, {"device": "cpu", "fp8_layers": 0}, {"device": "cpu", "fp8_layers": 3}),
     "BACKEND-MISSING": ({"precision": TAO}, {"device": "cpu", "missing_package": "torchao"}, {"device": "cpu"}),
 }
+
+
+RUN_CASES.update({
+    "DS-NVME-AIO": ({"distributed": {**DS, "deepspeed": {"zero_stage": 3, "offload_param": "nvme", "nvme_path": "/nvme"}}},
+                    {"libaio": False}, {"libaio": True}),
+    "MSAMP-STACK": ({"precision": MSAMP, "distributed": {"strategy": "ddp"}},
+                    {"msamp_stack": "MS-AMP 0.4.0 is installed but cannot run here: ..."}, {"msamp_stack": None}),
+    "EFFECT-MISSING": ({"compile": {"enabled": True}}, {"missing_effects": ("compile.enabled needs compiled_blocks = 4, and this run has 0",)},
+                       {"missing_effects": ()}),
+})
 
 
 # -- tensor parallel (issue 15): each rule on its bad combination and on its fixed twin ----------

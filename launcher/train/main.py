@@ -6,7 +6,8 @@ process group -> builds the model on the meta device -> applies the precision ba
 blocks for activation checkpointing and torch.compile -> wraps the model in DDP / FSDP2 / DeepSpeed
 (FSDP2 with distributed.tensor_parallel: tensor parallel first, then FSDP2 over the data-parallel
 dimension), which gives each rank storage for only its part and initialises it (skipped when resuming) ->
-resumes from a checkpoint (train.resume) -> trains and logs (rank 0 writes
+resumes from a checkpoint (train.resume) -> measures what took effect on the live objects and stops
+(exit 3) where a feature the spec asked for did not (launcher/train/effects.py) -> trains and logs (rank 0 writes
 <train.output_dir>/metrics.jsonl) -> checkpoints every train.checkpoint_every steps and after
 the last one (docs/checkpoints.md) -> with monitor.fp8_stats_every > 0, samples the FP8 casts
 of every FP8 layer into <train.output_dir>/fp8_stats.jsonl (docs/monitor.md).
@@ -117,7 +118,7 @@ def build_run(plan_path: str, *, stream=None):
     import torch
 
     from launcher.plan import load_plan
-    from launcher.train import distributed
+    from launcher.train import distributed, effects
     from launcher.train.checkpoint import CheckpointManager
     from launcher.train.compile_ac import prepare_blocks
     from launcher.train.data import build_data
@@ -167,12 +168,18 @@ def build_run(plan_path: str, *, stream=None):
     loaded = checkpoints.restore_train_state(state, resume) if resume else None
 
     throughput = throughput_for(plan, env, flops)
+    monitor = build_monitor(plan, precision, model, is_main=env.is_main, start_step=state.step)  # None: monitor off, nothing hooked
+    # What took effect, read from the live objects; a requested feature that did not stops here (exit 3).
+    measured = effects.measure(engine, fp8_modules=effects.fp8_module_ids(engine.module, precision), monitor=monitor)
+    effects.check(plan, measured, engine.module, env.device)
     logger = MetricsLogger(output_dir=t.output_dir, enabled=env.is_main, total_steps=t.steps, start_step=state.step, stream=stream)
     record = start_record(plan, env, precision.report, throughput, parameters=parameters, start_step=state.step)
+    record["effects"] = measured
+    record["layers"] = effects.layer_precisions(engine.module, precision)
     record["resumed_from"] = loaded.path if loaded else None
     record["restart_count"] = restart
-    line = precision.report.line()
-    tp = tp_report(engine.module, plan)
+    line = precision.report.line() + "\n" + effects.effects_line(measured)
+    tp = tp_report(engine.module, plan, async_tp=measured["async_tp"])
     record["tensor_parallel"] = tp
     if tp:
         line += "\n" + tp_line(tp)
@@ -187,7 +194,6 @@ def build_run(plan_path: str, *, stream=None):
     if not resume and env.is_main:  # weights files that lack parameters, or hold tensors the model has no place for
         for note in getattr(initializer, "notes", ()):
             print(f"warning: {note}", file=sys.stderr, flush=True)
-    monitor = build_monitor(plan, precision, model, is_main=env.is_main, start_step=state.step)  # None: monitor off, nothing hooked
     note = unwatched_note(plan, precision, monitor)
     if note and env.is_main:
         print(note, file=sys.stderr, flush=True)

@@ -5,7 +5,9 @@ Each worker would print them once per rank, on every run:
   MXFP8 and CUTLASS sm90a kernels; fp8launch's torchao recipes, tensorwise and rowwise, use
   neither): torchao/__init__.py logs `Failed to load {file}: {e}` at import;
 - torch's deprecation warning for torchao's own Enums registered as pytree constants
-  (torch/utils/_pytree.py: "... is an Enum subclass and is now natively supported ...").
+  (torch/utils/_pytree.py: "... is an Enum subclass and is now natively supported ...");
+- torch 2.13's deprecation of `torch.distributed.all_gather_into_tensor` / `reduce_scatter_tensor`,
+  which DeepSpeed 0.19's ZeRO calls on every step (a FutureWarning per rank and call site).
 """
 
 from __future__ import annotations
@@ -41,8 +43,15 @@ class _Drop(logging.Filter):
         return not self.harmless(record)
 
 
+DEPRECATED_COLLECTIVES = r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
+"""The FutureWarning text (torch/distributed/distributed_c10d.py) of the collectives DeepSpeed still calls."""
+
+
 def install() -> None:
     """Filter the known-harmless messages out of their loggers (before torch and torchao are imported)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=DEPRECATED_COLLECTIVES, category=FutureWarning)
     for name, harmless in HARMLESS.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _Drop) for f in logger.filters):

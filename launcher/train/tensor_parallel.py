@@ -24,7 +24,8 @@ outputs stay in the compute dtype). With the rowwise recipes torchao has no floa
 the plain styles run and every TP collective moves bf16 (docs/tensor-parallel.md).
 
 Async TP (distributed.async_tp) turns on inductor's micro-pipeline TP pass, which overlaps the
-collectives with the GEMMs of the compiled blocks (CUDA with symmetric memory; rule TP-ASYNC-*).
+collectives with the GEMMs of the compiled blocks, and symmetric memory for the TP group, without
+which the pass fuses nothing (CUDA only; rules TP-ASYNC-*).
 """
 
 from __future__ import annotations
@@ -111,10 +112,11 @@ def tp_styles_used(model: nn.Module) -> dict[str, str]:
     return out
 
 
-def tp_report(model: nn.Module, plan: Plan) -> dict | None:
+def tp_report(model: nn.Module, plan: Plan, *, async_tp: bool = False) -> dict | None:
     """What `parallelize` did, for the start record: None without tensor parallelism, else the
     degree, the mesh, and how many Linear layers use the float8 TP styles (their all-gathers
-    carry float8) and how many the plain ones (their collectives move the compute dtype)."""
+    carry float8) and how many the plain ones (their collectives move the compute dtype). `async_tp`:
+    whether async TP took effect (launcher/train/effects.py measures it)."""
     d = plan.distributed
     if d.tensor_parallel <= 1:
         return None
@@ -122,7 +124,7 @@ def tp_report(model: nn.Module, plan: Plan) -> dict | None:
     float8 = sorted(n for n, st in styles.items() if st.startswith("Float8") and st.endswith("Parallel"))
     plain = sorted(n for n, st in styles.items() if st in ("ColwiseParallel", "RowwiseParallel"))
     return {"tensor_parallel": d.tensor_parallel, "data_parallel": d.data_parallel, "mesh": ["dp_shard", "tp"],
-            "float8_tp_layers": len(float8), "plain_tp_layers": len(plain), "async_tp": d.async_tp}
+            "float8_tp_layers": len(float8), "plain_tp_layers": len(plain), "async_tp": async_tp}
 
 
 def tp_line(report: dict) -> str:
@@ -228,15 +230,36 @@ def _apply(module: nn.Module, mesh: DeviceMesh, layer_plan: dict) -> None:
 
 
 def _enable_async_tp(mesh: DeviceMesh) -> None:
-    """Inductor's micro-pipeline TP pass, as torchtitan turns it on (it needs compile, CUDA and
-    symmetric memory, which torch now enables for a group by itself; rules TP-ASYNC-COMPILE and
-    TP-ASYNC-CPU stop other plans before they get here)."""
-    import torch._inductor.config
-
+    """Inductor's micro-pipeline TP pass, as torchtitan turns it on: the pass flag, and symmetric memory
+    for the TP group (rules TP-ASYNC-COMPILE and TP-ASYNC-CPU stop plans without compile or CUDA)."""
     if mesh.device_type != "cuda":
         raise EnvironmentProblem(
             f'distributed.async_tp needs CUDA GPUs (symmetric memory) and this run is on {mesh.device_type}; '
             'fix: set distributed.async_tp = false, or launch.device = "cuda"',
             rule="TP-ASYNC-CPU",
         )
+    enable_async_tp(mesh.get_group().group_name)
+
+
+def enable_async_tp(group_name: str) -> None:
+    """Turn on inductor's micro-pipeline TP pass for the process group `group_name`. The pass fuses an
+    all-gather or reduce-scatter with its matmul only where `is_symm_mem_enabled_for_group(group)` holds
+    (torch/_inductor/fx_passes/micro_pipeline_tp.py), and the only writer of the table it reads is
+    `enable_symm_mem_for_group`, although torch 2.13 marks that deprecated ("no need to call it
+    anymore"): without the call the pass returns early and nothing is fused."""
+    import torch._inductor.config
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
     torch._inductor.config._micro_pipeline_tp = True
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*enable_symm_mem_for_group.*", category=FutureWarning)
+        enable_symm_mem_for_group(group_name)
+
+
+def async_tp_active(group_name: str | None) -> bool:
+    """Whether async TP is on for the TP group, measured where the pass looks: inductor's flag and the
+    group's symmetric memory."""
+    import torch._inductor.config
+    from torch.distributed._symmetric_memory import is_symm_mem_enabled_for_group
+
+    return bool(group_name) and bool(torch._inductor.config._micro_pipeline_tp) and is_symm_mem_enabled_for_group(group_name)

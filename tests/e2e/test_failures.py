@@ -81,3 +81,44 @@ def test_bench_passes_the_training_exit_code_through(tmp_path):
     assert r.returncode == 4, output_of(r)
     assert r.stderr.splitlines()[-1] == "error: bench: the spec run exited with code 4; see b/spec-1/train.log"
     assert "non-finite" in (tmp_path / "b" / "spec-1" / "train.log").read_text()
+
+
+BLOCKS_ELSEWHERE = '''\
+"""A user's model whose repeated blocks live in `self.blocks`, where fp8launch does not look for them."""
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.vocab_size = 256
+        self.embed = nn.Embedding(256, 64)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(64, 64), nn.GELU()) for _ in range(2))
+        self.head = nn.Linear(64, 256)
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(h)
+
+
+def build():
+    return Model()
+'''
+
+
+def test_a_feature_that_did_not_take_effect_stops_before_step_1_with_exit_3(tmp_path):
+    """compile.enabled on a model whose blocks fp8launch cannot find compiled nothing, silently, before
+    the start record measured it; now the run stops before step 1 naming the key."""
+    (tmp_path / "blocks_model.py").write_text(BLOCKS_ELSEWHERE)
+    spec = write_spec(tmp_path, "no-blocks", train__model="py:blocks_model:build", train__steps=2, train__seq_len=16,
+                      train__checkpoint_at_end=False, distributed__strategy="ddp", precision__mode="bf16", compile__enabled=True)
+    r, _ = run(tmp_path, "run", str(spec))
+    assert r.returncode == 3, output_of(r)
+    ours = [line for line in r.stderr.splitlines() if "error[EFFECT-MISSING]" in line]
+    assert len(ours) == 1 and "the model has no repeated blocks fp8launch can find" in ours[0]
+    assert "compile.enabled needs compiled_blocks = 1, and this run has 0" in ours[0]
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "runs" / "no-blocks" / "metrics.jsonl").exists()  # stopped before the start record

@@ -87,6 +87,13 @@ def test_msamp_initialize_arguments_match_the_installed_library():
     from launcher.train.precision.msamp import msamp_init_args
     from tests.train._precision import make_plan
 
+    from launcher.train.precision.msamp import msamp_optimizer_args
+
     for level in ("O1", "O2"):
         args = msamp_init_args(make_plan(precision={"mode": "fp8", "backend": "msamp", "msamp": {"opt_level": level}}))
         assert not signature_gaps(args, msamp.initialize), signature_gaps(args, msamp.initialize)
+        for optimizer in ("adamw", "adam"):  # the optimizer wrap_optimizer builds instead of handing torch's to msamp.initialize
+            name, kwargs = msamp_optimizer_args(make_plan(precision={"mode": "fp8", "backend": "msamp", "msamp": {"opt_level": level}},
+                                                          distributed={"strategy": "ddp"}, train={"optimizer": optimizer}))
+            cls = getattr(msamp.optim, name)
+            assert not signature_gaps(kwargs, cls), signature_gaps(kwargs, cls)

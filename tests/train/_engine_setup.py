@@ -59,11 +59,26 @@ def gloo_world(rank: int = 0, world_size: int = 1, port: int | None = None):
         yield
     finally:
         dist.destroy_process_group()
+        _forget_deepspeed_groups()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _forget_deepspeed_groups() -> None:
+    """DeepSpeed keeps the process groups of the first world it saw in module globals (deepspeed/utils/groups.py):
+    a later test's world in the same process would meet them stale ("Group ... is not registered"). A real run is
+    one world per process; a test process joins several."""
+    import sys
+
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is None:
+        return
+    for name, value in list(vars(groups).items()):
+        if name.startswith("_") and name.isupper() and (value is None or isinstance(value, (dict, list)) or hasattr(value, "rank")):
+            setattr(groups, name, type(value)() if isinstance(value, (dict, list)) else None)
 
 
 @contextmanager

@@ -270,17 +270,23 @@ def test_te_delayed_scaling_uses_the_scales_te_keeps_and_sees_its_overflows(tmp_
 
 
 @pytest.mark.slow
-def test_compiled_blocks_are_measured_under_the_models_names(world, tmp_path):
-    """torch.compile'd blocks (OptimizedModule wrappers): the hooks run eagerly inside them; ~2.5 min on the loaded 2-core machine (compiling)."""
-    trainer, monitor, _, precision, _ = _run(tmp_path, world, every=3, steps=6, compile__enabled=True)
-    trainer.run()
-    trainer.logger.close()
-    records = _records(tmp_path)
-    assert {r["step"] for r in records} == {3, 6}
-    assert {r["layer"] for r in records} == {t.layer for t in monitor.targets}
-    assert len({r["layer"] for r in records}) == precision.report.fp8_layers
-    assert not any("_orig_mod" in r["layer"] for r in records)
-    assert len(records) == 2 * 3 * precision.report.fp8_layers
+def test_compiled_blocks_are_watched_under_the_models_names(tmp_path):
+    """torch.compile'd and checkpointed blocks (OptimizedModule, CheckpointWrapper): the targets are named as the
+    model was built. The hooks running eagerly inside compiled blocks, end to end: tests/e2e/test_support_matrix.py
+    (its compiled, monitored FP8 runs check fp8_stats.jsonl)."""
+    from launcher.train.compile_ac import prepare_blocks
+    from launcher.train.precision import apply_precision
+
+    plan, _ = make_plan(tmp_path, precision__mode="fp8", precision__torchao__skip_small=False, compile__enabled=True,
+                        activation_checkpointing__mode="full", monitor__fp8_stats_every=3)
+    model = tiny_model()
+    precision = apply_precision(model, plan, CPU.device)
+    prepare_blocks(model, plan, precision)
+    assert any("_orig_mod" in name for name, _ in model.named_modules())  # really wrapped
+    monitor = build_monitor(plan, precision, model, is_main=True)
+    assert len(monitor.targets) == precision.report.fp8_layers
+    assert not any("_orig_mod" in t.layer or "_checkpoint_wrapped_module" in t.layer for t in monitor.targets)
+    assert {t.layer for t in monitor.targets} <= {name for name, _ in tiny_model().named_modules()}
 
 
 def test_a_monitor_with_nothing_to_watch_says_so(world, tmp_path):

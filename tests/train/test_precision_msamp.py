@@ -57,8 +57,9 @@ class FP8Linear(nn.Module):
 
 
 def fake_msamp(convert=True):
-    """msamp.initialize's contract: replace every nn.Linear without use_fp32_linear by FP8Linear
-    (msamp/nn/linear.py LinearReplacer) and return (model, LBAdamW-like optimizer)."""
+    """The parts of MS-AMP 0.4 that wrap_optimizer calls: msamp.nn.LinearReplacer.replace (every nn.Linear
+    without use_fp32_linear becomes an FP8Linear, msamp/nn/linear.py), msamp.te.TeReplacer, and the
+    optimizers msamp.optim.LBAdamW / LBAdam (recorded with their arguments), msamp.clip_grad_norm_."""
     calls = []
 
     def replace(module):
@@ -68,14 +69,25 @@ def fake_msamp(convert=True):
                     setattr(module, name, FP8Linear(child))
             else:
                 replace(child)
+        return module
 
-    def initialize(model, optimizer=None, opt_level="O1", use_te=False):
-        calls.append((opt_level, use_te))
-        replace(model)
-        return model, torch.optim.AdamW(model.parameters())
+    def replacer(kind):
+        def run(model):
+            calls.append(kind)
+            return replace(model)
+        return types.SimpleNamespace(replace=run)
+
+    def optimizer(name):
+        def build(params, **kwargs):
+            calls.append((name, kwargs))
+            return torch.optim.SGD(params, lr=kwargs["lr"])
+        return build
 
     clipped = []
-    return types.SimpleNamespace(initialize=initialize, calls=calls,
+    return types.SimpleNamespace(nn=types.SimpleNamespace(LinearReplacer=replacer("LinearReplacer")),
+                                 te=types.SimpleNamespace(TeReplacer=replacer("TeReplacer")),
+                                 optim=types.SimpleNamespace(LBAdamW=optimizer("LBAdamW"), LBAdam=optimizer("LBAdam")),
+                                 calls=calls,
                                  clip_grad_norm_=lambda params, max_norm: clipped.append(max_norm) or torch.tensor(0.0),
                                  clipped=clipped)
 
@@ -89,8 +101,8 @@ def test_kept_linears_are_marked_and_initialize_converts_the_rest():
     assert prec.report.fp8_layers == 13 and "planned" in prec.report.line()
     opt = torch.optim.AdamW(model.parameters())
     model2, opt2 = prec.wrap_optimizer(model, opt)
-    assert ms.calls == [("O2", False)]
-    assert opt2 is not opt
+    assert ms.calls[0] == "LinearReplacer" and ms.calls[1][0] == "LBAdamW"  # AdamW -> MS-AMP's AdamW, not its Adam
+    assert opt2 is not opt and {id(q) for q in opt2.param_groups[0]["params"]} == {id(q) for q in model2.parameters()}
     assert sum(isinstance(m, FP8Linear) for m in model2.modules()) == 13
     r = prec.report
     assert (r.backend, r.recipe, r.fp8_layers, r.total_linear) == ("msamp", "O2", 13, 15)
@@ -116,8 +128,44 @@ def test_deepspeed_leaves_initialize_to_msamps_engine_and_recount_reports_it():
     opt = torch.optim.AdamW(model.parameters())
     assert prec.wrap_optimizer(model, opt) == (model, opt) and ms.calls == []
     assert prec.autocast_dtype is None and prec.ddp_class is None
-    ms.initialize(model, opt, "O2")  # what MS-AMP's DeepSpeed engine does inside deepspeed.initialize
+    ms.nn.LinearReplacer.replace(model)  # what MS-AMP's DeepSpeed engine does inside deepspeed.initialize
     assert prec.recount(model).fp8_layers == 13 and "planned" not in prec.report.line()
+
+
+@pytest.mark.parametrize("optimizer,level,cls,dtypes", [
+    ("adamw", "O2", "LBAdamW", (torch.uint8, torch.float16)),
+    ("adam", "O1", "LBAdam", (torch.float32, torch.float32)),
+])
+def test_the_optimizer_is_msamps_own_with_the_plans_arguments(optimizer, level, cls, dtypes):
+    plan = make_plan(precision={"mode": "fp8", "backend": "msamp", "msamp": {"opt_level": level}},
+                     distributed={"strategy": "ddp", "procs_per_node": 1},
+                     train={"optimizer": optimizer, "lr": 2e-3, "weight_decay": 0.1})
+    name, kwargs = msamp_backend.msamp_optimizer_args(plan)
+    assert name == cls
+    assert kwargs == {"lr": 2e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1,
+                      "exp_avg_dtype": dtypes[0], "exp_avg_sq_dtype": dtypes[1]}
+    assert "decoupled_weight_decay" not in kwargs  # torch's AdamW default that MS-AMP's optimizers reject
+
+
+def test_use_te_converts_through_msamps_te_replacer():
+    from .test_precision_te import fake_te
+
+    te, te_recipe, _ = fake_te()
+    ms = fake_msamp()
+
+    def te_replace(model):  # msamp/te/replacer.py: TE modules' weights become ScalingParameters
+        ms.calls.append("TeReplacer")
+        for m in model.modules():
+            if isinstance(m, te.Linear):
+                m.weight = ScalingParameter(m.weight.detach().clone())
+        return model
+
+    ms.te.TeReplacer = types.SimpleNamespace(replace=te_replace)
+    model = TinyLlama()
+    prec = msamp_backend.apply_msamp(model, msamp_plan("O2", use_te=True), CPU, msamp=ms,
+                                     scaling_parameter=ScalingParameter, te=te, te_recipe=te_recipe)
+    prec.wrap_optimizer(model, torch.optim.AdamW(model.parameters()))
+    assert ms.calls[0] == "TeReplacer"
 
 
 def test_clip_grad_norm_goes_through_msamp():

@@ -19,6 +19,13 @@ class Mine(enum.Enum):
 logging.getLogger("torchao").warning("Failed to load /opt/x/torchao/_C_other.so: undefined symbol: foo")
 logging.getLogger("torch.utils._pytree").warning(PYTREE_ENUM, Mine)
 logging.getLogger("torchao").warning("a real torchao warning")
+import warnings
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+out = torch.zeros(4)
+dist.all_gather_into_tensor(out, torch.ones(4))  # what DeepSpeed's ZeRO calls every step
+warnings.warn("a real FutureWarning", FutureWarning)
+dist.destroy_process_group()
 """
 
 
@@ -38,6 +45,7 @@ def test_harmless_messages_are_dropped_and_real_ones_get_through():
     noisy, quiet = _stderr("noisy", "quiet")
     assert "torchao/_C_mxfp8" in noisy and "<enum 'KernelPreference'> is an Enum subclass" in noisy  # what a worker would print
     assert "torchao/_C_mxfp8" not in quiet and "_C_cutlass_90a" not in quiet and "KernelPreference" not in quiet
+    assert "all_gather_into_tensor` is deprecated" in noisy and "all_gather_into_tensor" not in quiet
     for real in ("Failed to load /opt/x/torchao/_C_other.so: undefined symbol: foo", "<enum 'Mine'> is an Enum subclass",
-                 "a real torchao warning"):
+                 "a real torchao warning", "a real FutureWarning"):
         assert real in quiet and real in noisy

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from launcher.errors import BackendMissing
+from launcher.rules import Facts, rule_error
 from launcher.train.models import logits_of
 from launcher.train.optim import build_optimizer, build_scheduler
 
@@ -73,7 +74,9 @@ def import_deepspeed(device: torch.device, msamp: bool):
             import deepspeed
     except ImportError as e:
         if msamp:
-            raise BackendMissing("msamp", INSTALL["msamp"]) from e
+            from ..precision.msamp import import_error
+
+            raise import_error(e, "deepspeed") from e
         raise BackendMissing("deepspeed", INSTALL["deepspeed"]) from e
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     return deepspeed
@@ -109,6 +112,25 @@ def zero3_partition(deepspeed, config: dict):
     return partition
 
 
+def zero3_compiled_blocks(model: nn.Module) -> int:
+    """Let ZeRO-3 run torch.compile'd blocks: its forward prologue sets `module._parameters._in_forward`
+    on every module, after `ensure_zero_ordered_dict` swapped each `_parameters` for a ZeROOrderedDict
+    with setattr (deepspeed/runtime/zero/parameter_offload.py). An OptimizedModule (torch.compile's
+    wrapper) forwards that setattr to the module it wraps, so its own `_parameters` stays a plain dict
+    and the prologue fails ("'dict' object has no attribute '_in_forward'"). The wrapper owns no
+    parameters: its own dict is replaced in place. Returns how many wrappers were fixed."""
+    from deepspeed.runtime.zero.parameter_offload import ZeROOrderedDict
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    n = 0
+    for m in model.modules():
+        own = m.__dict__.get("_parameters")
+        if isinstance(m, OptimizedModule) and isinstance(own, dict) and not isinstance(own, ZeROOrderedDict):
+            m.__dict__["_parameters"] = ZeROOrderedDict(m, own)
+            n += 1
+    return n
+
+
 def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: dict, *, env: DistEnv,
                    pending: Pending | None = None) -> DeepSpeedEngine:
     """`pending` (a meta-built model) gets its storage and weights on the device before
@@ -118,11 +140,15 @@ def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: d
     materialised whole under ZeRO-3 too, and partitioned by deepspeed.initialize."""
     p = plan.precision
     msamp = p.fp8 and p.backend == "msamp"
+    if env.device.type == "cpu" and config.get("fp16", {}).get("enabled"):
+        raise rule_error("DS-FP16-CPU", Facts(plan=plan))  # planning refuses launch.device = "cpu"; "auto" finds it here
     deepspeed = import_deepspeed(env.device, msamp)
     deepspeed.init_distributed(dist_backend=env.backend)
     if pending is not None:
         zero3 = plan.distributed.deepspeed.zero_stage == 3 and not pending.whole_model_init
         pending(model, env.device, partition=zero3_partition(deepspeed, config) if zero3 else None)
+    if plan.distributed.deepspeed.zero_stage == 3:
+        zero3_compiled_blocks(model)
     # MS-AMP O3 builds its FP8 ZeRO optimizer from deepspeed.json's "optimizer" section.
     optimizer = None if "optimizer" in config else build_optimizer(model.parameters(), plan.train)
     engine, ds_optimizer, _, scheduler = deepspeed.initialize(

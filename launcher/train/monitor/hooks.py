@@ -174,6 +174,8 @@ class Collector:
             return
         if hasattr(x, "to_local"):  # a DTensor shard: its own values (amax is reduced with max across ranks)
             x = x.to_local()
+            if is_fp8_tensor(x):  # cast before it got here (tensor parallel: PrepareFloat8ModuleInput, before the all-gather)
+                return
         x = getattr(x, "_tensor", x)  # torchao's WeightWithDynamicFloat8CastTensor wraps the hp weight
         scale = t.scale_source(t.module, operand) if t.scale_source else None
         self.add(t.layer, operand, cast_stats(x, t.operands[operand], scale))

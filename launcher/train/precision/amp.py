@@ -88,6 +88,10 @@ class Precision:
         """Clip gradients (after grad_scaler.unscale_ when there is a scaler); MS-AMP overrides this."""
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 
+    def fp8_label(self, module: nn.Module) -> str | None:
+        """"fp8 <recipe>" when `module` runs its GEMM in FP8 as converted (read from the module), else None."""
+        return None
+
     def recount(self, model: nn.Module) -> PrecisionReport:
         """Count the FP8 layers of `model` again and keep that as `report`: for a conversion that
         happens after apply_precision (MS-AMP converts in wrap_optimizer, or inside DeepSpeed for O3)."""

@@ -2,14 +2,18 @@
 optimizer states.
 
 How MS-AMP is entered depends on the strategy (rules MSAMP-* stop the other combinations):
-- ddp, O1/O2: `model, optimizer = msamp.initialize(model, optimizer, opt_level)` in
-  `wrap_optimizer`; MS-AMP replaces nn.Linear by its FP8Linear there, and the engine must wrap
-  with MS-AMP's DDP (importing msamp replaces torch.nn.parallel.DistributedDataParallel with its
-  FP8DistributedDataParallel; `Precision.ddp_class` is that class).
+- ddp, O1/O2: `wrap_optimizer` does what `msamp.initialize(model, optimizer, opt_level)` does, with
+  the optimizer built by us: MS-AMP's LinearReplacer (TeReplacer with use_te) swaps nn.Linear for
+  its FP8Linear, then its LBAdamW (LBAdam for train.optimizer = "adam") with the opt level's state
+  dtypes. msamp.initialize itself cannot take a current torch AdamW: AdamW subclasses Adam there
+  (MS-AMP would build LBAdam, Adam with L2 decay) and its defaults carry decoupled_weight_decay,
+  which LBAdam rejects (TypeError). The engine wraps with MS-AMP's DDP (importing msamp replaces
+  torch.nn.parallel.DistributedDataParallel with its FP8DistributedDataParallel; `Precision.ddp_class`).
 - deepspeed, O1/O2/O3: the engine calls `msamp.deepspeed.initialize(...)` with deepspeed.json's
-  "msamp" section (`deepspeed_section`); MS-AMP's engine runs msamp.initialize itself (O3 is its
-  O2 plus the FP8 ZeRO optimizer). `wrap_optimizer` is the identity; call `recount` on the
-  engine's module afterwards to report the real conversion.
+  "msamp" and "optimizer" sections (`deepspeed_section`): DeepSpeed builds its FusedAdam (adam_w_mode
+  from train.optimizer) and MS-AMP's engine turns it into its DSAdam (O3: its O2 plus the FP8 ZeRO
+  optimizer). `wrap_optimizer` is the identity; call `recount` on the engine's module afterwards to
+  report the real conversion.
 Kept layers (keep, keep_first_last, dims) get `use_fp32_linear = True`, the attribute MS-AMP's
 LinearReplacer honours (msamp/nn/linear.py). With use_te, MS-AMP converts TE modules instead
 (msamp/te/replacer.py), so the Linears are swapped to te.Linear first.
@@ -25,8 +29,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from launcher.errors import BackendMissing
-from launcher.rules import Facts, rule_error
+from launcher.errors import BackendMissing, EnvironmentProblem
+from launcher.rules import RULES_BY_ID, Facts, rule_error
 
 from . import select
 from .amp import Precision, amp_settings
@@ -43,7 +47,8 @@ def initialize_here(plan: Plan) -> bool:
 
 
 def msamp_init_args(plan: Plan) -> dict:
-    """Keyword arguments of msamp.initialize(model, optimizer, **args)."""
+    """Keyword arguments of msamp.initialize(model, optimizer, **args), the call `wrap_optimizer` does
+    the work of (kept to check against the installed library's signature)."""
     m = plan.precision.msamp
     if m.opt_level not in ("O1", "O2"):
         raise rule_error("MSAMP-O3-STRATEGY", Facts(plan=plan))  # O3 goes through DeepSpeed, never msamp.initialize
@@ -51,6 +56,23 @@ def msamp_init_args(plan: Plan) -> dict:
     if m.use_te:  # the use_te argument exists from MS-AMP 0.3 on; older versions take three arguments
         args["use_te"] = True
     return args
+
+
+STATE_DTYPES = {"O1": ("float32", "float32"), "O2": ("uint8", "float16")}
+"""opt_level -> (exp_avg, exp_avg_sq) dtypes of MS-AMP's optimizer, as msamp.initialize sets them."""
+
+
+def msamp_optimizer_args(plan: Plan) -> tuple[str, dict]:
+    """(class name in msamp.optim, its keyword arguments) for the plan's optimizer at its opt level:
+    LBAdamW (decoupled weight decay) for adamw, LBAdam for adam; torch's defaults for betas and eps."""
+    level = msamp_init_args(plan)["opt_level"]
+    t = plan.train
+    if t.optimizer not in ("adam", "adamw"):
+        raise rule_error("MSAMP-OPTIMIZER", Facts(plan=plan))  # planning refuses it; a hand-edited plan.json could hold it
+    exp_avg, exp_avg_sq = STATE_DTYPES[level]
+    return ("LBAdamW" if t.optimizer == "adamw" else "LBAdam"), {
+        "lr": t.lr, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": t.weight_decay,
+        "exp_avg_dtype": getattr(torch, exp_avg), "exp_avg_sq_dtype": getattr(torch, exp_avg_sq)}
 
 
 def deepspeed_section(plan: Plan) -> dict:
@@ -69,19 +91,33 @@ def mark_kept(model: nn.Module, reasons: dict[str, str | None]) -> int:
     return n
 
 
-def _msamp():
+def import_error(error: ImportError, strategy: str) -> EnvironmentProblem:
+    """What to say when importing MS-AMP failed: "not installed" only when it is not; an MS-AMP that is
+    installed but cannot import next to this Transformer Engine / DeepSpeed says so with their versions
+    (rule MSAMP-STACK, launcher/stack.py), or with the import error itself when nothing visible explains it."""
+    from launcher.stack import importable, msamp_problem
+
+    if not importable("msamp"):
+        return BackendMissing("msamp", INSTALL["msamp"])
+    problem = msamp_problem(strategy) or f"MS-AMP is installed but fails to import here: {type(error).__name__}: {error}."
+    return EnvironmentProblem(f"{problem} fix: {RULES_BY_ID['MSAMP-STACK'].fix}", rule="MSAMP-STACK")
+
+
+def _msamp(strategy: str):
     try:
         import msamp
         from msamp.nn import ScalingParameter
     except ImportError as e:
-        raise BackendMissing("msamp", INSTALL["msamp"]) from e
+        raise import_error(e, strategy) from e
     return msamp, ScalingParameter
 
 
 class MsampPrecision(Precision):
-    def __init__(self, *, msamp, plan: Plan, device: torch.device, te=None, te_recipe_obj=None, **fields):
+    def __init__(self, *, msamp, plan: Plan, device: torch.device, scaling_parameter: type | None = None, te=None,
+                 te_recipe_obj=None, **fields):
         super().__init__(**fields)
         self.msamp = msamp
+        self.scaling_parameter = scaling_parameter
         self.plan = plan
         self.device = device
         self.te = te
@@ -99,16 +135,27 @@ class MsampPrecision(Precision):
                     yield
 
     def wrap_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer):
-        """msamp.initialize for O1/O2 outside DeepSpeed: converts the Linears and returns MS-AMP's
-        LBAdam/LBAdamW; then counts what it really converted."""
+        """What msamp.initialize does for O1/O2 outside DeepSpeed, with our optimizer arguments:
+        MS-AMP's replacer converts the Linears, then its LBAdamW / LBAdam steps the converted model's
+        parameters (`optimizer`, the torch one the engine built, is dropped); then counts what it
+        really converted."""
         if not initialize_here(self.plan):
             return model, optimizer
         from . import raise_run_errors
 
-        model, optimizer = self.msamp.initialize(model, optimizer, **msamp_init_args(self.plan))
+        replacer = self.msamp.te.TeReplacer if self.plan.precision.msamp.use_te else self.msamp.nn.LinearReplacer
+        model = replacer.replace(model)
+        name, kwargs = msamp_optimizer_args(self.plan)
+        optimizer = getattr(self.msamp.optim, name)([q for q in model.parameters() if q.requires_grad], **kwargs)
         self.recount(model)
         raise_run_errors(self.plan, self.device, fp8_layers=self.report.fp8_layers)
         return model, optimizer
+
+    def fp8_label(self, module: nn.Module) -> str | None:
+        """MS-AMP's FP8 layers hold their weight as a ScalingParameter (before it converts: none)."""
+        if self.scaling_parameter is None or not isinstance(getattr(module, "weight", None), self.scaling_parameter):
+            return None
+        return f"fp8 {self.plan.precision.msamp.opt_level}"
 
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
         """MS-AMP's clip_grad_norm_ understands its FP8 (ScalingTensor) gradients."""
@@ -119,7 +166,7 @@ def apply_msamp(model: nn.Module, plan: Plan, device: torch.device, msamp=None, 
     """Mark the kept Linears (and with use_te swap the others to te.Linear); MS-AMP itself converts
     later (wrap_optimizer, or inside DeepSpeed). The fakes are for tests only."""
     if msamp is None:
-        msamp, scaling_parameter = _msamp()
+        msamp, scaling_parameter = _msamp(plan.distributed.strategy)
     reasons = select.classify(model, plan)
     mark_kept(model, reasons)
     te_recipe_obj = None
@@ -148,7 +195,7 @@ def apply_msamp(model: nn.Module, plan: Plan, device: torch.device, msamp=None, 
 
     s = amp_settings(plan, device)
     return MsampPrecision(
-        msamp=msamp, plan=plan, device=device, te=te if plan.precision.msamp.use_te else None,
+        msamp=msamp, plan=plan, device=device, scaling_parameter=scaling_parameter, te=te if plan.precision.msamp.use_te else None,
         te_recipe_obj=te_recipe_obj, report=report, device_type=device.type, autocast_dtype=s["autocast_dtype"],
         param_dtype=None, grad_scaler=s["grad_scaler"], recount=recount,
         # importing msamp replaced torch's DDP class with MS-AMP's FP8DistributedDataParallel

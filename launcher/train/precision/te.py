@@ -137,6 +137,17 @@ class TEPrecision(Precision):
         with super().autocast(), te_autocast(self.te, self.recipe):
             yield
 
+    def fp8_label(self, module: nn.Module) -> str | None:
+        if not isinstance(module, te_fp8_classes(self.te)):
+            return None
+        name = type(self.recipe).__name__
+        return f"fp8 {TE_RECIPE_NAMES.get(name, name)}"
+
+
+TE_RECIPE_NAMES = {"DelayedScaling": "delayed", "Float8CurrentScaling": "current", "Float8BlockScaling": "block",
+                   "MXFP8BlockScaling": "mxfp8", "NVFP4BlockScaling": "nvfp4"}
+"""TE recipe class -> precision.te.recipe."""
+
 
 def _norms_note(swaps: list[Swap]) -> str:
     n = sum(1 for s in swaps if s.swapped and s.kind != "linear")

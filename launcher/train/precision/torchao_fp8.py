@@ -76,6 +76,27 @@ class TorchaoPrecision(Precision):
         if self.fsdp_float8_all_gather and self.precompute_scale:
             _torchao()[2](model)
 
+    def fp8_label(self, module: nn.Module) -> str | None:
+        if not isinstance(module, _torchao()[3]):
+            return None
+        return f"fp8 {recipe_of(module.config)}"
+
+
+RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+"""torchao's named float8 training recipes (Float8LinearConfig.from_recipe_name)."""
+
+
+def recipe_of(config) -> str:
+    """The torchao recipe a Float8Linear's config is, read from its casts (the FSDP2 all-gather and
+    padding settings aside); "custom" when it is none of them."""
+    Float8LinearConfig = _torchao()[0]
+    for name in RECIPES:
+        base = Float8LinearConfig.from_recipe_name(name)
+        if dataclasses.replace(config, enable_fsdp_float8_all_gather=base.enable_fsdp_float8_all_gather,
+                               pad_inner_dim=base.pad_inner_dim) == base:
+            return name
+    return "custom"
+
 
 def apply_torchao(model: nn.Module, plan: Plan, device: torch.device) -> TorchaoPrecision:
     _, convert, _, Float8Linear = _torchao()

@@ -1,0 +1,268 @@
+"""What the setup really did, measured from the live objects after the engine wrapped the model (never
+copied from the spec), and the check that every feature the spec asked for took effect.
+
+    effects = measure(engine, monitor=monitor)     # the start record's "effects"
+    layers = layer_precisions(engine.module, precision)   # its "layers": module name -> precision as built
+    check(plan, effects, engine.module, device)     # rule EFFECT-MISSING (exit 3) naming the key, before step 1
+
+Each effect, and where it is read:
+- all_gather_dtype: FSDP2 only (else None): the dtype FSDP2 all-gathers the FP8 layers' weights in (every
+  weight's, when no layer runs in FP8): a torchao float8 weight wrapper's own target dtype where the shard
+  carries fsdp_pre_all_gather, else the MixedPrecisionPolicy's param_dtype, else the shard's dtype;
+- compiled_blocks / fullgraph: transformer blocks that are torch.compile OptimizedModules, and whether
+  their dynamo context is fullgraph (None with none compiled);
+- checkpointed_blocks: transformer blocks wrapped by activation checkpointing;
+- optimizer: the class of the optimizer that steps (DeepSpeed: its basic optimizer inside ZeRO);
+- offload: {"parameters", "optimizer_states"} -> "device" | "cpu" | "nvme", from FSDP2's FSDPParam
+  offload_to_cpu and DeepSpeed's ZeRO optimizer;
+- tensor_parallel: the size of the "tp" dimension of the parameters' DTensor mesh (1 without);
+- async_tp: inductor's micro-pipeline TP pass on and symmetric memory enabled for that TP group;
+- expert_parallel: 1 (no expert-parallel model exists yet);
+- monitor_hooks: FP8 layers the FP8 monitor hooks on its sampled steps (0 with the monitor off).
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import torch
+from torch import nn
+
+from launcher.train.models import transformer_blocks
+
+if typing.TYPE_CHECKING:
+    from launcher.plan import Plan
+    from launcher.train.engines import Engine
+    from launcher.train.precision import Precision
+
+DEVICE, CPU, NVME = "device", "cpu", "nvme"
+"""Where parameters and optimizer states live: with the compute ("device"), in host memory, on NVMe."""
+
+EFFECT_KEYS = ("all_gather_dtype", "compiled_blocks", "fullgraph", "checkpointed_blocks", "optimizer", "offload",
+               "tensor_parallel", "async_tp", "expert_parallel", "monitor_hooks")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _inner(block: nn.Module) -> nn.Module:
+    return getattr(block, "_orig_mod", block)
+
+
+def _compiled(block: nn.Module) -> bool:
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return isinstance(block, OptimizedModule)
+
+
+def _checkpointed(block: nn.Module) -> bool:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    return isinstance(_inner(block), CheckpointWrapper)
+
+
+def blocks_effects(model: nn.Module) -> dict[str, Any]:
+    """compiled_blocks, fullgraph, checkpointed_blocks of `model`'s transformer blocks as they are now."""
+    blocks = transformer_blocks(model)
+    compiled = [b for b in blocks if _compiled(b)]
+    fullgraph = None
+    if compiled:
+        flags = {bool(getattr(b.dynamo_ctx, "fullgraph", False)) for b in compiled}
+        fullgraph = flags == {True}
+    return {"compiled_blocks": len(compiled), "fullgraph": fullgraph,
+            "checkpointed_blocks": sum(1 for b in blocks if _checkpointed(b))}
+
+
+def _fsdp_params(model: nn.Module) -> list:
+    from torch.distributed.fsdp import FSDPModule
+
+    out = []
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            for group in m._get_fsdp_state()._fsdp_param_groups:
+                out.extend(group.fsdp_params)
+    return out
+
+
+def all_gather_dtype(model: nn.Module, fp8_modules: set[int]) -> str | None:
+    """The dtype FSDP2 all-gathers the weights of the modules in `fp8_modules` (ids) in; of every
+    parameter when that set is empty. None without FSDP2. Mixed answers are joined with "+"."""
+    params = _fsdp_params(model)
+    if not params:
+        return None
+    chosen = [p for p in params if id(p._module_info.module) in fp8_modules] if fp8_modules else params
+    dtypes = set()
+    for p in chosen or params:
+        local = p._sharded_local_tensor
+        if hasattr(local, "fsdp_pre_all_gather"):
+            dtype = getattr(local, "_dtype", None)  # torchao's WeightWithDynamicFloat8CastTensor casts to this
+            dtypes.add(_dtype_name(dtype) if isinstance(dtype, torch.dtype) else type(local).__name__)
+        else:
+            dtypes.add(_dtype_name(p.mp_policy.param_dtype or p.sharded_param.dtype))
+    return "+".join(sorted(dtypes))
+
+
+def optimizer_class(engine: Engine) -> str:
+    """The class of the optimizer that steps: DeepSpeed's basic optimizer, not its ZeRO wrapper."""
+    basic = getattr(engine.model, "basic_optimizer", None)
+    return type(basic if basic is not None else engine.optimizer).__name__
+
+
+def offload(engine: Engine) -> dict[str, str]:
+    """Where parameters and optimizer states live, from the engine's own objects."""
+    params = _fsdp_params(engine.model) if engine.name == "fsdp2" else []
+    if params:
+        where = CPU if all(p.offload_to_cpu for p in params) else DEVICE
+        return {"parameters": where, "optimizer_states": where}  # the optimizer steps the (offloaded) shards
+    if engine.name == "deepspeed":
+        zero = engine.model.optimizer
+        if hasattr(zero, "offload_param"):  # ZeRO-3
+            return {"parameters": NVME if zero.params_in_nvme_and_cpu else CPU if zero.offload_param else DEVICE,
+                    "optimizer_states": NVME if zero.swap_optimizer else CPU if zero.offload_optimizer else DEVICE}
+        return {"parameters": DEVICE, "optimizer_states": CPU if getattr(zero, "cpu_offload", False) else DEVICE}
+    return {"parameters": DEVICE, "optimizer_states": DEVICE}
+
+
+def tp_group(model: nn.Module):
+    """The tensor-parallel process group of the model's DTensor parameters, or None."""
+    from torch.distributed.tensor import DTensor
+
+    for q in model.parameters():
+        mesh = q.device_mesh if isinstance(q, DTensor) else None
+        if mesh is not None and "tp" in (mesh.mesh_dim_names or ()):
+            return mesh["tp"].get_group()
+    return None
+
+
+def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None) -> dict[str, Any]:
+    """Every effect (EFFECT_KEYS) of the wrapped model, its optimizer and the monitor."""
+    from launcher.train.tensor_parallel import async_tp_active
+
+    group = tp_group(engine.module)
+    return {
+        "all_gather_dtype": all_gather_dtype(engine.model, set(fp8_modules)) if engine.name == "fsdp2" else None,
+        **blocks_effects(engine.module),
+        "optimizer": optimizer_class(engine),
+        "offload": offload(engine),
+        "tensor_parallel": group.size() if group is not None else 1,
+        "async_tp": async_tp_active(group.group_name) if group is not None else False,
+        "expert_parallel": 1,
+        "monitor_hooks": len(monitor.targets) if monitor is not None else 0,
+    }
+
+
+def layer_precisions(model: nn.Module, precision: Precision) -> dict[str, str]:
+    """Module name (as built: wrapper parts dropped) -> precision as built, for every Linear and every
+    backend FP8 linear module: "fp8 <recipe>" (read from the module) or the high-precision dtype."""
+    from launcher.train.monitor.hooks import clean_fqn
+
+    from .precision.report import linear_like
+
+    high = precision.report.high_precision
+    return {clean_fqn(fqn): precision.fp8_label(m) or high
+            for fqn, m, _ in linear_like(model, lambda m: precision.fp8_label(m) is not None)}
+
+
+def fp8_module_ids(model: nn.Module, precision: Precision) -> set[int]:
+    return {id(m) for m in model.modules() if precision.fp8_label(m) is not None}
+
+
+# --- what the spec asked for -----------------------------------------------------------------------
+
+AT_LEAST_ONE = "at least 1"
+
+OPTIMIZERS = {"adamw": ("AdamW", "LBAdamW", "DeepSpeedCPUAdam", "FusedAdam", "DSAdam"),
+              "adam": ("Adam", "LBAdam", "DeepSpeedCPUAdam", "FusedAdam", "DSAdam"),
+              "sgd": ("SGD",)}
+"""train.optimizer -> the classes that implement it (torch's, MS-AMP's, DeepSpeed's with its Adam mode)."""
+
+
+def expected(plan: Plan, n_blocks: int) -> dict[str, tuple[str, Any]]:
+    """effect -> (the spec key that asks for it, the value it must have: a value, a tuple of allowed
+    values, or AT_LEAST_ONE) for each feature the plan asks for."""
+    out: dict[str, tuple[str, Any]] = {"optimizer": ("train.optimizer", OPTIMIZERS[plan.train.optimizer])}
+    n_blocks = max(n_blocks, 1)  # a model with no blocks fp8launch can find compiles and checkpoints nothing
+    if plan.compile.enabled:
+        out["compiled_blocks"] = ("compile.enabled", n_blocks)
+        if plan.compile.fullgraph:
+            out["fullgraph"] = ("compile.fullgraph", True)
+    ac = plan.activation_checkpointing.mode
+    if ac != "none":
+        out["checkpointed_blocks"] = ("activation_checkpointing.mode", n_blocks if ac == "full" else (n_blocks + 1) // 2)
+    p, d = plan.precision, plan.distributed
+    if p.fp8 and p.backend == "torchao" and p.torchao.fsdp_float8_all_gather and d.strategy == "fsdp2":
+        out["all_gather_dtype"] = ("precision.torchao.fsdp_float8_all_gather", "float8_e4m3fn")
+    ds = d.deepspeed
+    if d.strategy == "deepspeed" and ds.offload_optimizer != "none":
+        out["offload.optimizer_states"] = ("distributed.deepspeed.offload_optimizer", ds.offload_optimizer)
+        if plan.train.optimizer in ("adam", "adamw"):
+            out["optimizer"] = ("distributed.deepspeed.offload_optimizer", ("DeepSpeedCPUAdam",))
+    if d.strategy == "deepspeed" and ds.offload_param != "none":
+        out["offload.parameters"] = ("distributed.deepspeed.offload_param", ds.offload_param)
+    if d.strategy == "fsdp2" and d.fsdp2.cpu_offload:
+        out["offload.parameters"] = ("distributed.fsdp2.cpu_offload", CPU)
+    if d.tensor_parallel > 1:
+        out["tensor_parallel"] = ("distributed.tensor_parallel", d.tensor_parallel)
+    if d.async_tp:
+        out["async_tp"] = ("distributed.async_tp", True)
+    if plan.monitor.fp8_stats_every > 0 and p.fp8 and p.backend in ("torchao", "te"):
+        out["monitor_hooks"] = ("monitor.fp8_stats_every", AT_LEAST_ONE)
+    return out
+
+
+def _value(effects: dict[str, Any], key: str) -> Any:
+    value: Any = effects
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _holds(got: Any, want: Any) -> bool:
+    if want == AT_LEAST_ONE:
+        return isinstance(got, int) and got >= 1
+    if isinstance(want, tuple):
+        return got in want
+    return got == want
+
+
+def missing(plan: Plan, effects: dict[str, Any], n_blocks: int) -> tuple[str, ...]:
+    """One line for each feature the plan asks for that did not take effect. `n_blocks`: the model's
+    repeated blocks as fp8launch finds them (models.transformer_blocks)."""
+    out = []
+    if n_blocks == 0 and (plan.compile.enabled or plan.activation_checkpointing.mode != "none"):
+        out.append("the model has no repeated blocks fp8launch can find (a ModuleList model.layers, or a Hugging Face "
+                   "model's decoder layers), so torch.compile and activation checkpointing, which wrap each block, have nothing to wrap")
+    for key, (spec_key, want) in expected(plan, n_blocks).items():
+        got = _value(effects, key)
+        if not _holds(got, want):
+            shown = " or ".join(map(str, want)) if isinstance(want, tuple) else want
+            out.append(f"{spec_key} needs {key} = {shown}, and this run has {got!r}")
+    return tuple(out)
+
+
+def check(plan: Plan, effects: dict[str, Any], model: nn.Module, device: torch.device) -> None:
+    """Stop before step 1 (exit 3, rule EFFECT-MISSING) when something the spec asked for did not take effect."""
+    from launcher.train.precision import raise_run_errors
+
+    raise_run_errors(plan, device, missing_effects=missing(plan, effects, len(transformer_blocks(model))))
+
+
+def effects_line(effects: dict[str, Any]) -> str:
+    """The start line: what took effect, compactly."""
+    off = effects["offload"]
+    parts = [f"optimizer {effects['optimizer']}"]
+    if effects["all_gather_dtype"]:
+        parts.append(f"FSDP2 all-gathers {effects['all_gather_dtype']}")
+    if effects["compiled_blocks"]:
+        parts.append(f"{effects['compiled_blocks']} blocks compiled" + (" (fullgraph)" if effects["fullgraph"] else ""))
+    if effects["checkpointed_blocks"]:
+        parts.append(f"{effects['checkpointed_blocks']} blocks checkpointed")
+    if off != {"parameters": DEVICE, "optimizer_states": DEVICE}:
+        parts.append(f"parameters on {off['parameters']}, optimizer states on {off['optimizer_states']}")
+    if effects["tensor_parallel"] > 1:
+        parts.append(f"tensor parallel {effects['tensor_parallel']}" + (" (async)" if effects["async_tp"] else ""))
+    if effects["monitor_hooks"]:
+        parts.append(f"monitor hooks {effects['monitor_hooks']} FP8 layers")
+    return "effects: " + ", ".join(parts)

@@ -1,0 +1,157 @@
+"""The support matrix, run (docs/support-matrix.md; launcher/support_matrix.py generates both).
+
+Every run that the rule table lets train goes through `fp8launch run` for real (torchrun, 2 processes
+over gloo, 2 blocks of llama-debug, 32 tokens, 2 steps) and must finish with every step logged and a
+start record whose `effects` and `layers` follow its spec, as computed here from the spec alone. A
+crash after the start fails. Every pair the rule table refuses must stop before torchrun starts, exit 2
+(3 for a run-stage rule), with one line naming the rule. Refused runs go through the CLI in-process:
+they never get as far as starting a process.
+
+Run it alone: `pytest -m slow tests/e2e/test_support_matrix.py` (~4 min on 2 cores, ~6 s per trained run).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from launcher.cli import main
+from launcher.preflight import libaio_present
+from launcher.support_matrix import CPU_BASE, CPU_OPTIONS, generate, spec_of
+
+from .helpers import output_of, run
+
+MATRIX = generate()
+BLOCKS = 2
+"""builtin:llama-debug?layers=2."""
+
+DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def test_the_matrix_covers_every_pair():
+    assert MATRIX.covered() == set(MATRIX.pairs)
+    print(MATRIX.coverage_line())
+
+
+def _value(config: dict, key: str):
+    from launcher.support_matrix import _default
+
+    return config.get(key, _default(key))
+
+
+def expected_effects(config: dict, fp8_layers: int) -> dict:
+    """What each effect must be for this spec, from the spec alone."""
+    get = lambda key: _value(config, key)  # noqa: E731
+    strategy, mode = get("distributed.strategy"), get("precision.mode")
+    compute = "bf16" if mode == "fp8" else mode
+    fp8 = mode == "fp8"
+    all_gather = None
+    if strategy == "fsdp2":
+        all_gather = "float8_e4m3fn" if fp8 and get("precision.torchao.fsdp_float8_all_gather") else DTYPE[compute]
+    compiled = get("compile.enabled")
+    offload = {"parameters": "device", "optimizer_states": "device"}
+    if strategy == "fsdp2" and get("distributed.fsdp2.cpu_offload"):
+        offload = {"parameters": "cpu", "optimizer_states": "cpu"}
+    if strategy == "deepspeed":
+        where = lambda v: "device" if v == "none" else v  # noqa: E731
+        offload = {"parameters": where(get("distributed.deepspeed.offload_param")),
+                   "optimizer_states": where(get("distributed.deepspeed.offload_optimizer"))}
+    optimizer = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[get("train.optimizer")]
+    if strategy == "deepspeed" and offload["optimizer_states"] != "device" and optimizer != "SGD":
+        optimizer = "DeepSpeedCPUAdam"
+    return {
+        "all_gather_dtype": all_gather,
+        "compiled_blocks": BLOCKS if compiled else 0,
+        "fullgraph": bool(get("compile.fullgraph")) if compiled else None,
+        "checkpointed_blocks": {"none": 0, "full": BLOCKS, "selective": 1}[get("activation_checkpointing.mode")],
+        "optimizer": optimizer,
+        "offload": offload,
+        "tensor_parallel": get("distributed.tensor_parallel"),
+        "async_tp": False,
+        "expert_parallel": 1,
+        "monitor_hooks": fp8_layers if fp8 and get("monitor.fp8_stats_every") else 0,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("matrix_run", MATRIX.trained, ids=[r.name for r in MATRIX.trained])
+def test_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
+    spec = spec_of(matrix_run.config, matrix_run.name)
+    path = tmp_path / f"{matrix_run.name}.json"
+    path.write_text(json.dumps(spec, indent=1))
+    r, seconds = run(tmp_path, "run", str(path))
+    assert r.returncode == 0, output_of(r)
+    lines = [json.loads(line) for line in (tmp_path / "runs" / matrix_run.name / "metrics.jsonl").read_text().splitlines()]
+    start, steps, end = lines[0], [x for x in lines if x["event"] == "step"], lines[-1]
+    assert start["event"] == "start" and end["event"] == "end" and [x["step"] for x in steps] == [1, 2]
+    assert all(math.isfinite(x["loss"]) and x["loss"] > 0 for x in steps), steps
+    # the lr schedule steps once per optimizer step (DeepSpeed too, with accumulation): cosine from 1e-3 to 10% at step 2
+    assert [x["lr"] for x in steps] == pytest.approx([1e-3, 1e-3 * (0.1 + 0.9 * 0.5)]), steps
+    deepspeed = _value(matrix_run.config, "distributed.strategy") == "deepspeed"
+    assert all((x["grad_norm"] is None) if deepspeed else x["grad_norm"] > 0 for x in steps), steps  # DeepSpeed clips inside its step
+    assert r.stdout.count("precision: ") == 1  # rank 0 only
+    get = lambda key: _value(matrix_run.config, key)  # noqa: E731
+    dp = 2 // get("distributed.tensor_parallel")  # the ranks of a TP group read the same batches
+    assert start["tokens_per_step"] == 1 * get("train.grad_accum_steps") * dp * 32  # micro 1 x accum x dp x seq 32
+    assert ("float8 all-gather" in start["precision"]) == bool(get("precision.mode") == "fp8" and get("precision.torchao.fsdp_float8_all_gather"))
+    mode = _value(matrix_run.config, "precision.mode")
+    fp8_layers = start["fp8_layers"]
+    assert (fp8_layers > 0) == (mode == "fp8")
+    assert start["effects"] == expected_effects(matrix_run.config, fp8_layers), (start["effects"], matrix_run.config)
+    # layers: every Linear as built; the FP8 ones name the recipe they run, the others the compute dtype
+    layers = start["layers"]
+    assert len(layers) == start["total_linear"]
+    fp8 = {k: v for k, v in layers.items() if v.startswith("fp8")}
+    assert len(fp8) == fp8_layers
+    recipe = _value(matrix_run.config, "precision.torchao.recipe")
+    assert set(fp8.values()) <= {f"fp8 {recipe}"}
+    assert set(layers.values()) - set(fp8.values()) <= {"bf16" if mode == "fp8" else mode}
+    assert "effects: optimizer " + start["effects"]["optimizer"] in r.stdout  # the run's first lines say it
+    if fp8 and _value(matrix_run.config, "monitor.fp8_stats_every"):
+        # sampled every step: every FP8 layer, named as built (no compile or checkpoint wrapper parts), shares in 0..1
+        stats = [json.loads(x) for x in (tmp_path / "runs" / matrix_run.name / "fp8_stats.jsonl").read_text().splitlines()]
+        assert {s["step"] for s in stats} == {1, 2}
+        assert {s["layer"] for s in stats} == set(fp8)
+        assert all(0 <= s["underflow"] <= 1 and 0 <= s["overflow"] <= 1 and s["amax"] > 0 for s in stats)
+    print(f"{matrix_run.name}: {seconds:.1f} s")
+
+
+@pytest.mark.parametrize("matrix_run", MATRIX.refused, ids=[r.name for r in MATRIX.refused])
+def test_a_refused_pair_stops_before_torchrun_naming_its_rule(matrix_run, tmp_path, monkeypatch):
+    if matrix_run.refused_by == ("DS-NVME-AIO",) and libaio_present():
+        pytest.skip("libaio is installed here: NVMe offload trains instead (test_nvme_offload_trains_where_libaio_is_installed)")
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / f"{matrix_run.name}.json"
+    path.write_text(json.dumps(spec_of(matrix_run.config, matrix_run.name)))
+    result = CliRunner().invoke(main, ["run", str(path)], catch_exceptions=False)
+    assert result.exit_code == matrix_run.exit_code, result.stderr
+    errors = [line for line in result.stderr.splitlines() if ": error[" in line]
+    assert errors and all(any(f"error[{rule}]" in line for rule in matrix_run.refused_by) for line in errors), result.stderr
+    assert f"error[{matrix_run.refused_by[0]}]" in result.stderr
+    assert not (tmp_path / "runs" / matrix_run.name / "logs").exists()  # torchrun never started
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not libaio_present(), reason="NVMe offload needs libaio (apt-get install libaio-dev): refused with DS-NVME-AIO")
+def test_nvme_offload_trains_where_libaio_is_installed(tmp_path):
+    """ZeRO-3 swapping both parameters and optimizer states to files under nvme_path (DeepSpeed JIT-builds
+    its async_io op the first time: ~2.5 min on 2 cores)."""
+    config = {"distributed.strategy": "deepspeed", "distributed.deepspeed.zero_stage": 3, "precision.mode": "fp8",
+              "distributed.deepspeed.offload_optimizer": "nvme", "distributed.deepspeed.offload_param": "nvme"}
+    path = tmp_path / "nvme.json"
+    path.write_text(json.dumps(spec_of(config, "nvme")))
+    r, _ = run(tmp_path, "run", str(path), timeout=900)
+    assert r.returncode == 0, output_of(r)
+    start = json.loads((tmp_path / "runs" / "nvme" / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["effects"]["offload"] == {"parameters": "nvme", "optimizer_states": "nvme"}
+    assert start["effects"]["optimizer"] == "DeepSpeedCPUAdam"
+    swapped = tmp_path / "nvme" / "zero_stage_3"  # nvme_path "nvme": relative to where the run started
+    assert swapped.is_dir() and any(swapped.rglob("*.swp")), list(tmp_path.rglob("*"))
+
+
+def test_the_base_spec_is_what_the_docs_say():
+    assert CPU_BASE["train.steps"] == 2 and CPU_BASE["distributed.procs_per_node"] == 2 and CPU_BASE["train.seq_len"] == 32
+    assert {o.key for o in CPU_OPTIONS} >= {"distributed.strategy", "precision.mode", "compile.enabled", "train.on_nan"}

@@ -1,0 +1,79 @@
+"""The GPU support matrix (docs/support-matrix.md, launcher/support_matrix.GPU_OPTIONS): every row through
+`fp8launch run` on CUDA, 2 steps; its start record's effects and layers must follow the spec. A row whose
+backend is not installed, or that needs more GPUs or a newer GPU than this machine has, is skipped with
+the reason (TE's mxfp8/nvfp4 recipes need compute capability >= 10.0: rule TE-RECIPE-HARDWARE must then
+refuse it, exit 3, which is checked instead). Refused pairs are checked on CPU (tests/test_support_matrix.py).
+
+Record the outcomes for the docs: FP8LAUNCH_MATRIX_RESULTS=benchmarks/results/support_matrix_gpu.json
+pytest -m gpu tests/gpu/test_support_matrix_gpu.py, then `make support-matrix`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from launcher.support_matrix import GPU_BASE, GPU_OPTIONS, _default, generate, spec_of
+
+CUDA = torch.cuda.is_available()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA GPU")]
+MATRIX = generate(GPU_OPTIONS, GPU_BASE, "g")
+FP8LAUNCH = str(Path(sys.executable).parent / "fp8launch")
+PACKAGE = {"torchao": "torchao", "te": "transformer_engine", "msamp": "msamp"}
+NEEDS_SM100 = {"mxfp8", "nvfp4"}
+
+
+def _get(config, key):
+    return config.get(key, _default(key))
+
+
+def _record(name: str, outcome: str) -> None:
+    path = os.environ.get("FP8LAUNCH_MATRIX_RESULTS")
+    if not path:
+        return
+    data = json.loads(Path(path).read_text()) if Path(path).exists() else {"runs": {}}
+    data.update(device=torch.cuda.get_device_name(0), torch=torch.__version__, date=datetime.date.today().isoformat())
+    data["runs"][name] = outcome
+    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+@pytest.mark.parametrize("matrix_run", MATRIX.trained, ids=[r.name for r in MATRIX.trained])
+def test_gpu_row_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
+    c = matrix_run.config
+    backend = _get(c, "precision.backend") if _get(c, "precision.mode") == "fp8" else None
+    if backend and importlib.util.find_spec(PACKAGE[backend]) is None:
+        pytest.skip(f"{PACKAGE[backend]} is not installed")
+    if _get(c, "distributed.strategy") == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed")
+    procs = max(1, _get(c, "distributed.tensor_parallel"))
+    if torch.cuda.device_count() < procs:
+        pytest.skip(f"needs {procs} GPUs")
+    spec = tmp_path / f"{matrix_run.name}.json"
+    spec.write_text(json.dumps(spec_of(c, matrix_run.name, GPU_BASE)))
+    r = subprocess.run([FP8LAUNCH, "run", str(spec)], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    recipe = _get(c, "precision.te.recipe") if backend == "te" else None
+    if recipe in NEEDS_SM100 and torch.cuda.get_device_capability() < (10, 0):
+        assert r.returncode == 3 and "TE-RECIPE-HARDWARE" in r.stderr, r.stderr[-3000:]
+        _record(matrix_run.name, "refused: TE-RECIPE-HARDWARE (GPU below 10.0)")
+        return
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-4000:])
+    lines = [json.loads(x) for x in (tmp_path / "runs" / matrix_run.name / "metrics.jsonl").read_text().splitlines()]
+    start, steps = lines[0], [x for x in lines if x["event"] == "step"]
+    assert len(steps) == 2 and all(math.isfinite(x["loss"]) for x in steps)
+    e = start["effects"]
+    assert e["compiled_blocks"] == (2 if _get(c, "compile.enabled") else 0)
+    assert e["checkpointed_blocks"] == (2 if _get(c, "activation_checkpointing.mode") == "full" else 0)
+    assert e["tensor_parallel"] == _get(c, "distributed.tensor_parallel")
+    assert e["async_tp"] == bool(_get(c, "distributed.tensor_parallel") > 1 and _get(c, "distributed.async_tp"))
+    fp8 = [v for v in start["layers"].values() if v.startswith("fp8")]
+    assert len(fp8) == start["fp8_layers"] and (start["fp8_layers"] > 0) == (backend is not None)
+    _record(matrix_run.name, "trained")

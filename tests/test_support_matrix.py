@@ -1,0 +1,81 @@
+"""The support matrix's generator (torch-free): every schema key is in a matrix or says where it is tested,
+every pair is covered, every run's spec is valid, and docs/support-matrix.md is current. The runs
+themselves run in tests/e2e/test_support_matrix.py (CPU) and tests/gpu/test_support_matrix_gpu.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from launcher.rules import RULES_BY_ID
+from launcher.spec import SpecSource, validate
+from launcher.support_matrix import (CPU_BASE, CPU_OPTIONS, ELSEWHERE, GPU_BASE, GPU_OPTIONS, Option, all_pairs, generate,
+                                     pairs_in, render_markdown, schema_keys, spec_of)
+
+CPU, GPU = generate(), generate(GPU_OPTIONS, GPU_BASE, "g")
+
+
+def test_every_schema_key_is_in_a_matrix_or_says_where_it_is_tested():
+    in_matrix = {o.key for o in CPU_OPTIONS + GPU_OPTIONS}
+    keys = set(schema_keys())
+    assert keys - in_matrix - set(ELSEWHERE) == set(), "add the new option to a matrix in launcher/support_matrix.py"
+    assert set(ELSEWHERE) - keys == set() and not (set(ELSEWHERE) & in_matrix)
+
+
+@pytest.mark.parametrize("matrix", [CPU, GPU], ids=["cpu", "gpu"])
+def test_every_pair_is_covered_by_a_run_that_trains_or_by_the_rule_that_refuses_it(matrix):
+    assert matrix.covered() == set(matrix.pairs)
+    trained = set().union(*(pairs_in(matrix.options, r.config) for r in matrix.trained))
+    assert set(matrix.pairs) - trained == set(matrix.refused_pairs)  # a pair is refused only where no run trains it
+    for r in matrix.refused:
+        assert r.refused_by and all(rule in RULES_BY_ID for rule in r.refused_by)
+        assert r.pair in pairs_in(matrix.options, r.config)
+
+
+@pytest.mark.parametrize("matrix", [CPU, GPU], ids=["cpu", "gpu"])
+def test_every_runs_spec_is_valid(matrix):
+    base = CPU_BASE if matrix is CPU else GPU_BASE
+    for r in matrix.runs:
+        validate(SpecSource(path=r.name, data=json.loads(json.dumps(spec_of(r.config, r.name, base))), sha256=""))
+
+
+def test_generation_is_deterministic():
+    from launcher.support_matrix import _generate
+
+    again = _generate.__wrapped__(CPU_OPTIONS, json.dumps(CPU_BASE, sort_keys=True), "m")
+    assert [(r.name, r.config, r.refused_by) for r in again.runs] == [(r.name, r.config, r.refused_by) for r in CPU.runs]
+
+
+def test_pairs_only_where_both_options_apply():
+    options = (Option("distributed.strategy"), Option("distributed.fsdp2.cpu_offload", requires=(("distributed.strategy", ("fsdp2",)),)),
+               Option("compile.enabled"))
+    pairs = all_pairs(options)
+    assert (("distributed.strategy", "ddp"), ("distributed.fsdp2.cpu_offload", True)) not in pairs
+    assert (("distributed.strategy", "fsdp2"), ("distributed.fsdp2.cpu_offload", True)) in pairs
+    assert len(pairs) == 3 * 2 + 2 + 2 * 2  # strategy x compile, fsdp2 x cpu_offload, cpu_offload x compile
+
+
+def test_the_doc_is_current():
+    path = REPO / "docs" / "support-matrix.md"
+    assert path.read_text() == render_markdown(CPU, GPU), "regenerate it: make support-matrix"
+
+
+def test_check_fails_on_a_stale_doc(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "support-matrix.md").write_text("old\n")
+    r = subprocess.run([sys.executable, "-m", "launcher.support_matrix", "--check", "--root", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 1 and "is not current" in r.stderr
+    subprocess.run([sys.executable, "-m", "launcher.support_matrix", "--write", "--root", str(tmp_path)], check=True, cwd=REPO, timeout=120)
+    assert (tmp_path / "docs" / "support-matrix.md").read_text().startswith("# Support matrix")
+
+
+def test_the_cpu_matrix_trains_the_monitor_inside_compiled_fp8_blocks():
+    """tests/e2e/test_support_matrix.py checks the FP8 stats of such a run (hooks running eagerly inside
+    compiled blocks, layers named as built): the generator must keep one."""
+    assert any(r.config.get("compile.enabled") and r.config.get("monitor.fp8_stats_every") and r.config.get("precision.mode") == "fp8"
+               for r in CPU.trained)
