@@ -170,3 +170,19 @@ def test_after_optimizer_step_precomputes_scales_only_with_all_gather(monkeypatc
     prec = apply_precision(model, plan, CPU)
     prec.after_optimizer_step(model)
     assert seen == [model] * calls
+
+
+def test_torchao_drops_a_precomputed_scale_when_fsdp2_copies_an_offloaded_shard():
+    """Why rule FP8-PRECOMPUTE-OFFLOAD refuses precompute_scale with FSDP2 cpu_offload: FSDP2 moves each offloaded
+    shard with .to(device) before the float8 all-gather (FSDPParam.all_gather_inputs), and torchao's wrapper
+    rebuilds itself on aten._to_copy without `_precomputed_scale` (torchao/float8/fsdp_utils.py), so every weight
+    all-reduces its own amax again. If this starts to fail, torchao keeps the scale and the rule can go."""
+    from torchao.float8.float8_linear import Float8LinearConfig
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+
+    w = WeightWithDynamicFloat8CastTensor(torch.randn(8, 8), LinearMMConfig(), Float8LinearConfig().cast_config_weight.target_dtype,
+                                          torch.tensor(3.0))
+    assert w._precomputed_scale is not None
+    moved = w.to("cpu", copy=True)  # what .to(device) does for a shard on another device: aten._to_copy
+    assert isinstance(moved, WeightWithDynamicFloat8CastTensor) and moved._precomputed_scale is None
