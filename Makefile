@@ -28,7 +28,7 @@ smoke: setup
 
 # docs/support-matrix.md from the schema and the rule table (CI checks it is current).
 support-matrix: setup
-	$(BIN)/python -m launcher.support_matrix --write
+	$(BIN)/python -m launcher.planning.support_matrix --write
 
 plan-check: setup
 	$(BIN)/fp8launch plan --check --out specs/generated specs/*.toml

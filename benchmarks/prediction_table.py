@@ -16,8 +16,8 @@ DATA = os.path.join(REPO, "tests", "data")
 
 
 def rows() -> list[dict]:
-    from launcher.pipeline import plan_one
-    from launcher.predict import linear_speedup
+    from launcher.commands.plan import plan_one
+    from launcher.planning.predict import linear_speedup
 
     points = json.load(open(os.path.join(DATA, "published_speedups.json"), encoding="utf-8"))
     out = []

@@ -9,16 +9,11 @@ import sys
 
 import click
 
-from . import __version__
-from .errors import EXIT_DRIFT, LauncherError, SpecError
+from launcher import __version__
+from launcher.errors import EXIT_CODES as CODES
+from launcher.errors import EXIT_DRIFT, LauncherError, SpecError
 
-EXIT_CODES = """\b
-Exit codes:
-  0  success
-  1  --check found generated files that differ from their spec
-  2  invalid input: usage, an unreadable or invalid spec, an error rule
-  3  this environment cannot run the plan (missing package, GPU too old, no GPU)
-  other codes come from the training processes"""
+EXIT_CODES = "\b\nExit codes:\n" + "\n".join(f"  {code:<3}  {meaning}" for code, meaning in CODES.items()) + "\n  other codes come from the training processes"
 
 
 def _errors(fn):
@@ -61,12 +56,12 @@ def main() -> None:
 @_errors
 def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
     """Validate SPECs and render their configs into OUT/<name>/."""
-    from .memory import estimate, model_params
-    from .output import DRIFT, compare, write
-    from .pipeline import plan_many, warning_lines
-    from .plan_text import plan_summary
+    from launcher.planning.memory import estimate, model_params
+    from launcher.targets.files import DRIFT, compare, write
+    from launcher.commands.plan import plan_many, warning_lines
+    from launcher.commands.plan_text import plan_summary
 
-    from .project import default_out
+    from launcher.targets.project import default_out
 
     planned = plan_many(list(specs), out_dir or default_out(), _overrides(sets, nodes), strict)
     drift = False
@@ -118,12 +113,11 @@ def _verb(status: str) -> str:
               help="json: the JSON Schema; markdown: the spec reference generated from it.")
 def schema(fmt: str) -> None:
     """Print the JSON Schema of the spec (for editors and other tools)."""
-    from importlib import resources
+    from launcher.planning.read import schema as load_schema, schema_text
 
-    text = resources.files("launcher").joinpath("spec.schema.json").read_text("utf-8")
+    text = schema_text()
     if fmt == "markdown":
-        from .plan_text import schema_markdown
-        from .spec import schema as load_schema
+        from launcher.commands.plan_text import schema_markdown
 
         text = schema_markdown(load_schema())
     click.echo(text, nl=False)
@@ -134,7 +128,7 @@ def schema(fmt: str) -> None:
 @_errors
 def explain(rule_id: str | None) -> None:
     """List the known-bad-combination rules, or explain RULE_ID."""
-    from .plan_text import explain_rule, rules_table
+    from launcher.commands.plan_text import explain_rule, rules_table
 
     click.echo(rules_table() if rule_id is None else explain_rule(rule_id))
 
@@ -147,8 +141,8 @@ def doctor(fmt: str, spec_path: str | None) -> None:
     """Show what this machine can run: torch, GPUs, packages, and every precision recipe.
 
     Exits 0 when some FP8 backend runs here (with --spec: when that spec does), 3 otherwise."""
-    from .doctor import diagnose, gather
-    from .errors import EnvironmentProblem
+    from launcher.commands.doctor import diagnose, gather
+    from launcher.errors import EnvironmentProblem
 
     result = diagnose(gather(), spec_path)
     click.echo(json.dumps(result.to_json(), sort_keys=True) if fmt == "json" else result.text())
@@ -172,9 +166,9 @@ def init(name, backend, strategy, model, nodes, procs_per_node, out, force) -> N
     On a terminal, asks for each value not given, offering what it detected."""
     import shlex
 
-    from .doctor import assess_plan, gather
-    from .init_spec import Choices, check_target, decide, interview, render_spec, write_spec
-    from .pipeline import warning_lines
+    from launcher.commands.doctor import assess_plan, gather
+    from launcher.commands.init import Choices, check_target, decide, interview, render_spec, write_spec
+    from launcher.commands.plan import warning_lines
 
     if out:
         check_target(out, force)
@@ -211,9 +205,9 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict) -> N
     """Plan SPEC into <train.output_dir>/plan/ and start the training (torchrun, srun/sbatch under SLURM, kubectl on Kubernetes).
 
     Exits with the training's exit code."""
-    from . import preflight
-    from .launch import announce, describe, execute, launch_command, plan_for_run, write_plan
-    from .pipeline import warning_lines
+    from launcher.commands import preflight
+    from launcher.commands.run import announce, describe, execute, launch_command, plan_for_run, write_plan
+    from launcher.commands.plan import warning_lines
 
     planned = plan_for_run(spec, _overrides(sets, nodes), strict)
     for line in warning_lines(planned):
@@ -248,7 +242,7 @@ def bench(spec, vs, steps, repeats, warmup, out_dir, sets, no_plot) -> None:
     """Train SPEC and a baseline twin alternately; print tokens/s, step time, TFLOP/s, MFU, memory, loss and ratios."""
     import os
 
-    from .bench import plot, run_bench, table
+    from launcher.commands.bench import plot, run_bench, table
 
     record = run_bench(spec, vs=vs, steps=steps, repeats=repeats, warmup=warmup, out_dir=out_dir, overrides=list(sets),
                        echo=lambda line: click.echo(line, err=True))
@@ -258,7 +252,7 @@ def bench(spec, vs, steps, repeats, warmup, out_dir, sets, no_plot) -> None:
         click.echo(f"wrote {plot(record, os.path.join(record['out_dir'], 'bench.png'))}")
 
 
-@main.command(epilog=EXIT_CODES + "\n  130 interrupted (Ctrl-C): what was measured is written")
+@main.command(epilog=EXIT_CODES)
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--steps", type=click.IntRange(min=2), help="Steps per run [default: the spec's train.steps].")
 @click.option("--candidates", "candidates", multiple=True, metavar="NAME[,NAME...]",
@@ -276,7 +270,7 @@ def tune(spec, steps, candidates, out_dir, repeats, warmup, max_loss_gap, sets, 
     """Train SPEC's bf16 twin and every FP8 recipe that runs here, alternately; rank them; write the winner as a spec."""
     import os
 
-    from .tune import TuneInterrupted, plot, run_tune, table
+    from launcher.commands.tune import TuneInterrupted, plot, run_tune, table
 
     echo = lambda line: click.echo(line, err=True)  # noqa: E731
     try:
@@ -307,7 +301,7 @@ def tune(spec, steps, candidates, out_dir, repeats, warmup, max_loss_gap, sets, 
 def report(run_dirs, out_path) -> None:
     """Draw a run (or overlay several): loss, lr, tokens/s, memory and, with the FP8 monitor on,
     an underflow heatmap by layer and step. RUN_DIR is a run's train.output_dir."""
-    from .run_report import report as draw_report
+    from launcher.commands.report import report as draw_report
 
     click.echo(f"wrote {draw_report(list(run_dirs), out_path)}")
 

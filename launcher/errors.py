@@ -1,13 +1,34 @@
-"""The one hierarchy of errors a user sees. The CLI turns them into messages and exit codes."""
+"""The one hierarchy of errors a user sees, and every exit code. The CLI turns errors into messages
+and exit codes; the training entrypoint leaves its code where `fp8launch run` reads it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-EXIT_OK = 0
 EXIT_DRIFT = 1
 EXIT_INVALID = 2
 EXIT_ENVIRONMENT = 3
+EXIT_DIVERGED = 4
+EXIT_PREEMPTED = 75
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES = {
+    0: "success",
+    EXIT_DRIFT: "--check found generated files that differ from their spec",
+    EXIT_INVALID: "invalid input: usage, an unreadable or invalid spec, an error rule",
+    EXIT_ENVIRONMENT: "this environment cannot run the plan (missing package, GPU too old, no GPU), or a requested feature did not take effect",
+    EXIT_DIVERGED: "the loss diverged (train.on_nan): the message names the step and the last complete checkpoint",
+    EXIT_PREEMPTED: "preempted: a SIGTERM stopped every rank after a complete checkpoint; run the same command again to continue",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C); what bench and tune measured is written",
+}
+"""Every exit code fp8launch chooses, with its meaning (the --help epilog, README and PRODUCT.md say the same)."""
+
+ENTRYPOINT_CODES = (EXIT_INVALID, EXIT_ENVIRONMENT, EXIT_DIVERGED, EXIT_PREEMPTED)
+"""The codes the training entrypoint chooses after printing its own one-line message (launcher/train/main.py)."""
+
+EXIT_FILE_ENV = "FP8LAUNCH_EXIT_FILE"
+"""The entrypoint writes its exit code to this file on a reported error (torchrun itself exits 1), where
+`fp8launch run` and slurm.sbatch read it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +79,16 @@ class SpecError(LauncherError):
 
     def __str__(self) -> str:
         return self.message  # each Problem line carries its own location and severity
+
+
+class InputError(LauncherError):
+    """A plan key names something this run cannot use (a missing file, a bad factory, ...)."""
+
+    def __init__(self, key: str, message: str, fix: str):
+        self.key = key
+        self.detail = message
+        self.fix = fix
+        super().__init__(f"{key}: {message}; fix: {fix}")
 
 
 class UsageError(LauncherError):

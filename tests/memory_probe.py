@@ -11,7 +11,7 @@ import sys
 import torch
 from torch.distributed.tensor import DTensor
 
-from launcher.plan import load_plan
+from launcher.planning.plan import load_plan
 from launcher.train import distributed
 from launcher.train.compile_ac import prepare_blocks
 from launcher.train.engines import wrap

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from launcher.render import render
+from launcher.targets.render import render
 from test_rules import plan_of
 
 accelerate = pytest.importorskip("accelerate")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from launcher.memory import estimate, model_params
+from launcher.planning.memory import estimate, model_params
 from launcher.train.compile_ac import prepare_blocks
 from launcher.train.loop import cross_entropy
 from launcher.train.models import build_model

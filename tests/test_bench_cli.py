@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from launcher.bench import table, variants
+from launcher.commands.bench import table, variants
 
 
 def test_vs_names_a_precision_or_a_spec(cli, spec):
@@ -40,7 +40,7 @@ def test_out_that_holds_other_files_is_refused_and_kept(cli, spec, tmp_path):
 
 
 def test_a_previous_bench_folder_loses_only_what_that_bench_wrote(tmp_path):
-    from launcher.bench import MARKER, prepare_out
+    from launcher.commands.bench import MARKER, prepare_out
 
     out = tmp_path / "b"
     prepare_out(str(out), ["spec-1", "bf16-1"])

@@ -148,7 +148,17 @@ def test_python_m_launcher_is_the_same_cli(tmp_path):
     r = run_module("--help", cwd=tmp_path)
     assert r.returncode == 0 and "plan" in r.stdout and "Exit codes" in r.stdout
     r = run_module("plan", "--help", cwd=tmp_path)
-    assert "--check" in r.stdout and "3  this environment cannot run the plan" in r.stdout
+    assert "--check" in r.stdout and "3    this environment cannot run the plan" in r.stdout
+
+
+def test_every_exit_code_is_in_the_help_epilog_of_every_command(tmp_path):
+    from launcher.errors import EXIT_CODES
+
+    assert set(EXIT_CODES) == {0, 1, 2, 3, 4, 75, 130}
+    for command in ("plan", "run", "bench", "tune", "doctor", "init", "report"):
+        out = " ".join(run_module(command, "--help", cwd=tmp_path).stdout.split())
+        for code, meaning in EXIT_CODES.items():
+            assert f"{code} {' '.join(meaning.split())}" in out, (command, code)
 
 
 def test_plan_never_imports_torch(tmp_path):

@@ -12,11 +12,11 @@ import tomllib
 import pytest
 
 from conftest import REPO
-from launcher import doctor
-from launcher.doctor import gather
-from launcher.init_spec import Choices, _toml_str, decide, default_name, interview, render_spec, starter_spec
-from launcher.pipeline import plan_one
-from launcher.spec import read_spec, validate
+from launcher.commands import doctor
+from launcher.commands.doctor import gather
+from launcher.commands.init import Choices, _toml_str, decide, default_name, interview, render_spec, starter_spec
+from launcher.commands.plan import plan_one
+from launcher.planning.read import read_spec, validate
 from test_doctor import A100, ALL, CPU_TORCHAO, H100_TE, NO_TORCH, cpu_machine, gpu_machine
 
 H100X8 = gpu_machine("NVIDIA H100 80GB HBM3", (9, 0), torchao="0.18.0", deepspeed="0.19.8")
@@ -245,9 +245,9 @@ def test_interactive_through_a_pty(tmp_path):
 
 @pytest.mark.parametrize("model", ["builtin:llama3-8b", "builtin:llama3-1b", "builtin:llama-small"])
 def test_the_model_that_fits_comes_from_the_size_table(model):
-    from launcher.doctor import Gpu, Machine
-    from launcher.init_spec import _fit_model
-    from launcher.memory import model_params
+    from launcher.commands.doctor import Gpu, Machine
+    from launcher.commands.init import _fit_model
+    from launcher.planning.memory import model_params
 
     def machine(gib):
         return Machine(python="3.11", torch="2.13", gpus=(Gpu(index=0, name="G", capability=(9, 0), memory_gib=gib),))

@@ -16,10 +16,10 @@ import yaml
 from conftest import REPO, run_module
 from k8s_validate import job_problems, manifest_problems
 
-from launcher import kubectl
-from launcher.kubernetes import JobRef, job_name
-from launcher.pipeline import plan_one
-from launcher.yaml_text import dump_all
+from launcher.commands import kubectl
+from launcher.targets.kubernetes import JobRef, job_name
+from launcher.commands.plan import plan_one
+from launcher.targets.yaml_text import dump_all
 
 SPECS = sorted(str(p.relative_to(REPO)) for p in (REPO / "specs").glob("*.toml"))
 K8S_SPEC = """
@@ -231,9 +231,9 @@ HOSTILE = [
 @pytest.mark.parametrize("api", ["trainjob", "pytorchjob"])
 @pytest.mark.parametrize("value", HOSTILE)
 def test_hostile_values_arrive_verbatim(spec, tmp_path, api, value):
-    from launcher.plan import resolve
-    from launcher.render import render
-    from launcher.spec import SpecSource, validate
+    from launcher.planning.plan import resolve
+    from launcher.targets.render import render
+    from launcher.planning.read import SpecSource, validate
 
     source = SpecSource(path=str(tmp_path / "s.toml"), sha256="0", data={
         "version": 1, "name": "hostile", "launch": {"launcher": "kubernetes", "env": {"EVIL": value},
@@ -276,9 +276,9 @@ def test_yaml_emitter_round_trips_everything_it_writes():
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
 def test_kubectl_reads_the_manifest_as_pyyaml_does(tmp_path):
     """kubectl parses YAML with Go's yaml library; `kubectl kustomize` does so without a cluster."""
-    from launcher.plan import resolve
-    from launcher.render import render
-    from launcher.spec import SpecSource, validate
+    from launcher.planning.plan import resolve
+    from launcher.targets.render import render
+    from launcher.planning.read import SpecSource, validate
 
     for api in ("trainjob", "pytorchjob"):
         source = SpecSource(path="s.toml", sha256="0", data={"version": 1, "name": "k", "launch": {
@@ -307,7 +307,7 @@ def test_plan_writes_the_manifest_and_a_bad_spec_writes_nothing(cli, spec, tmp_p
 
 
 def test_plan_of_a_kubernetes_spec_imports_neither_torch_nor_yaml(tmp_path):
-    code = ("import sys; from launcher.pipeline import plan_one; plan_one(sys.argv[1], sys.argv[2]); "
+    code = ("import sys; from launcher.commands.plan import plan_one; plan_one(sys.argv[1], sys.argv[2]); "
             "print(sorted(m for m in ('torch', 'yaml') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, str(REPO / "specs" / "llama3-8b-torchao-k8s.toml"), str(tmp_path)],
                          capture_output=True, text=True, cwd=tmp_path)

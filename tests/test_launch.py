@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.launch import Command, _reported_code, launch_command, plan_for_run
+from launcher.commands.run import Command, _reported_code, launch_command, plan_for_run
 
 VENV_BIN = str(Path(sys.executable).parent)
 
@@ -209,7 +209,7 @@ def test_missing_sbatch_is_an_environment_problem(spec, tmp_path):
 
 
 def test_launch_and_cli_stay_torch_free():
-    code = "import sys, launcher.cli, launcher.launch; sys.exit(1 if 'torch' in sys.modules else 0)"
+    code = "import sys, launcher.cli, launcher.commands.run; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

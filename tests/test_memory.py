@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from launcher.memory import estimate, model_params
+from launcher.planning.memory import estimate, model_params
 from test_rules import plan_of
 
 P = 1_000_000_000
@@ -93,8 +93,8 @@ def test_plan_prints_the_estimate_and_takes_params(cli, spec):
 ])
 def test_precision_table_describes_the_dtypes_the_memory_rows_decide(precision, strategy):
     """One fact, one place: the stored / master / optimizer-state dtypes come from memory.model_states."""
-    from launcher.memory import model_states
-    from launcher.precision_table import precision_table
+    from launcher.planning.memory import model_states
+    from launcher.planning.precision_table import precision_table
 
     plan = plan_of({"precision": precision, "distributed": {"strategy": strategy}})
     rows = {r.name: r for r in model_states(plan, 1)}

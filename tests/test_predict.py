@@ -1,4 +1,4 @@
-"""The speed prediction (launcher/predict): against every published point in tests/data/published_speedups.json,
+"""The speed prediction (launcher/planning/predict): against every published point in tests/data/published_speedups.json,
 its shape dependence, and what `plan` shows of it."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.pipeline import plan_one
-from launcher.predict import linear_speedup, predict
-from launcher.predict.shapes import model_shape
-from launcher.train.models.config import SIZES, param_count, parse_builtin
+from launcher.commands.plan import plan_one
+from launcher.planning.predict import linear_speedup, predict
+from launcher.planning.predict.shapes import model_shape
+from launcher.planning.models import SIZES, param_count, parse_builtin
 
 DATA = Path(__file__).parent / "data"
 POINTS = json.loads((DATA / "published_speedups.json").read_text())

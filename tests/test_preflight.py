@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from launcher.preflight import gpu_present
+from launcher.commands.preflight import gpu_present
 
 CPU_SPEC = """\
 version = 1
@@ -92,8 +92,8 @@ def test_gpu_detection_without_torch(tmp_path):
 
 def test_slurm_inside_an_allocation_does_not_look_for_a_gpu_here(tmp_path):
     """salloc's shell may sit on a login node without GPUs: the job's nodes have them."""
-    from launcher.pipeline import plan_one
-    from launcher.preflight import check
+    from launcher.commands.plan import plan_one
+    from launcher.commands.preflight import check
 
     (tmp_path / "s.toml").write_text('version = 1\nname = "s"\n[launch]\ndevice = "cuda"\nlauncher = "slurm"\n'
                                      f'[train]\noutput_dir = "{tmp_path}/runs/s"\n')

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from launcher.pipeline import plan_one
-from launcher.render import files_for, render
+from launcher.commands.plan import plan_one
+from launcher.targets.render import files_for, render
 from test_rules import plan_of
 
 HERE = os.path.dirname(__file__)
@@ -103,7 +103,7 @@ def test_files_per_strategy_and_launcher():
 
 def test_rendering_is_byte_deterministic_across_processes(tmp_path):
     spec = os.path.join(HERE, "..", "specs", "llama3-8b-torchao-slurm-2node.toml")
-    code = ("import json,sys; from launcher.pipeline import plan_one; p = plan_one(sys.argv[1], 'out');"
+    code = ("import json,sys; from launcher.commands.plan import plan_one; p = plan_one(sys.argv[1], 'out');"
             "print(json.dumps(p.files, sort_keys=True))")
     outs = {subprocess.run([sys.executable, "-c", code, spec], capture_output=True, text=True, cwd=tmp_path,
                            env={**os.environ, "PYTHONHASHSEED": str(seed)}, check=True).stdout for seed in (1, 2)}

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from launcher.plan import resolve
-from launcher.render import render
-from launcher.rules import RULES, RULES_BY_ID, Facts, check
-from launcher.spec import SpecSource, validate
+from launcher.planning.plan import resolve
+from launcher.targets.render import render
+from launcher.planning.rules import RULES, RULES_BY_ID, Facts, check
+from launcher.planning.read import SpecSource, validate
 
 
 def plan_of(data: dict):
@@ -300,7 +300,7 @@ def test_tp_error_stops_plan_with_exit_2_and_nothing_written(cli, spec, tmp_path
 # --- FP8-NO-GAIN (issue 12): fires on the speed prediction planning makes -----------------------------
 
 def fired_with_prediction(data: dict) -> set[str]:
-    from launcher.predict import predict
+    from launcher.planning.predict import predict
 
     plan = plan_of(data)
     return {f.rule.id for f in check(Facts(plan=plan, rendered=render(plan), prediction=predict(plan)), stage="plan")}
@@ -329,7 +329,7 @@ def test_no_gain_is_silent_where_fp8_pays_and_for_bf16():
 
 
 def test_no_gain_message_names_the_ratio_and_a_losing_layer():
-    from launcher.predict import predict
+    from launcher.planning.predict import predict
 
     plan = plan_of(DEBUG_SEQ128)
     prediction = predict(plan)
@@ -390,7 +390,7 @@ def test_kubernetes_section_with_another_launcher_is_unused():
 
 # --- issue 10: memory and GPU-only faults ---
 def test_memory_exceeds_gpu_names_the_figures_and_only_fires_for_gpu_plans():
-    from launcher.rules import Facts, check
+    from launcher.planning.rules import Facts, check
 
     plan = plan_of({**_8B_SEQ_8192, "launch": {"device": "auto", "gpu": "h100"}})
     [finding] = [f for f in check(Facts(plan=plan)) if f.rule.id == "MEMORY-EXCEEDS-GPU"]

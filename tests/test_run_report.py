@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from launcher.run_report import load_run
+from launcher.commands.report import load_run
 
 pytest.importorskip("matplotlib")
 Image = pytest.importorskip("PIL.Image")

@@ -6,8 +6,8 @@ import json
 import re
 
 from conftest import REPO
-from launcher.plan import plan_field_paths
-from launcher.spec import defaults, schema
+from launcher.planning.plan import plan_field_paths
+from launcher.planning.read import defaults, schema
 
 
 def _objects(node, path=()):
@@ -86,7 +86,7 @@ def test_docs_spec_reference_is_generated_from_the_schema(cli):
 
 
 def test_readme_lists_every_rule():
-    from launcher.rules import RULES
+    from launcher.planning.rules import RULES
 
     readme = (REPO / "README.md").read_text()
     assert all(f"| {r.id} | {r.severity if r.stage == 'plan' else r.severity + ' at run'} |" in readme for r in RULES)

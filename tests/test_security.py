@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from launcher.pipeline import plan_one
+from launcher.commands.plan import plan_one
 
 NASTY = [
     "$(touch PWNED-subst)",

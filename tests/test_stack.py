@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from launcher.stack import msamp_problem, release
+from launcher.planning.stack import msamp_problem, release
 
 from conftest import REPO
 

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from conftest import REPO
-from launcher.rules import RULES_BY_ID
-from launcher.spec import SpecSource, validate
-from launcher.support_matrix import (CPU_BASE, CPU_OPTIONS, ELSEWHERE, GPU_BASE, GPU_OPTIONS, Option, all_pairs, generate,
+from launcher.planning.rules import RULES_BY_ID
+from launcher.planning.read import SpecSource, validate
+from launcher.planning.support_matrix import (CPU_BASE, CPU_OPTIONS, ELSEWHERE, GPU_BASE, GPU_OPTIONS, Option, all_pairs, generate,
                                      pairs_in, render_markdown, schema_keys, spec_of)
 
 CPU, GPU = generate(), generate(GPU_OPTIONS, GPU_BASE, "g")
@@ -22,7 +22,7 @@ CPU, GPU = generate(), generate(GPU_OPTIONS, GPU_BASE, "g")
 def test_every_schema_key_is_in_a_matrix_or_says_where_it_is_tested():
     in_matrix = {o.key for o in CPU_OPTIONS + GPU_OPTIONS}
     keys = set(schema_keys())
-    assert keys - in_matrix - set(ELSEWHERE) == set(), "add the new option to a matrix in launcher/support_matrix.py"
+    assert keys - in_matrix - set(ELSEWHERE) == set(), "add the new option to a matrix in launcher/planning/support_matrix.py"
     assert set(ELSEWHERE) - keys == set() and not (set(ELSEWHERE) & in_matrix)
 
 
@@ -44,7 +44,7 @@ def test_every_runs_spec_is_valid(matrix):
 
 
 def test_generation_is_deterministic():
-    from launcher.support_matrix import _generate
+    from launcher.planning.support_matrix import _generate
 
     again = _generate.__wrapped__(CPU_OPTIONS, json.dumps(CPU_BASE, sort_keys=True), "m")
     assert [(r.name, r.config, r.refused_by) for r in again.runs] == [(r.name, r.config, r.refused_by) for r in CPU.runs]
@@ -67,10 +67,10 @@ def test_the_doc_is_current():
 def test_check_fails_on_a_stale_doc(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "support-matrix.md").write_text("old\n")
-    r = subprocess.run([sys.executable, "-m", "launcher.support_matrix", "--check", "--root", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "launcher.planning.support_matrix", "--check", "--root", str(tmp_path)],
                        capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.returncode == 1 and "is not current" in r.stderr
-    subprocess.run([sys.executable, "-m", "launcher.support_matrix", "--write", "--root", str(tmp_path)], check=True, cwd=REPO, timeout=120)
+    subprocess.run([sys.executable, "-m", "launcher.planning.support_matrix", "--write", "--root", str(tmp_path)], check=True, cwd=REPO, timeout=120)
     assert (tmp_path / "docs" / "support-matrix.md").read_text().startswith("# Support matrix")
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
-from launcher.memory import estimate
-from launcher.precision_table import ROWS, precision_table
-from launcher.render import render
+from launcher.planning.memory import estimate
+from launcher.planning.precision_table import ROWS, precision_table
+from launcher.targets.plan_json import plan_json
+from launcher.targets.render import render
 from test_rules import plan_of
 
 P = 1_000_000_000
@@ -26,7 +27,7 @@ def test_global_batch_and_tokens_count_data_parallel_ranks():
     assert (plan.world_size, plan.distributed.data_parallel) == (16, 4)
     assert plan.distributed.global_batch_size == 2 * 3 * 4
     assert plan.tokens_per_step == 24 * 1024
-    assert plan.to_json()["derived"]["global_batch_size"] == 24
+    assert plan_json(plan)["derived"]["global_batch_size"] == 24
 
 
 def test_memory_model_states_are_split_over_dp_times_tp():

@@ -9,8 +9,8 @@ import tomllib
 import pytest
 
 from launcher.errors import UsageError
-from launcher.pipeline import plan_one
-from launcher.tune import _claim, candidate_overrides, loss_gap, select, toml_text, tuned_spec
+from launcher.commands.plan import plan_one
+from launcher.commands.tune import _claim, candidate_overrides, loss_gap, select, toml_text, tuned_spec
 
 
 def plan_of(tmp_path, text: str):

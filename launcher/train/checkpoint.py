@@ -57,11 +57,11 @@ from launcher import __version__
 from launcher.errors import EnvironmentProblem, LauncherError
 from launcher.train.checkpoint_dcp import _load_dcp, _save_dcp
 from launcher.train.checkpoint_deepspeed import _clean_param_names, clean_fqn
-from launcher.train.factory import InputError
+from launcher.errors import InputError
 from launcher.train.rng import rng_state, set_rng_state
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import Plan
+    from launcher.planning.plan import Plan
 
 __all__ = ["CheckpointManager", "LoadedState", "clean_fqn", "read_marker", "MARKER", "CHECKPOINTS"]
 

@@ -25,7 +25,7 @@ from torch import nn
 from launcher.train.models import transformer_blocks
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import Plan
+    from launcher.planning.plan import Plan
 
 
 def prepare_blocks(model: nn.Module, plan: Plan, precision=None) -> list[nn.Module]:

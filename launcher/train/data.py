@@ -29,8 +29,9 @@ import numpy as np
 import torch
 
 from launcher.errors import BackendMissing
-from launcher.hardware import INSTALL
-from launcher.train.factory import InputError, load_factory, resolve_path
+from launcher.planning.hardware import INSTALL
+from launcher.errors import InputError
+from launcher.train.factory import load_factory, resolve_path
 
 KEY = "train.data"
 FULL_SCAN_LIMIT = 1 << 26

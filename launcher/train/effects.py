@@ -32,7 +32,7 @@ from torch import nn
 from launcher.train.models import transformer_blocks
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import Plan
+    from launcher.planning.plan import Plan
     from launcher.train.engines import Engine
     from launcher.train.precision import Precision
 

@@ -16,18 +16,8 @@ import sys
 import traceback
 from typing import Any, Callable
 
-from launcher.errors import LauncherError
-from launcher.suggest import did_you_mean
-
-
-class InputError(LauncherError):
-    """A plan key names something this run cannot use (a missing file, a bad factory, ...)."""
-
-    def __init__(self, key: str, message: str, fix: str):
-        self.key = key
-        self.detail = message
-        self.fix = fix
-        super().__init__(f"{key}: {message}; fix: {fix}")
+from launcher.errors import InputError, LauncherError
+from launcher.planning.suggest import did_you_mean
 
 
 def resolve_path(path: str, spec_dir: str, key: str) -> str:

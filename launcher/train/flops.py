@@ -20,11 +20,11 @@ torch is imported only where a module is inspected.
 
 from __future__ import annotations
 
-from launcher.gpus import DTYPE_ALIASES, PEAK_TFLOPS, peak_tflops  # noqa: F401  (re-exported; the table lives in launcher/gpus.py)
+from launcher.planning.gpus import DTYPE_ALIASES, PEAK_TFLOPS, peak_tflops  # noqa: F401  (re-exported; the table lives in launcher/planning/gpus.py)
 
 import typing
 
-from launcher.train.models.config import LlamaConfig, linear_params
+from launcher.planning.models import LlamaConfig, linear_params
 
 if typing.TYPE_CHECKING:
     from torch import nn

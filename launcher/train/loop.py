@@ -26,19 +26,16 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from launcher.errors import LauncherError
+from launcher.errors import EXIT_DIVERGED, LauncherError
 from launcher.train import preempt
 from launcher.train.distributed import all_reduce_sum
 from launcher.train.metrics import MetricsLogger, StepTimer, Throughput, peak_memory_gib, step_record
 from launcher.train.rng import rng_state, set_rng_state
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import Plan
+    from launcher.planning.plan import Plan
     from launcher.train.checkpoint import CheckpointManager
     from launcher.train.engines import Engine
-
-EXIT_DIVERGED = 4
-"""Exit code of a run stopped by a non-finite loss or gradient norm."""
 
 MAX_CONSECUTIVE_SKIPS = 5
 """With train.on_nan = "skip", this many non-finite steps in a row stop the run anyway."""

@@ -117,7 +117,7 @@ def build_run(plan_path: str, *, stream=None):
     metrics (start record written). Returns (Trainer, MetricsLogger); close the logger after."""
     import torch
 
-    from launcher.plan import load_plan
+    from launcher.planning.plan import load_plan
     from launcher.train import distributed, effects
     from launcher.train.checkpoint import CheckpointManager
     from launcher.train.compile_ac import prepare_blocks
@@ -221,7 +221,7 @@ def _load(plan_path: str, load_plan):
 def _record_exit_code(code: int) -> None:
     """Leave the exit code where `fp8launch run` (and slurm.sbatch) look: torchrun itself exits 1
     whatever its workers' codes. The first rank to write wins."""
-    from launcher.launch import EXIT_FILE_ENV
+    from launcher.errors import EXIT_FILE_ENV
 
     path = os.environ.get(EXIT_FILE_ENV)
     if path:
@@ -238,7 +238,7 @@ def _forget_exit_code_of_earlier_attempt() -> None:
     is not this attempt's: local rank 0 removes it before this attempt could fail in turn."""
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") in ("", "0") or os.environ.get("LOCAL_RANK", "0") != "0":
         return
-    from launcher.launch import EXIT_FILE_ENV
+    from launcher.errors import EXIT_FILE_ENV
 
     path = os.environ.get(EXIT_FILE_ENV)
     if path:

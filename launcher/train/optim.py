@@ -15,7 +15,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import TrainConfig
+    from launcher.planning.plan import TrainConfig
 
 FINAL_LR_FRACTION = 0.1
 """The cosine decay ends at this fraction of the peak learning rate."""

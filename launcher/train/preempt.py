@@ -24,11 +24,8 @@ from __future__ import annotations
 import signal
 import threading
 
-from launcher.errors import LauncherError
-
-EXIT_PREEMPTED = 75
-"""Exit code of a run stopped by SIGTERM after writing a checkpoint: "preempted, resumable"
-(EX_TEMPFAIL in sysexits.h; 143 = 128 + SIGTERM would mean it died without one)."""
+# EXIT_PREEMPTED (75) is EX_TEMPFAIL in sysexits.h: "preempted, resumable"; 143 = 128 + SIGTERM would mean it died without a checkpoint.
+from launcher.errors import EXIT_PREEMPTED, LauncherError
 
 SIGNALS = (signal.SIGTERM,)
 """The signals that ask for a checkpoint and a clean stop."""

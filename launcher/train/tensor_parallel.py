@@ -40,7 +40,7 @@ from launcher.errors import EnvironmentProblem, LauncherError
 if typing.TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from launcher.plan import Plan
+    from launcher.planning.plan import Plan
 
 __all__ = ["parallelize", "float8_tp", "tp_styles_used", "tp_report", "tp_line"]
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from launcher.bench import table
+from launcher.commands.bench import table
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from launcher.memory import estimate, model_params
+from launcher.planning.memory import estimate, model_params
 from tests.train._engine_setup import make_plan
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The support matrix, run (docs/support-matrix.md; launcher/support_matrix.py generates both).
+"""The support matrix, run (docs/support-matrix.md; launcher/planning/support_matrix.py generates both).
 
 Every run that the rule table lets train goes through `fp8launch run` for real (torchrun, 2 processes
 over gloo, 2 blocks of llama-debug, 32 tokens, 2 steps) and must finish with every step logged and a
@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import main
-from launcher.preflight import libaio_present
-from launcher.support_matrix import CPU_BASE, CPU_OPTIONS, generate, spec_of
+from launcher.commands.preflight import libaio_present
+from launcher.planning.support_matrix import CPU_BASE, CPU_OPTIONS, generate, spec_of
 
 from .helpers import output_of, run
 
@@ -37,7 +37,7 @@ def test_the_matrix_covers_every_pair():
 
 
 def _value(config: dict, key: str):
-    from launcher.support_matrix import _default
+    from launcher.planning.support_matrix import _default
 
     return config.get(key, _default(key))
 

@@ -98,14 +98,14 @@ def variants(device: str = "cuda") -> list[Variant]:
 
 def planned(variant: Variant, out_dir: str):
     """The Plan of `variant` (planning only: no torch, no GPU)."""
-    from launcher.pipeline import plan_one
+    from launcher.commands.plan import plan_one
 
     return plan_one(str(variant.spec), out_dir, list(variant.sets)).plan
 
 
 def fits(plan, memory_gib: float) -> tuple[bool, str]:
     """(whether it can run on one GPU of `memory_gib`, why not)."""
-    from launcher.memory import estimate, model_params
+    from launcher.planning.memory import estimate, model_params
 
     p = plan.precision
     if p.mode == "fp8":

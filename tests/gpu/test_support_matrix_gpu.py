@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.support_matrix import GPU_BASE, GPU_OPTIONS, _default, generate, spec_of
+from launcher.planning.support_matrix import GPU_BASE, GPU_OPTIONS, _default, generate, spec_of
 
 CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA GPU")]

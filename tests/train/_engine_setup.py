@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from launcher.output import write
-from launcher.pipeline import plan_one
+from launcher.targets.files import write
+from launcher.commands.plan import plan_one
 from launcher.train.distributed import DistEnv, exit_now
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")

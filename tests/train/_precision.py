@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.plan import Plan, resolve
-from launcher.spec import SpecSource
+from launcher.planning.plan import Plan, resolve
+from launcher.planning.read import SpecSource
 
 
 def make_plan(**sections) -> Plan:

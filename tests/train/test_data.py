@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from launcher.train.data import SyntheticStream, build_data
-from launcher.train.factory import InputError
+from launcher.errors import InputError
 
 
 def stream(spec, tmp_path=None, **kw):

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from launcher.memory import estimate
-from launcher.precision_table import precision_table
+from launcher.planning.memory import estimate
+from launcher.planning.precision_table import precision_table
 from launcher.train import distributed
 from launcher.train.compile_ac import checkpoint_fn, prepare_blocks
 from launcher.train.distributed import holds_cpu_tensors, process_group_backend

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from launcher.train.factory import InputError
+from launcher.errors import InputError
 from launcher.train.models.hf_weights import SafetensorsFile
 
 

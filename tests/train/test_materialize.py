@@ -190,7 +190,7 @@ def test_hf_weights_are_read_module_by_module_into_a_meta_model(tmp_path, partit
 def test_hf_pytorch_bin_weights_missing_and_unused_tensors(tmp_path):
     """pytorch_model.bin (memory-mapped); a parameter the file lacks starts from the model's own init and is named,
     as is a tensor the model has no place for; a tensor of the wrong shape stops the run naming it."""
-    from launcher.train.factory import InputError
+    from launcher.errors import InputError
 
     folder, saved = _saved_hf(tmp_path, tied=False, shard=None)
     (folder / "model.safetensors").unlink()

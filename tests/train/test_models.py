@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from launcher.errors import BackendMissing
 from launcher.train.data import build_data
-from launcher.train.factory import InputError
+from launcher.errors import InputError
 from launcher.train.models import build_model, logits_of, transformer_blocks
 from launcher.train.models.llama import SIZES, Llama, LlamaConfig, param_count, parse_builtin
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from launcher.errors import BackendMissing, EnvironmentProblem, LauncherError
-from launcher.spec import defaults
+from launcher.planning.read import defaults
 from launcher.train.precision import apply_precision
 from launcher.train.precision import te as te_backend
 from launcher.train.precision.te_recipe import RECIPE_CLASS, TE_FORMATS, TE_RECIPE_FIELDS, recipe_kwargs, unread_fields

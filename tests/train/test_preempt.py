@@ -12,6 +12,8 @@ import os
 import signal
 
 import pytest
+
+from launcher.errors import EXIT_PREEMPTED
 import torch
 
 from launcher.train import preempt
@@ -91,7 +93,7 @@ def test_a_stop_finishes_the_step_in_progress_checkpoints_it_and_resumes_exactly
     with pytest.raises(preempt.Preempted) as e:
         trainer.run()
     logger.close()
-    assert e.value.exit_code == preempt.EXIT_PREEMPTED == 75
+    assert e.value.exit_code == EXIT_PREEMPTED == 75
     assert str(e.value) == (f"preempted: SIGTERM after step 3 of 6; every rank stopped after it and checkpoint {ckpt.dir}/step-3 "
                             'is complete; run the same command again to continue from it (train.resume = "auto")')
     assert [s for s, _ in ckpt.complete()] == [3]

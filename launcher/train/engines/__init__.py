@@ -29,7 +29,7 @@ from launcher.errors import LauncherError
 from launcher.train.models import logits_of
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import Plan
+    from launcher.planning.plan import Plan
     from launcher.train.distributed import DistEnv
     from launcher.train.materialize import Pending
     from launcher.train.precision import Precision

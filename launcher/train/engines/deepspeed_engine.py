@@ -17,15 +17,15 @@ import torch
 from torch import nn
 
 from launcher.errors import BackendMissing
-from launcher.rules import Facts, rule_error
+from launcher.planning.rules import Facts, rule_error
 from launcher.train.models import logits_of
 from launcher.train.optim import build_optimizer, build_scheduler
 
 from . import Engine
-from launcher.hardware import INSTALL
+from launcher.planning.hardware import INSTALL
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import Plan
+    from launcher.planning.plan import Plan
     from launcher.train.distributed import DistEnv
     from launcher.train.materialize import Pending
     from launcher.train.precision import Precision

@@ -19,7 +19,7 @@ from launcher.train.optim import build_optimizer, build_scheduler
 from . import Engine
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import Plan
+    from launcher.planning.plan import Plan
     from launcher.train.distributed import DistEnv
     from launcher.train.materialize import Pending
     from launcher.train.precision import Precision

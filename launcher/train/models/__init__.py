@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import typing
 
-from launcher.train.factory import InputError, load_factory
+from launcher.errors import InputError
+
+from launcher.train.factory import load_factory
 
 if typing.TYPE_CHECKING:
     from torch import nn

@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from launcher.errors import BackendMissing
-from launcher.hardware import INSTALL
-from launcher.train.factory import InputError, resolve_path
+from launcher.planning.hardware import INSTALL
+from launcher.errors import InputError
+from launcher.train.factory import resolve_path
 
 KEY = "train.model"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")

@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from launcher.train.factory import InputError
+from launcher.errors import InputError
 
 KEY = "train.model"
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"

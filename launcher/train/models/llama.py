@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import SIZES, LlamaConfig, param_count, parse_builtin
+from launcher.planning.models import SIZES, LlamaConfig, param_count, parse_builtin
 
 __all__ = ["SIZES", "LlamaConfig", "Llama", "param_count", "parse_builtin", "RMSNorm", "Attention", "FeedForward", "TransformerBlock"]
 

@@ -27,7 +27,7 @@ from .records import record, reduce_rows
 from .alerts import Warner
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import Plan
+    from launcher.planning.plan import Plan
     from launcher.train.precision import Precision
 
 STATS_FILE = "fp8_stats.jsonl"

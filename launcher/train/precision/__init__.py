@@ -18,14 +18,14 @@ import torch
 from torch import nn
 
 from launcher.errors import EnvironmentProblem, LauncherError
-from launcher.rules import Facts, check
+from launcher.planning.rules import Facts, check
 
 from .amp import Precision, apply_amp
 from .conv1d import foreign_matmuls, linearize
 from .report import PrecisionReport
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import Plan
+    from launcher.planning.plan import Plan
 
 __all__ = ["Precision", "PrecisionReport", "apply_precision", "capability", "raise_run_errors"]
 

@@ -30,15 +30,15 @@ import torch
 from torch import nn
 
 from launcher.errors import BackendMissing, EnvironmentProblem
-from launcher.rules import RULES_BY_ID, Facts, rule_error
+from launcher.planning.rules import RULES_BY_ID, Facts, rule_error
 
 from . import select
 from .amp import Precision, amp_settings
 from .report import count
-from launcher.hardware import INSTALL
+from launcher.planning.hardware import INSTALL
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import Plan
+    from launcher.planning.plan import Plan
 
 
 def initialize_here(plan: Plan) -> bool:
@@ -94,8 +94,8 @@ def mark_kept(model: nn.Module, reasons: dict[str, str | None]) -> int:
 def import_error(error: ImportError, strategy: str) -> EnvironmentProblem:
     """What to say when importing MS-AMP failed: "not installed" only when it is not; an MS-AMP that is
     installed but cannot import next to this Transformer Engine / DeepSpeed says so with their versions
-    (rule MSAMP-STACK, launcher/stack.py), or with the import error itself when nothing visible explains it."""
-    from launcher.stack import importable, msamp_problem
+    (rule MSAMP-STACK, launcher/planning/stack.py), or with the import error itself when nothing visible explains it."""
+    from launcher.planning.stack import importable, msamp_problem
 
     if not importable("msamp"):
         return BackendMissing("msamp", INSTALL["msamp"])

@@ -20,10 +20,10 @@ from typing import Callable
 
 from torch import nn
 
-from launcher.predict.layers import too_small  # noqa: F401  (the rule lives there, torch-free)
+from launcher.planning.predict.layers import too_small  # noqa: F401  (the rule lives there, torch-free)
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import Plan
+    from launcher.planning.plan import Plan
 
 KEEP_FIRST_LAST = "keep_first_last"
 DIMS = "dims not multiples of 16"

@@ -20,10 +20,10 @@ from .amp import Precision, amp_settings
 from .report import count
 from .te_recipe import recipe_kwargs, unread_fields
 from .te_swap import Swap, linear_reasons, swap_plan
-from launcher.hardware import INSTALL
+from launcher.planning.hardware import INSTALL
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import Plan
+    from launcher.planning.plan import Plan
 
 TE_FP8_LINEAR_CLASSES = ("Linear", "LayerNormLinear")
 """TE modules whose GEMM runs in FP8 inside te.autocast (each counted as one Linear)."""
@@ -160,7 +160,7 @@ def te_fp8_classes(te) -> tuple[type, ...]:
 
 def apply_te(model: nn.Module, plan: Plan, device: torch.device, te=None, te_recipe=None) -> TEPrecision:
     """Swap modules and return the TE precision. `te`/`te_recipe` default to the real packages."""
-    from launcher.spec import defaults
+    from launcher.planning.read import defaults
 
     if te is None or te_recipe is None:
         te, te_recipe = _te()

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import typing
 
-from launcher.rules import rule_error
+from launcher.planning.rules import rule_error
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import TEConfig
+    from launcher.planning.plan import TEConfig
 
 TE_RECIPE_FIELDS: dict[str, frozenset[str]] = {
     "DelayedScaling": frozenset({

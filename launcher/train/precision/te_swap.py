@@ -23,7 +23,7 @@ from torch import nn
 from . import select
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import Plan, TEConfig
+    from launcher.planning.plan import Plan, TEConfig
 
 TE_MODULE_ARGS: dict[str, frozenset[str]] = {
     # transformer_engine/pytorch/module/linear.py, Linear.__init__ (TE 2.20.2)

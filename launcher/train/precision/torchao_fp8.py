@@ -17,10 +17,11 @@ from launcher.errors import BackendMissing
 from . import select
 from .amp import Precision, amp_settings
 from .report import count
-from launcher.hardware import INSTALL
+from launcher.planning.hardware import INSTALL
+from launcher.planning.read import recipes
 
 if typing.TYPE_CHECKING:
-    from launcher.plan import Plan
+    from launcher.planning.plan import Plan
 
 
 def _torchao():
@@ -82,15 +83,11 @@ class TorchaoPrecision(Precision):
         return f"fp8 {recipe_of(module.config)}"
 
 
-RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
-"""torchao's named float8 training recipes (Float8LinearConfig.from_recipe_name)."""
-
-
 def recipe_of(config) -> str:
     """The torchao recipe a Float8Linear's config is, read from its casts (the FSDP2 all-gather and
     padding settings aside); "custom" when it is none of them."""
     Float8LinearConfig = _torchao()[0]
-    for name in RECIPES:
+    for name in recipes("torchao"):
         base = Float8LinearConfig.from_recipe_name(name)
         if dataclasses.replace(config, enable_fsdp_float8_all_gather=base.enable_fsdp_float8_all_gather,
                                pad_inner_dim=base.pad_inner_dim) == base:

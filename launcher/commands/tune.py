@@ -1,11 +1,11 @@
 """`fp8launch tune`: try every FP8 recipe that runs on this machine against the spec's bf16 twin,
 with real runs, and write the winner as a spec.
 
-Candidates: every recipe of every FP8 backend the doctor says runs here (launcher/doctor.py
+Candidates: every recipe of every FP8 backend the doctor says runs here (launcher/commands/doctor.py
 `assess_plan`, asked with this spec), torchao's tensorwise with and without float8 all-gather
 where FSDP2 is the engine, compile as the spec has it (toggled too with `--candidates compile`);
 plus the bf16 twin, the baseline. Each is a real `fp8launch run` through bench's machinery
-(launcher/bench.py: same data, same seed, same steps), all of them one after the other and the
+(launcher/commands/bench.py: same data, same seed, same steps), all of them one after the other and the
 whole round repeated, so that drift in the machine's load hits every candidate alike.
 
 Per candidate: tokens/s (median over runs of each run's steady-state median), peak memory and
@@ -28,18 +28,14 @@ import shutil
 import statistics
 from dataclasses import dataclass, field
 
-from . import launch
-from .bench import Variant, _plan, _read_run, _versions
-from .errors import LauncherError, SpecError, UsageError
-from .launch import execute, launch_command, write_plan
-from .spec import apply_overrides, read_spec
+from launcher.commands import run as launch
+from launcher.commands.bench import Variant, _plan, _read_run, _versions
+from launcher.errors import EXIT_INTERRUPTED, LauncherError, SpecError, UsageError
+from launcher.commands.run import execute, launch_command, write_plan
+from launcher.planning.read import apply_overrides, read_spec, recipes
 
 DEFAULT_MAX_LOSS_GAP = 0.02
 """Reject a candidate whose loss is on average more than 2% above bf16's over the same steps."""
-
-TORCHAO_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
-TE_RECIPES = ("delayed", "current", "block", "mxfp8", "nvfp4")
-MSAMP_LEVELS = ("O1", "O2", "O3")
 
 BASELINE = "bf16"
 
@@ -47,7 +43,7 @@ BASELINE = "bf16"
 class TuneInterrupted(LauncherError):
     """Ctrl-C during `tune`: what was measured is written; the exit code says it was cut short."""
 
-    exit_code = 130
+    exit_code = EXIT_INTERRUPTED
 
 
 @dataclass
@@ -66,16 +62,16 @@ def candidate_overrides(spec_plan, runs_here, toggle_compile: bool = False) -> l
     """(label, overrides) of every FP8 candidate for `spec_plan`; `runs_here(overrides)` answers the doctor's question."""
     out: list[tuple[str, list[str]]] = []
     fsdp2 = spec_plan.distributed.strategy == "fsdp2"
-    for recipe in TORCHAO_RECIPES:
+    for recipe in recipes("torchao"):
         base = ['precision.mode="fp8"', 'precision.backend="torchao"', f'precision.torchao.recipe="{recipe}"']
         if recipe == "tensorwise" and fsdp2:
             out.append((f"torchao-{recipe}", base + ["precision.torchao.fsdp_float8_all_gather=false"]))
             out.append((f"torchao-{recipe}-fp8-allgather", base + ["precision.torchao.fsdp_float8_all_gather=true"]))
         else:
             out.append((f"torchao-{recipe}", base + ["precision.torchao.fsdp_float8_all_gather=false"]))
-    for recipe in TE_RECIPES:
+    for recipe in recipes("te"):
         out.append((f"te-{recipe}", ['precision.mode="fp8"', 'precision.backend="te"', f'precision.te.recipe="{recipe}"']))
-    for level in MSAMP_LEVELS:
+    for level in recipes("msamp"):
         out.append((f"msamp-{level}", ['precision.mode="fp8"', 'precision.backend="msamp"', f'precision.msamp.opt_level="{level}"']))
     if toggle_compile:
         flip = not spec_plan.compile.enabled
@@ -163,8 +159,8 @@ MACHINE_RULES = frozenset({"CPU-BACKEND", "FP8-HARDWARE", "TE-RECIPE-HARDWARE", 
 
 
 def _doctor(spec: str, overrides: list[str]):
-    from .doctor import assess_plan, gather
-    from .launch import plan_for_run
+    from launcher.commands.doctor import assess_plan, gather
+    from launcher.commands.run import plan_for_run
 
     machine = gather()
 

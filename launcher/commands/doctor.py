@@ -15,11 +15,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from functools import cache
 
-from .hardware import INSTALL, capability_text, requirement, supports
-from .plan import Plan, resolve
-from .rules import RULES_BY_ID, Facts, check
-from .spec import SpecSource, validate
-from .stack import dist_version, msamp_problem
+from launcher.planning.hardware import INSTALL, capability_text, requirement, supports
+from launcher.planning.plan import Plan, resolve
+from launcher.planning.rules import RULES_BY_ID, Facts, check
+from launcher.planning.read import SpecSource, recipes, validate
+from launcher.planning.stack import dist_version, msamp_problem
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
 
@@ -29,9 +29,7 @@ PACKAGES = ("torchao", "transformer_engine", "deepspeed", "msamp", "transformers
 BACKEND_PACKAGE = {"torchao": "torchao", "te": "transformer_engine", "msamp": "msamp"}
 
 ROWS: tuple[tuple[str, str | None, str | None], ...] = (
-    *(("fp8", "torchao", r) for r in ("tensorwise", "rowwise", "rowwise_with_gw_hp")),
-    *(("fp8", "te", r) for r in ("delayed", "current", "block", "mxfp8", "nvfp4")),
-    *(("fp8", "msamp", r) for r in ("O1", "O2", "O3")),
+    *(("fp8", backend, r) for backend in ("torchao", "te", "msamp") for r in recipes(backend)),
     ("bf16", None, None),
     ("fp16", None, None),
 )
@@ -71,7 +69,7 @@ class Machine:
     notes: tuple[str, ...] = ()
     """Problems met while looking: a package installed but not importable, a CUDA driver error."""
     msamp_stack: dict[str, str | None] = field(default_factory=dict)
-    """strategy (ddp | deepspeed) -> why the installed MS-AMP cannot run here with it (launcher.stack), or None."""
+    """strategy (ddp | deepspeed) -> why the installed MS-AMP cannot run here with it (launcher.planning.stack), or None."""
 
     def has(self, package: str) -> bool:
         return self.torch is not None if package == "torch" else self.packages.get(package) is not None
@@ -378,7 +376,7 @@ def diagnose(machine: Machine, spec_path: str | None = None) -> Diagnosis:
     and assess its own precision, engine and device on this machine."""
     spec = None
     if spec_path is not None:
-        from .pipeline import plan_one
+        from launcher.commands.plan import plan_one
 
         spec = assess_plan(machine, plan_one(spec_path, out_dir="generated").plan)
     return Diagnosis(machine=machine, supports=tuple(assess(machine)), spec_path=spec_path, spec=spec)

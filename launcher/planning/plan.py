@@ -10,8 +10,7 @@ import os
 import typing
 from dataclasses import dataclass, field
 
-from . import __version__
-from .spec import SpecSource, defaults
+from launcher.planning.read import SpecSource, defaults
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
 
@@ -259,38 +258,6 @@ class Plan:
     @property
     def tokens_per_step(self) -> int:
         return self.distributed.global_batch_size * self.train.seq_len
-
-    def to_json(self) -> dict:
-        """plan.json's content: every key resolved, derived values, provenance. Sorted, no machine paths."""
-        from .precision_table import precision_table
-
-        data = _asdict(self)
-        data.pop("present")
-        data["precision"]["te"] = {k: v for k, v in data["precision"]["te"].items() if v is not None}
-        data["derived"] = {
-            "world_size": self.world_size,
-            "global_batch_size": self.distributed.global_batch_size,
-            "tokens_per_step": self.tokens_per_step,
-            "device": self.launch.device,
-            "compute_dtype": self.precision.compute_dtype,
-            "precision_table": precision_table(self),
-        }
-        data["fp8launch_version"] = __version__
-        return data
-
-
-def _asdict(obj) -> dict:
-    out = {}
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        if dataclasses.is_dataclass(v):
-            v = _asdict(v)
-        elif isinstance(v, (tuple, frozenset)):
-            v = sorted(v) if isinstance(v, frozenset) else list(v)
-        elif isinstance(v, dict):
-            v = dict(sorted(v.items()))
-        out[f.name] = v
-    return out
 
 
 def _merge(base: dict, over: dict) -> dict:

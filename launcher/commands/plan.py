@@ -7,13 +7,13 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import Problem, SpecError
-from .plan import Plan, resolve, spec_dir_from
-from .project import relative_to_root
-from .predict import Prediction, predict
-from .render import render
-from .rules import Facts, Finding, check
-from .spec import apply_overrides, read_spec, validate
+from launcher.errors import Problem, SpecError
+from launcher.planning.plan import Plan, resolve, spec_dir_from
+from launcher.targets.project import relative_to_root
+from launcher.planning.predict import Prediction, predict
+from launcher.targets.render import render
+from launcher.planning.rules import Facts, Finding, check
+from launcher.planning.read import apply_overrides, read_spec, validate
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,7 @@ class Planned:
     files: dict[str, str]
     warnings: list[Finding]
     prediction: Prediction | None = None
-    """The speed prediction on launch.gpu (launcher/predict), made once per plan."""
+    """The speed prediction on launch.gpu (launcher/planning/predict), made once per plan."""
 
 
 def plan_one(path: str, out_dir: str, overrides: list[str] = (), strict: bool = False, *,
@@ -54,8 +54,8 @@ def plan_one(path: str, out_dir: str, overrides: list[str] = (), strict: bool = 
 
 def _check_builtin_model(source) -> None:
     """A builtin model name is known without torch: catch a typo at plan time, with did-you-mean."""
-    from .train.factory import InputError
-    from .train.models.config import parse_builtin
+    from launcher.errors import InputError
+    from launcher.planning.models import parse_builtin
 
     model = source.data.get("train", {}).get("model", "")
     if model.startswith("builtin:"):

@@ -9,7 +9,7 @@ generated launch script and return the training's exit code.
   the job id is reported as soon as sbatch prints it; with --wait, sbatch's exit code is the job's.
 - launch.launcher = "kubernetes": `kubectl apply -f <plan>/trainjob.yaml` (or pytorchjob.yaml), the
   manifest that holds the plan files and the job; with --wait, follows the job until it ends
-  (launcher/kubectl.py) and returns its exit code.
+  (launcher/commands/kubectl.py) and returns its exit code.
 
 Every command runs with this Python's bin folder first on PATH, so `torchrun` and `python`
 are the ones of the environment fp8launch is installed in.
@@ -29,12 +29,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from . import kubectl
-from .errors import EnvironmentProblem, LauncherError, UsageError
-from .hardware import INSTALL
-from .kubernetes import JobRef, job_ref, manifest_file
-from .output import Change, write
-from .pipeline import Planned, plan_one
+from launcher.commands import kubectl
+from launcher.errors import ENTRYPOINT_CODES, EXIT_FILE_ENV, EXIT_INTERRUPTED, EnvironmentProblem, LauncherError, UsageError
+from launcher.planning.hardware import INSTALL
+from launcher.targets.kubernetes import JobRef, job_ref, manifest_file
+from launcher.targets.files import Change, write
+from launcher.commands.plan import Planned, plan_one
 
 PLAN_SUBDIR = "plan"
 LOGS_SUBDIR = "logs"
@@ -46,10 +46,6 @@ RANK_PREFIX = "[fp8launch-rank${rank}]:"
 workers' lines (shown) from torchrun's own (its traceback and failure table: to the log only)."""
 WORKER_LINE = re.compile(r"\[fp8launch-rank(\d+)\]:(.*)", re.DOTALL)
 TRACEBACK = re.compile(r"(\[rank\d+\]: ?)?Traceback \(most recent call last\):")
-OUR_CODES = (2, 3, 4, 75)
-"""Exit codes the entrypoint chooses (train/main.py), after printing its own one-line message."""
-EXIT_FILE_ENV = "FP8LAUNCH_EXIT_FILE"
-"""The entrypoint writes its exit code here on a reported error (torchrun itself exits 1); see train/main.py."""
 DISPLAY_HIDDEN = ("PATH", EXIT_FILE_ENV)
 """Variables set for the child but left out of the printed command (machine-specific noise)."""
 
@@ -169,7 +165,7 @@ def execute(command: Command, *, on_job_id: Callable[[str], None] = lambda job: 
             env.update({LOG_DIR_ENV: logs, RANK_PREFIX_ENV: RANK_PREFIX})
             shown = _run_shown(command.argv, env, logs, out or _stdout, err or _stderr)
             code = _reported_code(exit_file, shown.code)
-            if code not in (0, *OUR_CODES) and not shown.worker_lines:  # torchrun itself failed: its lines are all there is
+            if code not in (0, *ENTRYPOINT_CODES) and not shown.worker_lines:  # torchrun itself failed: its lines are all there is
                 for line in shown.agent_lines:
                     (err or _stderr)(line)
             return code
@@ -310,7 +306,7 @@ def _sbatch(command: Command, env: Mapping[str, str], on_job_id: Callable[[str],
 
 
 def _kubectl(command: Command, env: Mapping[str, str], on_job_id: Callable[[str], None]) -> int:
-    """kubectl apply; then, with --wait, the job's end and exit code (see launcher/kubectl.py)."""
+    """kubectl apply; then, with --wait, the job's end and exit code (see launcher/commands/kubectl.py)."""
     code = kubectl.apply(command.argv, env)
     if code != 0:
         return code
@@ -328,7 +324,7 @@ def _kubectl(command: Command, env: Mapping[str, str], on_job_id: Callable[[str]
 class Interrupted(LauncherError):
     """Ctrl-C while `run --wait` waits for a batch job: the job is not ours to stop."""
 
-    exit_code = 130
+    exit_code = EXIT_INTERRUPTED
 
 
 def announce(planned: Planned, command: Command, job_id: str) -> str:

@@ -14,11 +14,11 @@ import shutil
 import statistics
 from dataclasses import dataclass, field
 
-from . import preflight
-from .errors import TrainingFailed, UsageError
-from .hardware import INSTALL
-from .launch import execute, launch_command, plan_for_run, write_plan
-from .pipeline import Planned
+from launcher.commands import preflight
+from launcher.errors import TrainingFailed, UsageError
+from launcher.planning.hardware import INSTALL
+from launcher.commands.run import execute, launch_command, plan_for_run, write_plan
+from launcher.commands.plan import Planned
 
 FIGURES = ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu", "peak_mem_gib", "final_loss")
 

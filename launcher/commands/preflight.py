@@ -19,13 +19,13 @@ import shutil
 import subprocess
 from typing import Mapping
 
-from .doctor import packages_needed
-from .errors import EnvironmentProblem
-from .hardware import INSTALL
-from .plan import Plan
-from .rules import RULES_BY_ID, Facts
-from .rules import check as check_rules
-from .stack import importable, msamp_problem
+from launcher.commands.doctor import packages_needed
+from launcher.errors import EnvironmentProblem
+from launcher.planning.hardware import INSTALL
+from launcher.planning.plan import Plan
+from launcher.planning.rules import RULES_BY_ID, Facts
+from launcher.planning.rules import check as check_rules
+from launcher.planning.stack import importable, msamp_problem
 
 
 def check(plan: Plan, *, local: bool, gpu_here: bool | None = None, environ: Mapping[str, str] | None = None) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 
-from .errors import UsageError
-from .memory import estimate, model_params
-from .output import Change
-from .plan import Plan
-from .precision_table import ROWS, precision_table
-from .rules import RULES, RULES_BY_ID
-from .suggest import did_you_mean
+from launcher.errors import UsageError
+from launcher.planning.memory import estimate, model_params
+from launcher.targets.files import Change
+from launcher.planning.plan import Plan
+from launcher.planning.precision_table import ROWS, precision_table
+from launcher.planning.rules import RULES, RULES_BY_ID
+from launcher.planning.suggest import did_you_mean
 
 
 def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | None = None, prediction=None) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import tomllib
 
-from .errors import UsageError
+from launcher.errors import UsageError
 
 DEFAULT_OUT = "generated"
 MARKERS = (".git", "pyproject.toml")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .plan import Plan
+from launcher.planning.plan import Plan
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 STATES_PER_PARAM = {"adamw": 2, "adam": 2, "sgd": 0}  # exp_avg + exp_avg_sq; plain SGD (no momentum) keeps none
@@ -168,8 +168,8 @@ def builtin_config(model: str):
     """The LlamaConfig of a builtin model spec, else None."""
     if not model.startswith("builtin:"):
         return None
-    from .train.factory import InputError
-    from .train.models.config import parse_builtin
+    from launcher.errors import InputError
+    from launcher.planning.models import parse_builtin
 
     try:
         return parse_builtin(model)
@@ -182,7 +182,7 @@ def model_params(model: str) -> int | None:
     cfg = builtin_config(model)
     if cfg is None:
         return None
-    from .train.models.config import param_count
+    from launcher.planning.models import param_count
 
     return param_count(cfg)
 
@@ -225,7 +225,7 @@ def weight_copy_bytes(plan: Plan, cfg, checkpointed: int = 0) -> float:
     """DDP autocast keeps a compute-dtype copy of every fp32 Linear weight it casts until backward,
     except inside checkpointed blocks (recomputed). FP8 layers save their fp32 weight itself: only
     the head, kept in high precision, is copied then."""
-    from .train.models.config import linear_params_per_layer
+    from launcher.planning.models import linear_params_per_layer
 
     if plan.distributed.strategy != "ddp" or plan.precision.compute_dtype == "fp32":
         return 0.0

@@ -11,10 +11,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .hardware import FP8_MIN_CAPABILITY, INSTALL, capability_text, requirement, supports
+from launcher.planning.hardware import FP8_MIN_CAPABILITY, INSTALL, capability_text, requirement, supports
 
 if typing.TYPE_CHECKING:
-    from .plan import Plan
+    from launcher.planning.plan import Plan
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,9 +35,9 @@ class Facts:
     foreign_matmuls: tuple[str, ...] = ()
     """Type names of the model's weight-matrix layers that are not nn.Linear (no backend converts them), at run time."""
     prediction: typing.Any = None
-    """The speed prediction (launcher.predict.Prediction) when planning made one."""
+    """The speed prediction (launcher.planning.predict.Prediction) when planning made one."""
     msamp_stack: str | None = None
-    """Why the installed MS-AMP cannot run next to the installed packages (launcher.stack), at run time."""
+    """Why the installed MS-AMP cannot run next to the installed packages (launcher.planning.stack), at run time."""
     libaio: bool | None = None
     """Whether libaio (DeepSpeed's NVMe offload) is on this machine, at run time; None: not looked."""
     missing_effects: tuple[str, ...] = ()
@@ -287,8 +287,8 @@ def _tp_heads(f: Facts) -> str:
     model = f.plan.train.model
     if _tp(f) <= 1 or not model.startswith("builtin:"):
         return ""
-    from .train.factory import InputError
-    from .train.models.config import parse_builtin
+    from launcher.errors import InputError
+    from launcher.planning.models import parse_builtin
 
     try:
         cfg = parse_builtin(model)
@@ -390,13 +390,17 @@ RULES += (
 # --- Kubernetes (launch.launcher = "kubernetes") -------------------------------------------------
 
 
+RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT",
+                "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+"""Set by the operators on every node (Trainer's TorchRunReservedEnvNames, training-operator's envvar.go);
+the TrainJob webhook rejects the PET_* ones in trainer.env, and a second value would be ambiguous."""
+
+
 def _k8s(f: Facts) -> bool:
     return f.plan.launch.launcher == "kubernetes"
 
 
 def _k8s_reserved_env(f: Facts) -> list[str]:
-    from .kubernetes import RESERVED_ENV
-
     return sorted(k for k in f.plan.launch.env if k in RESERVED_ENV)
 
 
@@ -590,7 +594,7 @@ def check(facts: Facts, stage: str = "plan") -> list[Finding]:
 def rule_error(rule_id: str, facts: Facts | None = None):
     """The error a rule reports (message and fix from this table), for a run-time guard that meets the
     rule's condition where the rule check itself cannot be called. Plan-stage rules exit 2, run-stage 3."""
-    from .errors import EnvironmentProblem, LauncherError
+    from launcher.errors import EnvironmentProblem, LauncherError
 
     rule = RULES_BY_ID[rule_id]
     message = rule.detail(facts) if rule.detail and facts is not None else rule.why
@@ -609,8 +613,8 @@ def _memory_excess(f: Facts) -> str | None:
     plan = f.plan
     if plan.launch.device == "cpu":
         return None
-    from .gpus import plan_gpu
-    from .memory import estimate, model_params
+    from launcher.planning.gpus import plan_gpu
+    from launcher.planning.memory import estimate, model_params
 
     params = model_params(plan.train.model)
     if not params:

@@ -14,8 +14,8 @@ import subprocess
 import time
 from typing import Callable, Mapping
 
-from .errors import EnvironmentProblem
-from .kubernetes import JobRef
+from launcher.errors import EnvironmentProblem
+from launcher.targets.kubernetes import JobRef
 
 POLL_ENV = "FP8LAUNCH_KUBECTL_POLL_S"
 """Seconds between status queries with --wait (default 10)."""

@@ -3,7 +3,7 @@ plus what FP8 adds (casts and scales) and what it leaves alone (attention, norms
 optimizer, exposed communication). Torch-free and cheap: a few hundred arithmetic operations.
 
 Every constant says where it comes from. Peaks, memory bandwidth and capability come from
-launcher/gpus.py (datasheets); the figures below add what a datasheet does not say.
+launcher/planning/gpus.py (datasheets); the figures below add what a datasheet does not say.
 """
 
 from __future__ import annotations

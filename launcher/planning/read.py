@@ -16,17 +16,25 @@ from typing import Any
 
 import jsonschema
 
-from .errors import Problem, SpecError
-from .sourcemap import Path, json_lines, locate, toml_lines
-from .suggest import closest, did_you_mean
+from launcher.errors import Problem, SpecError
+from launcher.planning.sourcemap import Path, json_lines, locate, toml_lines
+from launcher.planning.suggest import closest, did_you_mean
 
 MAX_SPEC_BYTES = 1 << 20  # a precision spec is a few KiB; anything this large is a mistake
+
+
+SCHEMA_FILE = "schema.json"
+"""The JSON Schema of spec version 1, in this package (launcher/planning/schema.json)."""
+
+
+def schema_text() -> str:
+    return resources.files("launcher.planning").joinpath(SCHEMA_FILE).read_text("utf-8")
 
 
 @cache
 def schema() -> dict:
     """The JSON Schema of spec version 1, shipped inside the package."""
-    return json.loads(resources.files("launcher").joinpath("spec.schema.json").read_text("utf-8"))
+    return json.loads(schema_text())
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +278,23 @@ def _all_paths() -> tuple[Path, ...]:
 
     walk(schema(), ())
     return tuple(out)
+
+
+RECIPE_KEY = {"torchao": "precision.torchao.recipe", "te": "precision.te.recipe", "msamp": "precision.msamp.opt_level"}
+"""The spec key that names each FP8 backend's recipe (MS-AMP's is its opt level)."""
+
+
+def choices(key: str) -> tuple:
+    """The values the schema allows for a dotted key (its enum)."""
+    node = schema()
+    for part in key.split("."):
+        node = node["properties"][part]
+    return tuple(node["enum"])
+
+
+def recipes(backend: str) -> tuple[str, ...]:
+    """Every recipe of an FP8 backend, in the schema's order: the one list doctor, tune and the rules use."""
+    return choices(RECIPE_KEY[backend])
 
 
 def defaults(node: dict | None = None) -> dict:

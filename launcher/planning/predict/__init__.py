@@ -3,8 +3,8 @@ in the plan's precision and in its bf16 twin (same model, batch, engine, compile
 
     predict(plan, spec_dir) -> Prediction   (fp8_vs_bf16: predicted tokens/s ratio, > 1 = FP8 faster)
 
-The model is a roofline per GEMM (launcher/predict/cost.py) over the Linear layers of the model's
-shapes (launcher/predict/shapes.py), plus the casts the recipe adds, plus the time FP8 does not touch:
+The model is a roofline per GEMM (launcher/planning/predict/cost.py) over the Linear layers of the model's
+shapes (launcher/planning/predict/shapes.py), plus the casts the recipe adds, plus the time FP8 does not touch:
 attention, norms and elementwise ops, the loss, the optimizer and the communication FSDP2/DDP/ZeRO
 cannot hide. docs/prediction.md states its assumptions and its error on every published point.
 """
@@ -14,13 +14,13 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
-from launcher.gpus import plan_gpu
-from launcher.hardware import supports
+from launcher.planning.gpus import plan_gpu
+from launcher.planning.hardware import supports
 
 from . import cost
-from .cost import Device, cast_s, gemm_s, stream_s
-from .layers import too_small
-from .shapes import LinearShape, ModelShape, model_shape
+from launcher.planning.predict.cost import Device, cast_s, gemm_s, stream_s
+from launcher.planning.predict.layers import too_small
+from launcher.planning.predict.shapes import LinearShape, ModelShape, model_shape
 
 ELEMENTWISE = {True: (1.0, 12), False: (2.5, 40)}
 """compiled -> (bytes multiplier, kernels per block): compile fuses norms, SwiGLU, RoPE and residual adds
@@ -151,7 +151,7 @@ def predict(plan, spec_dir: str = ".") -> Prediction:
 
 
 def _peaks(spec) -> dict[str, float]:
-    from launcher.gpus import PEAK_TFLOPS
+    from launcher.planning.gpus import PEAK_TFLOPS
 
     return dict(PEAK_TFLOPS[spec.name])
 

@@ -16,7 +16,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from .errors import UsageError
+from launcher.errors import UsageError
 
 METRICS_FILE = "metrics.jsonl"
 STATS_FILE = "fp8_stats.jsonl"

@@ -10,10 +10,11 @@ from importlib import resources
 
 import jinja2
 
-from . import __version__
-from .errors import LauncherError
-from .kubernetes import MANIFEST_FILE, manifest_file, render_manifest
-from .plan import Plan
+from launcher import __version__
+from launcher.errors import LauncherError
+from launcher.targets.kubernetes import MANIFEST_FILE, manifest_file, render_manifest
+from launcher.planning.plan import Plan
+from launcher.targets.plan_json import plan_json
 
 TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -94,7 +95,7 @@ def render(plan: Plan, plan_dir: str = "generated") -> dict[str, str]:
     out = {}
     for name in files_for(plan):
         if name == "plan.json":
-            out[name] = canonical_json(plan.to_json())
+            out[name] = canonical_json(plan_json(plan))
             continue
         if name in MANIFEST_FILE.values():
             out[name] = render_manifest(plan, out, context["plan_dir"])

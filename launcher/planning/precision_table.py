@@ -8,7 +8,7 @@ from __future__ import annotations
 import typing
 
 if typing.TYPE_CHECKING:
-    from .plan import Plan
+    from launcher.planning.plan import Plan
 
 ROWS = (
     ("gemm", "Linear GEMMs (forward and backward)"),
@@ -39,8 +39,8 @@ _TE_GEMM = {
 def precision_table(plan: Plan) -> dict[str, str]:
     """{row: dtype description} for the plan's precision, backend and strategy. Which dtype the weights,
     master weights and optimizer states are kept in is one fact with two uses: the memory estimate's
-    rows (launcher/memory.py `model_states`) decide it, this table describes it."""
-    from .memory import model_states
+    rows (launcher/planning/memory.py `model_states`) decide it, this table describes it."""
+    from launcher.planning.memory import model_states
 
     p, d = plan.precision, plan.distributed
     hp = p.compute_dtype

@@ -1,7 +1,7 @@
 """Plan -> the Kubernetes manifest `kubectl apply -f` takes whole: a ConfigMap holding the plan files
 the entrypoint reads, and the job that runs it, as a Kubeflow Trainer v2 TrainJob
 (trainer.kubeflow.org/v1alpha1, with a ClusterTrainingRuntime such as `torch-distributed`) or a
-training-operator v1 PyTorchJob (kubeflow.org/v1). Built as data and written by launcher.yaml_text,
+training-operator v1 PyTorchJob (kubeflow.org/v1). Built as data and written by launcher.targets.yaml_text,
 never by pasting strings. Torch-free.
 
 Both operators start every node's container with torchrun's settings in PET_* variables
@@ -16,17 +16,13 @@ import posixpath
 import re
 from dataclasses import dataclass
 
-from . import __version__
-from .plan import Plan
-from .yaml_text import dump_all
+from launcher import __version__
+from launcher.planning.plan import Plan
+from launcher.targets.yaml_text import dump_all
 
 MANIFEST_FILE = {"trainjob": "trainjob.yaml", "pytorchjob": "pytorchjob.yaml"}
 ENGINE_FILES = ("fsdp2.json", "deepspeed.json")
 """The engine configs next to plan.json that the entrypoint reads (launcher/train/engines)."""
-RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT",
-                "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
-"""Set by the operators on every node (Trainer's TorchRunReservedEnvNames, training-operator's envvar.go);
-the TrainJob webhook rejects the PET_* ones in trainer.env, and a second value would be ambiguous."""
 MAX_NAME = 40
 """Job names stay short: pods, services and hostnames add suffixes (`-node-0-0`, `-worker-12`) and must stay <= 63."""
 MANAGER = "fp8launch"

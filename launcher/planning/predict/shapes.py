@@ -1,5 +1,5 @@
 """The Linear layers of a model, from its shapes alone (torch-free): builtin sizes from
-launcher/train/models/config.py, `hf:` models from their config.json read as JSON.
+launcher/planning/models.py, `hf:` models from their config.json read as JSON.
 
 A layer is listed once with `count` = how many identical copies the model has (one per block),
 in module registration order, with the FQN of its first copy (e.g. `layers.0.attention.wq`).
@@ -11,8 +11,8 @@ import json
 import os
 from dataclasses import dataclass
 
-from launcher.train.factory import InputError
-from launcher.train.models.config import LlamaConfig, parse_builtin
+from launcher.errors import InputError
+from launcher.planning.models import LlamaConfig, parse_builtin
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,9 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from .doctor import DEFAULT_RECIPE, Machine, assess
-from .hardware import INSTALL, capability_text, requirement, supports
-from .memory import model_params
+from launcher.commands.doctor import DEFAULT_RECIPE, Machine, assess
+from launcher.planning.hardware import INSTALL, capability_text, requirement, supports
+from launcher.planning.memory import model_params
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
 
@@ -253,7 +253,7 @@ def interview(machine: Machine, choices: Choices, ask: Ask) -> Choices:
 
 def check_target(path: str, force: bool = False) -> None:
     """Raise UsageError when `path` cannot be written: a folder, a missing folder, or (without `force`) a file."""
-    from .errors import UsageError
+    from launcher.errors import UsageError
 
     if os.path.isdir(path):
         raise UsageError(f"{path} is a directory; give a file name such as {os.path.join(path, 'spec.toml')}")
@@ -269,8 +269,8 @@ def write_spec(text: str, path: str, force: bool = False):
     Raises UsageError when `path` exists and not `force`, SpecError (naming `path`) when the
     spec does not plan; nothing is written then.
     """
-    from .errors import SpecError
-    from .pipeline import plan_one
+    from launcher.errors import SpecError
+    from launcher.commands.plan import plan_one
 
     check_target(path, force)
     folder = os.path.dirname(os.path.abspath(path))

@@ -7,8 +7,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from launcher.suggest import did_you_mean
-from launcher.train.factory import InputError
+from launcher.planning.suggest import did_you_mean
+from launcher.errors import InputError
 
 KEY = "train.model"
 
