@@ -80,7 +80,7 @@ def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
                     click.echo(c.diff, nl=False)
         if check or diff:
             for c in moved:
-                click.echo(f"would {_verb(c.status)} {c.path}", err=True)
+                click.echo(f"would {c.status} {c.path}", err=True)
         if fmt == "json":
             n_params = int(params) if params else model_params(p.plan.train.model)
             memory = estimate(p.plan, n_params) if n_params else None
@@ -102,10 +102,6 @@ def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
         click.echo(f"{'drift found' if drift else 'up to date'}: {n} spec{'s' * (n != 1)} checked.", err=True)
         if drift and check:
             sys.exit(EXIT_DRIFT)
-
-
-def _verb(status: str) -> str:
-    return {"create": "create", "update": "update", "remove": "remove"}[status]
 
 
 @main.command()

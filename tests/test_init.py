@@ -14,7 +14,8 @@ import pytest
 from conftest import REPO
 from launcher.commands import doctor
 from launcher.commands.doctor import gather
-from launcher.commands.init import Choices, _toml_str, decide, default_name, interview, render_spec, starter_spec
+from launcher.targets.toml_text import toml_value
+from launcher.commands.init import Choices, decide, default_name, interview, render_spec, starter_spec
 from launcher.commands.plan import plan_one
 from launcher.planning.read import read_spec, validate
 from test_doctor import A100, ALL, CPU_TORCHAO, H100_TE, NO_TORCH, cpu_machine, gpu_machine
@@ -113,7 +114,7 @@ def test_every_choice_plans_without_error_rules(tmp_path, machine, backend, stra
 
 def test_user_strings_are_quoted_not_pasted():
     for value in ['a"b', "back\\slash", "new\nline", "del\x7f", "ünï", "tab\t"]:
-        assert tomllib.loads(f"v = {_toml_str(value)}")["v"] == value
+        assert tomllib.loads(f"v = {toml_value(value)}")["v"] == value
     d = decide(CPU_TORCHAO, Choices(model='py:evil:f"\n[launch]\ndevice = "cuda'))
     data = tomllib.loads(render_spec(d))
     assert data["train"]["model"] == 'py:evil:f"\n[launch]\ndevice = "cuda' and data["launch"]["device"] == "cpu"

@@ -18,7 +18,7 @@ DATA = Path(__file__).parent / "data"
 POINTS = json.loads((DATA / "published_speedups.json").read_text())
 DOC = Path(__file__).parent.parent / "docs" / "prediction.md"
 TOLERANCE = 0.12
-"""The issue's bar: within 0.12 of every published end-to-end figure."""
+"""The bar: within 0.12 of every published figure, held-out or fit (docs/prediction.md reports both apart)."""
 
 
 def planned(tmp_path, sets: list[str], spec_dir: Path = DATA):
@@ -39,15 +39,21 @@ def test_every_published_end_to_end_figure_is_predicted_within_tolerance(point, 
         assert point["measured"] == pytest.approx(fp8 / bf16, abs=6e-4)
 
 
-def test_the_model_explains_the_shape_dependence_of_the_gemm_microbenchmarks():
-    """Small Linears lose (below 1), large ones gain, and the predicted speed-up grows with size as measured."""
+def test_the_gemm_microbenchmarks_are_predicted_within_tolerance_small_losing_and_large_gaining():
     points = sorted(POINTS["gemm"], key=lambda g: g["m"] * g["k"] * g["n"])
     got = [linear_speedup("h100", g["m"], g["k"], g["n"]) for g in points]
     for g, x in zip(points, got):
         assert (x < 1) == (g["measured"] < 1), (g["id"], x)
-        lo, hi = g.get("range", [g["measured"] - 0.2, g["measured"] + 0.2])
-        assert lo - 0.1 <= x <= hi + 0.2, (g["id"], x)
+        assert abs(x - g["measured"]) <= TOLERANCE, (g["id"], x)
     assert got == sorted(got)
+
+
+def test_every_point_cites_a_public_source_and_says_whether_a_constant_was_fit_to_it():
+    for p in POINTS["end_to_end"] + POINTS["gemm"]:
+        assert p["role"] in ("fit", "held-out") and not p["source"].startswith("/"), p["id"]
+        assert p["source"].startswith(("pytorch/ao ", "pytorch/torchtitan ")), p["id"]
+    fit = [p["id"] for p in POINTS["gemm"] if p["role"] == "fit"]
+    assert fit == ["torchao-readme-large"]  # GEMM_EFF["fp8"] in launcher/planning/predict/cost.py was set with it
 
 
 def test_rowwise_costs_more_than_tensorwise_and_eager_casts_cost_most():
@@ -60,8 +66,9 @@ def test_rowwise_costs_more_than_tensorwise_and_eager_casts_cost_most():
 def test_doc_table_states_the_error_on_every_published_point(tmp_path):
     """docs/prediction.md's table is what this model predicts today for every point of the test data."""
     text = DOC.read_text()
-    rows = {m.group(1): (float(m.group(2)), float(m.group(3)), float(m.group(4)))
-            for m in re.finditer(r"^\| `([a-z0-9.-]+)` \| [^|]* \| ([0-9.]+) \| ([0-9.]+) \| ([+-][0-9.]+) \|", text, re.M)}
+    rows = {m.group(1): (float(m.group(3)), float(m.group(4)), float(m.group(5)))
+            for m in re.finditer(r"^\| `([a-z0-9.-]+)` \| (fit|held-out) \| [^|]* \| ([0-9.]+) \| ([0-9.]+) \| ([+-][0-9.]+) \|", text, re.M)}
+    assert set(rows) == {p["id"] for p in POINTS["end_to_end"] + POINTS["gemm"]}
     for point in POINTS["end_to_end"]:
         got = predicted_point(point, tmp_path)
         measured, predicted, error = rows[point["id"]]
@@ -151,3 +158,41 @@ def test_layers_in_fp8_follow_the_runs_selection_rules(tmp_path):
     default = {r.layer: r for r in planned(tmp_path, ["precision.torchao.skip_small=true"]).prediction.layers}
     assert default["layers.*.attention.wk"].fp8_copies == 0 and default["layers.*.attention.wk"].kept == "skip_small"  # 4096 -> 1024
     assert default["layers.*.attention.wq"].fp8_copies == 31 and default["output"].fp8_copies == 0
+
+
+@pytest.mark.parametrize("precision", [
+    {"torchao": {"skip_small": False}},
+    {"torchao": {"skip_small": True}},
+    {"torchao": {"skip_small": False, "recipe": "rowwise"}, "keep": ["*.feed_forward.w2", "layers.1.*"]},
+    {"torchao": {"skip_small": False}, "keep_first_last": False, "keep": ["layers.0.attention.wq"]},
+], ids=["all", "skip_small", "keep-globs", "no-first-last"])
+def test_the_predicted_fp8_layers_are_the_ones_the_run_converts(precision, tmp_path):
+    """planning/selection.py is one rule for both: the prediction's FP8 copies, counted from the model's shapes,
+    equal the Float8Linear layers apply_precision builds on the real model."""
+    import torch
+
+    from launcher.train.models import build_model
+    from launcher.train.precision import apply_precision
+    from tests.train._precision import make_plan
+
+    model_name = "builtin:llama-debug?layers=4"
+    plan = make_plan(precision={"mode": "fp8", **precision}, distributed={"strategy": "fsdp2", "procs_per_node": 1},
+                     train={"model": model_name, "seq_len": 64}, compile={"enabled": True})
+    predicted = predict(plan, str(tmp_path))
+    model = build_model(model_name, ".")
+    try:
+        built = apply_precision(model, plan, torch.device("cpu")).report.fp8_layers
+    except Exception as e:  # FP8-NOT-APPLIED: zero converted, which the prediction must say too
+        assert getattr(e, "rule", None) == "FP8-NOT-APPLIED" and predicted.n_fp8 == 0
+        return
+    assert predicted.n_fp8 == built > 0
+
+
+def test_one_wording_of_mfu_everywhere():
+    from launcher.planning.gpus import MFU_NOTE
+
+    readme = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
+    assert MFU_NOTE in readme
+    for path in ("launcher/commands/bench.py", "launcher/train/metrics.py"):
+        text = (Path(__file__).parent.parent / path).read_text()
+        assert "MFU_NOTE" in text and "torchtitan hides" not in text

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
 
-from launcher.planning.plan import resolve
 from launcher.targets.render import render
 from launcher.planning.rules import RULES, RULES_BY_ID, Facts, check
-from launcher.planning.read import SpecSource, validate
+from tests.support import plan_from
 
 
-def plan_of(data: dict):
-    source = SpecSource(path="t.toml", data={"version": 1, "name": "t", **copy.deepcopy(data)}, sha256="0")
-    validate(source)
-    return resolve(source)
+plan_of = plan_from
 
 
 def fired(data: dict, **facts) -> set[str]:

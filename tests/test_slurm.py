@@ -15,13 +15,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
+
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.support import free_port
 
 from slurm_cluster import SlurmCluster, slurm_cluster  # noqa: F401  (the session fixture)
 
@@ -33,12 +35,6 @@ FP8LAUNCH = str(VENV_BIN / "fp8launch")
 NAME = "slurm-cpu"
 FP8_LAYERS, LINEARS = 27, 29  # llama-debug: every Linear but the first (layers.0.attention.wq) and the lm head
 JOB_TIMEOUT_S = 180
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_spec(folder: Path, *, nodes: int = 2, steps: int = 6, extra: str = "") -> Path:
@@ -65,7 +61,7 @@ procs_per_node = 1
 [launch]
 launcher = "slurm"
 device = "cpu"
-rdzv_endpoint = "localhost:{_free_port()}"
+rdzv_endpoint = "localhost:{free_port()}"
 env = {{ OMP_NUM_THREADS = "1" }}
 
 [launch.slurm]

@@ -15,6 +15,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from launcher.commands import preflight
+from launcher.planning.gpus import MFU_BASIS, MFU_NOTE
+from launcher.targets.files import save_atomic, write_atomic
 from launcher.errors import TrainingFailed, UsageError
 from launcher.planning.hardware import INSTALL
 from launcher.commands.run import execute, launch_command, plan_for_run, write_plan
@@ -64,9 +66,7 @@ def run_bench(spec: str, *, vs: str = "bf16", steps: int | None = None, repeats:
             if code != 0:
                 raise TrainingFailed(f"bench: the {v.label} run exited with code {code}; see {run_dir}/train.log", code)
     record = _record(a, b, warmup=warmup, repeats=repeats)
-    with open(os.path.join(out_dir, "bench.json"), "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2, sort_keys=True)
-        f.write("\n")
+    write_atomic(os.path.join(out_dir, "bench.json"), json.dumps(record, indent=2, sort_keys=True) + "\n")
     record["out_dir"] = out_dir
     return record
 
@@ -151,8 +151,7 @@ def _record(a: Variant, b: Variant, *, warmup: int, repeats: int) -> dict:
                    "mfu_peak": start.get("mfu_peak"), "peak_tflops": start.get("peak_tflops"),
                    "torch": start.get("torch_version"), **_versions("torchao", "deepspeed", "transformer_engine", "fp8launch")}
     return {"warmup_steps_excluded": warmup, "repeats": repeats, "environment": environment,
-            "mfu_peak": f"MFU of both variants is measured against the device's {start.get('mfu_peak') or 'bf16 dense'} peak "
-                        "(an FP8 step also uses the FP8 tensor cores; torchtitan hides MFU for FP8 for this reason)",
+            "mfu_peak": f"MFU of both variants is measured against the device's {start.get('mfu_peak') or MFU_BASIS} peak: {MFU_NOTE}",
             "spec": side(a), "baseline": side(b), "ratios": ratios}
 
 
@@ -169,7 +168,7 @@ def _versions(*packages: str) -> dict[str, str | None]:
 
 
 def _peak_name(record: dict) -> str:
-    return (record.get("environment", {}).get("mfu_peak") or "bf16 dense")
+    return (record.get("environment", {}).get("mfu_peak") or MFU_BASIS)
 
 
 def table(record: dict) -> str:
@@ -219,6 +218,6 @@ def plot(record: dict, path: str) -> str:
     ratio = record["ratios"]["tokens_per_s"]
     ax_tps.set_title(f"tokens/s (ratio {ratio:.3f})" if ratio else "tokens/s")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110))
     plt.close(fig)
     return path

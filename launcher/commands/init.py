@@ -13,7 +13,6 @@ user asks for (flags, prompts) wins over detection, even where this machine cann
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Callable
 from launcher.commands.doctor import DEFAULT_RECIPE, Machine, assess
 from launcher.planning.hardware import INSTALL, capability_text, requirement, supports
 from launcher.planning.memory import model_params
+from launcher.targets.toml_text import toml_value
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
 
@@ -163,15 +163,15 @@ def render_spec(d: Decision) -> str:
         f"# {_comment(d.why)}.",
         "# Check it with `fp8launch plan FILE`; `fp8launch explain` lists the rules it is checked against.",
         "version = 1",
-        f"name = {_toml_str(d.name)}",
+        f"name = {toml_value(d.name)}",
         "",
         "[precision]",
-        f"mode = {_toml_str(d.mode)}",
+        f"mode = {toml_value(d.mode)}",
     ]
     if d.mode == "fp8":
-        out += [f"backend = {_toml_str(d.backend)}", _line('high_precision = "bf16"', "everything not in FP8")]
+        out += [f"backend = {toml_value(d.backend)}", _line('high_precision = "bf16"', "everything not in FP8")]
         out += _backend_section(d)
-    out += ["", "[distributed]", f"strategy = {_toml_str(d.strategy)}", f"nodes = {d.nodes}",
+    out += ["", "[distributed]", f"strategy = {toml_value(d.strategy)}", f"nodes = {d.nodes}",
             _line(f"procs_per_node = {d.procs_per_node}", "processes on one machine, over gloo" if d.smoke else "one process per GPU")]
     if d.strategy == "deepspeed":
         out += ["", "[distributed.deepspeed]", _line("zero_stage = 2", "MS-AMP supports ZeRO 1/2 only" if d.backend == "msamp" else "")]
@@ -180,12 +180,12 @@ def render_spec(d: Decision) -> str:
     if d.strategy == "deepspeed" and not d.smoke:
         # ZeRO-2 keeps the whole bf16 weights on every GPU: beside them, seq-8192 activations exceed an 80 GB GPU (MEMORY-EXCEEDS-GPU)
         out += ["", "[activation_checkpointing]", _line('mode = "selective"', "every other block recomputed: ZeRO-2 keeps whole weights per GPU")]
-    out += ["", "[launch]", _line(f"device = {_toml_str(d.device)}", "for tests and smoke runs, not for speed" if d.smoke else "CUDA when a GPU is visible")]
+    out += ["", "[launch]", _line(f"device = {toml_value(d.device)}", "for tests and smoke runs, not for speed" if d.smoke else "CUDA when a GPU is visible")]
     if d.smoke:
         out += [_line('env = { OMP_NUM_THREADS = "1" }', "one thread per process")]
     if d.nodes > 1:
         out += [_line('rdzv_endpoint = "localhost:29500"', "the first node's HOST:PORT (or `fp8launch run --rdzv-endpoint`)")]
-    out += ["", "[train]", f"model = {_toml_str(d.model)}", _line('data = "synthetic"', 'or "text:PATH", "tokens:PATH", "py:module:function"')]
+    out += ["", "[train]", f"model = {toml_value(d.model)}", _line('data = "synthetic"', 'or "text:PATH", "tokens:PATH", "py:module:function"')]
     if d.smoke:
         out += ["seq_len = 128", "micro_batch_size = 4", "steps = 30", "lr = 1e-3", "warmup_steps = 3", "log_every = 5"]
     else:
@@ -204,17 +204,12 @@ def _backend_section(d: Decision) -> list[str]:
     if d.backend == "te":
         return ["", "[precision.te]", _line('recipe = "current"', '"delayed" needs compile off; "mxfp8" needs compute capability >= 10.0'),
                 'fp8_format = "HYBRID"']
-    return ["", "[precision.msamp]", _line(f"opt_level = {_toml_str(d.recipe)}",
+    return ["", "[precision.msamp]", _line(f"opt_level = {toml_value(d.recipe)}",
                                            "FP8 ZeRO optimizer, through DeepSpeed" if d.recipe == "O3" else "FP8 weights, gradients and optimizer states")]
 
 
 def _line(code: str, comment: str = "") -> str:
     return f"{code:<36}# {comment}" if comment else code
-
-
-def _toml_str(value: str) -> str:
-    """A TOML basic string. JSON's escapes are TOML's, except that TOML also forbids a raw DEL."""
-    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _comment(text: str) -> str:

@@ -16,6 +16,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from launcher.targets.files import save_atomic
 from launcher.errors import UsageError
 
 METRICS_FILE = "metrics.jsonl"
@@ -151,10 +152,8 @@ def draw(runs: list[Run], path: str) -> str:
         bar = fig.colorbar(image, ax=ax, pad=0.01)
         bar.set_label("underflow share (log)")
     fig.suptitle("fp8launch report: " + ", ".join(labels), fontsize=12, y=1 - 0.3 / total)
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100, bbox_inches="tight")
+    save_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, bbox_inches="tight"))  # never a half-written report.png
     plt.close(fig)
-    os.replace(tmp, path)  # never a half-written report.png
     return path
 
 

@@ -33,6 +33,8 @@ from launcher.commands.bench import Variant, _plan, _read_run, _versions
 from launcher.errors import EXIT_INTERRUPTED, LauncherError, SpecError, UsageError
 from launcher.commands.run import execute, launch_command, write_plan
 from launcher.planning.read import apply_overrides, read_spec, recipes
+from launcher.targets.files import save_atomic, write_atomic
+from launcher.targets.toml_text import toml_text
 
 DEFAULT_MAX_LOSS_GAP = 0.02
 """Reject a candidate whose loss is on average more than 2% above bf16's over the same steps."""
@@ -145,9 +147,9 @@ def run_tune(spec: str, *, steps: int | None = None, candidates: list[str] = (),
     os.makedirs(out_dir, exist_ok=True)
     if record["winner"] and not interrupted:
         tuned = os.path.join(out_dir, f"{probe.plan.name}-tuned.toml")
-        _write(tuned, tuned_spec(spec, overrides, record))
+        write_atomic(tuned, tuned_spec(spec, overrides, record))
         record["tuned_spec"] = os.path.basename(tuned)
-    _write(os.path.join(out_dir, "tune.json"), json.dumps(record, indent=2, sort_keys=True) + "\n")
+    write_atomic(os.path.join(out_dir, "tune.json"), json.dumps(record, indent=2, sort_keys=True) + "\n")
     record["out_dir"] = out_dir
     if interrupted:
         raise TuneInterrupted(f"tune interrupted; what was measured is in {os.path.join(out_dir, 'tune.json')}")
@@ -194,13 +196,6 @@ def _claim(out_dir: str, run_dirs: list[str]) -> None:
     for d in run_dirs:
         if os.path.exists(d):
             shutil.rmtree(d)
-
-
-def _write(path: str, text: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _median_losses(variant: Variant) -> dict[int, float]:
@@ -313,41 +308,6 @@ def _gap(row: dict) -> str:
     return "n/a" if g is None else ("inf" if g == "inf" else f"{g:+.2%}")
 
 
-def toml_text(data: dict) -> str:
-    """A spec dict as TOML: scalars first, then one [table] per nested dict (depth first)."""
-    lines: list[str] = []
-
-    def emit(table: dict, prefix: str) -> None:
-        scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
-        tables = {k: v for k, v in table.items() if isinstance(v, dict)}
-        if prefix and (scalars or not tables):
-            lines.append(f"\n[{prefix}]")
-        lines.extend(f"{_key(k)} = {_value(v)}" for k, v in scalars.items())
-        for k, v in tables.items():
-            emit(v, f"{prefix}.{_key(k)}" if prefix else _key(k))
-
-    emit(data, "")
-    return "\n".join(lines).lstrip("\n") + "\n"
-
-
-def _key(k: str) -> str:
-    return k if k.replace("_", "").replace("-", "").isalnum() else json.dumps(k)
-
-
-def _value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
-    if isinstance(v, list):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_key(k)} = {_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"cannot write {type(v).__name__} as TOML")
-
-
 # --- what a person reads --------------------------------------------------------------------------------
 
 
@@ -405,6 +365,6 @@ def plot(record: dict, path: str) -> str:
     ax_loss.set_title(f"loss; rejected above a {record['max_loss_gap']:.1%} gap to bf16")
     ax_loss.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110))
     plt.close(fig)
     return path

@@ -35,6 +35,13 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 case-insensitively: the more specific names come first ("H100 PCIe" before "H100", "GB200" before
 "B200", "L40S" before "L40" before "L4")."""
 
+MFU_BASIS = "bf16 dense"
+"""What MFU is measured against, for every precision: the device's dense bf16 peak (fp32 / fp16 runs: their own)."""
+
+MFU_NOTE = ("an FP8 step also uses the FP8 tensor cores, so its MFU against the bf16 peak reads as bf16-equivalent "
+            "utilization and can exceed what bf16 could reach")
+"""The one wording of what MFU means for an FP8 run (the start line, bench, README)."""
+
 DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32", "float8": "fp8"}
 
 
@@ -50,6 +57,12 @@ class GpuSpec:
     """Memory bandwidth, TB/s (1e12 bytes per second)."""
     capability: tuple[int, int] | None
     """CUDA compute capability; None for AMD."""
+    sms: int
+    """Streaming multiprocessors (AMD: compute units), from the vendors' architecture whitepapers."""
+    link_gbps: float
+    """GB/s per direction a GPU can send to its node's peers: NVLink 4 (H100/H200) 900 GB/s and NVLink 5
+    (B200) 1.8 TB/s bidirectional, NVLink 3 (A100) 600; L40S has no NVLink (PCIe Gen4 x16, 64 GB/s
+    bidirectional); MI300X Infinity Fabric 7 x 64 GB/s. Datasheets."""
 
     def peak_tflops(self, dtype: str) -> float | None:
         return PEAK_TFLOPS[self.name].get(DTYPE_ALIASES.get(dtype, dtype))
@@ -60,12 +73,12 @@ def _gib(gb: float) -> float:
 
 
 PLAN_GPUS: dict[str, GpuSpec] = {
-    "h100": GpuSpec("H100", _gib(80), 3.35, (9, 0)),
-    "h200": GpuSpec("H200", _gib(141), 4.8, (9, 0)),
-    "b200": GpuSpec("B200", _gib(180), 8.0, (10, 0)),
-    "a100": GpuSpec("A100", _gib(80), 2.039, (8, 0)),
-    "l40s": GpuSpec("L40S", _gib(48), 0.864, (8, 9)),
-    "mi300x": GpuSpec("MI300X", _gib(192), 5.3, None),
+    "h100": GpuSpec("H100", _gib(80), 3.35, (9, 0), sms=132, link_gbps=450.0),
+    "h200": GpuSpec("H200", _gib(141), 4.8, (9, 0), sms=132, link_gbps=450.0),
+    "b200": GpuSpec("B200", _gib(180), 8.0, (10, 0), sms=148, link_gbps=900.0),
+    "a100": GpuSpec("A100", _gib(80), 2.039, (8, 0), sms=108, link_gbps=300.0),
+    "l40s": GpuSpec("L40S", _gib(48), 0.864, (8, 9), sms=142, link_gbps=32.0),
+    "mi300x": GpuSpec("MI300X", _gib(192), 5.3, None, sms=304, link_gbps=448.0),
 }
 """`launch.gpu` -> its figures. "auto" plans for an h100 (see `plan_gpu`)."""
 
@@ -85,16 +98,4 @@ def peak_tflops(device_name: str, dtype: str) -> float | None:
     for key, peaks in PEAK_TFLOPS.items():
         if key.lower() in name:
             return peaks.get(dtype)
-    return None
-
-
-def plan_gpu_for_device(device_name: str) -> str | None:
-    """The `launch.gpu` value for a device torch reports (e.g. "NVIDIA H100 80GB HBM3" -> "h100"), or None."""
-    name = device_name.lower()
-    for key in PEAK_TFLOPS:
-        if key.lower() in name:
-            for choice, spec in PLAN_GPUS.items():
-                if spec.name == key:
-                    return choice
-            return None
     return None

@@ -58,21 +58,33 @@ def write(folder: str, files: dict[str, str]) -> list[Change]:
     for change in changes:
         name = os.path.basename(change.path)
         if change.status in ("create", "update"):
-            _atomic_write(change.path, files[name], 0o755 if name.endswith(EXECUTABLE) else 0o644)
+            write_atomic(change.path, files[name], 0o755 if name.endswith(EXECUTABLE) else 0o644)
         elif change.status == "remove":
             os.remove(change.path)
     return changes
 
 
-def _atomic_write(path: str, text: str, mode: int) -> None:
-    folder = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
+    """Write `text` to `path` through a temporary file in the same folder + rename: a reader (or a crash)
+    sees the old file or the new one, never half of one."""
+    save_atomic(path, lambda tmp: _write_text(tmp, text), mode)
+
+
+def save_atomic(path: str, save, mode: int = 0o644) -> None:
+    """`save(tmp_path)` writes the file (a figure's savefig, say); it then replaces `path` at once."""
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=folder)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        save(tmp)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(text)

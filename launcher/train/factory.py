@@ -16,7 +16,7 @@ import sys
 import traceback
 from typing import Any, Callable
 
-from launcher.errors import InputError, LauncherError
+from launcher.errors import InputError
 from launcher.planning.suggest import did_you_mean
 
 

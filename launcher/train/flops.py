@@ -20,8 +20,6 @@ torch is imported only where a module is inspected.
 
 from __future__ import annotations
 
-from launcher.planning.gpus import DTYPE_ALIASES, PEAK_TFLOPS, peak_tflops  # noqa: F401  (re-exported; the table lives in launcher/planning/gpus.py)
-
 import typing
 
 from launcher.planning.models import LlamaConfig, linear_params

@@ -7,9 +7,9 @@ fields: step, loss, lr, tokens_per_s (global), tflops_per_device, mfu (null wher
 device's peak is unknown, e.g. a CPU), peak_mem_gib, step_time_s; plus world_size and
 grad_norm. The file is appended to, so a resumed run continues it after a new start record.
 
-MFU is measured against the device's dense peak in the high-precision dtype (bf16 for an
-FP8 run), as torchtitan does: FP8 speed-ups then show as a higher MFU. The start record says so
-(`mfu_peak`: "bf16 dense"), and so does its line.
+MFU is measured against the device's dense peak in the high-precision dtype (bf16 for an FP8 run;
+launcher/planning/gpus.py says what that means, MFU_NOTE): FP8 speed-ups then show as a higher MFU. The
+start record says so (`mfu_peak`: "bf16 dense"), and so does its line.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 import torch
+
+from launcher.planning.gpus import MFU_NOTE
 
 STEP_FIELDS = ("step", "loss", "lr", "tokens_per_s", "tflops_per_device", "mfu", "peak_mem_gib", "step_time_s")
 """The field names of a step record (the contract); more fields may follow them."""
@@ -125,7 +127,7 @@ class MetricsLogger:
             peak = record.get("peak_tflops")
             line += (f"\nMFU is measured against the device's {record['mfu_peak']} peak"
                      + (f" ({peak:g} TFLOP/s)" if peak else " (unknown here: MFU n/a)")
-                     + (": an FP8 step also uses the FP8 tensor cores, so its MFU can exceed what bf16 could reach" if record.get("backend") else ""))
+                     + (f": {MFU_NOTE}" if record.get("backend") else ""))
         self._emit({"event": "start", **record}, line)
 
     def step(self, record: dict[str, Any]) -> None:
@@ -189,7 +191,7 @@ class StepTimer:
 
 def throughput_for(plan, env, flops_per_token: float) -> Throughput:
     """The run's Throughput: tokens per step from the plan, the peak of this device in the compute dtype."""
-    from launcher.train.flops import peak_tflops
+    from launcher.planning.gpus import peak_tflops
 
     name = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu"
     return Throughput(tokens_per_step=plan.tokens_per_step, world_size=env.world_size,

@@ -6,12 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support import write_toml_spec
 
 FP8LAUNCH = str(Path(sys.executable).parent / "fp8launch")
 RUN_TIMEOUT_S = 300
@@ -39,27 +40,10 @@ FP8 = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _toml(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    return repr(value)
-
-
 def write_spec(folder: Path, name: str, **keys) -> Path:
     """A spec of BASE + `keys` (dotted keys; in keyword form "__" stands for ".") in folder/NAME.toml."""
     values = {**BASE, "name": name, **{k.replace("__", "."): v for k, v in keys.items()}}
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.toml"
-    path.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in values.items()))
-    return path
+    return write_toml_spec(folder / f"{name}.toml", values)
 
 
 def env() -> dict[str, str]:

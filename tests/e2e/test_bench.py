@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+import launcher
+
 from launcher.commands.bench import table
 
 pytestmark = pytest.mark.slow
@@ -71,7 +73,7 @@ def test_bench_runs_both_variants_alternately_and_reports_ratios(tmp_path):
     import torchao
 
     assert record["environment"] == {"device_name": "cpu", "world_size": 1, "torch": torch.__version__, "torchao": torchao.__version__,
-                                     "deepspeed": record["environment"]["deepspeed"], "transformer_engine": None, "fp8launch": "0.1.0",
+                                     "deepspeed": record["environment"]["deepspeed"], "transformer_engine": None, "fp8launch": launcher.__version__,
                                      "mfu_peak": "bf16 dense", "peak_tflops": None}  # a CPU has no known peak
 
     printed = r.stdout

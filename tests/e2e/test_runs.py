@@ -17,7 +17,9 @@ import sys
 import pytest
 import torch
 
-from .helpers import FP8, FP8_LAYERS, RUN_TIMEOUT_S, TOTAL_LINEAR, check_run, env, free_port, output_of, records, run, start, write_spec
+from tests.support import free_port
+
+from .helpers import FP8, FP8_LAYERS, RUN_TIMEOUT_S, TOTAL_LINEAR, check_run, env, output_of, records, run, start, write_spec
 
 pytestmark = pytest.mark.slow
 

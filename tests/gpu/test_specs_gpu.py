@@ -68,8 +68,7 @@ def test_te_argument_tables_match_the_installed_library():
     import transformer_engine.pytorch as te
     from transformer_engine.common import recipe as te_recipe
 
-    from launcher.train.precision.te_recipe import TE_RECIPE_FIELDS
-    from launcher.train.precision.te_swap import TE_MODULE_ARGS
+    from tests.train.te_2_20 import TE_MODULE_ARGS, TE_RECIPE_FIELDS
 
     for name, args in TE_MODULE_ARGS.items():
         assert not signature_gaps(args, getattr(te, name)), (name, signature_gaps(args, getattr(te, name)))

@@ -4,8 +4,6 @@ from a small spec into a folder (plan.json + the engine configs the engines read
 from __future__ import annotations
 
 import os
-import socket
-import textwrap
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import torch.distributed as dist
 from launcher.targets.files import write
 from launcher.commands.plan import plan_one
 from launcher.train.distributed import DistEnv, exit_now
+from tests.support import free_port, write_toml_spec
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
 
@@ -27,12 +26,6 @@ BASE = {
     "train.steps": 4,
     "train.lr": 1e-3,
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_then_leave(rank: int, fn, *args) -> None:
@@ -88,22 +81,11 @@ def world_of_one():
         yield CPU
 
 
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return f'"{v}"'
-    return repr(v)
-
-
 def make_plan(tmp_path: Path, **keys):
     """Plan a spec made of BASE plus `keys` (dotted, with "__" for "." in keyword form) into
     tmp_path/gen/t/; return (plan, plan_dir)."""
     values = {**BASE, **{k.replace("__", "."): v for k, v in keys.items()}}
-    text = "\n".join(f"{k} = {_toml_value(v)}" for k, v in values.items())
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    spec = tmp_path / "spec.toml"
-    spec.write_text(textwrap.dedent(text) + "\n")
+    spec = write_toml_spec(tmp_path / "spec.toml", values)
     planned = plan_one(str(spec), str(tmp_path / "gen"))
     write(planned.folder, planned.files)
     return planned.plan, planned.folder

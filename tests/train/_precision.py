@@ -3,22 +3,17 @@ Llama-shaped model (torchtitan module names) whose Linear shapes the tests choos
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.planning.plan import Plan, resolve
-from launcher.planning.read import SpecSource
+from launcher.planning.plan import Plan
+from tests.support import plan_from
 
 
 def make_plan(**sections) -> Plan:
     """A Plan from the schema defaults plus `sections`, e.g. make_plan(precision={"mode": "fp8"})."""
-    data = {"version": 1, "name": "t", "launch": {"device": "cpu"}}
-    for key, value in sections.items():
-        data[key] = copy.deepcopy(value)
-    return resolve(SpecSource(path="spec.toml", data=data, sha256=""))
+    return plan_from({"launch": {"device": "cpu"}, **sections})
 
 
 def fp8_plan(torchao=None, strategy="ddp", **precision) -> Plan:

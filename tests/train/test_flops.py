@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from launcher.train.flops import PEAK_TFLOPS, flops_per_token, linear_macs, peak_tflops
+from launcher.planning.gpus import PEAK_TFLOPS, peak_tflops
+from launcher.train.flops import flops_per_token, linear_macs
 from launcher.train.models.llama import SIZES, Llama
 
 DEBUG = SIZES["llama-debug"]

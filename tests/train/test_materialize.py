@@ -102,7 +102,7 @@ def test_the_entrypoint_skips_initialisation_when_it_resumes(tmp_path, monkeypat
         raise AssertionError("initialised a resumed model")
 
     from launcher.train import distributed
-    from tests.train._engine_setup import free_port
+    from tests.support import free_port
 
     for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(key, value)  # a world of one on a free port, restored after the test

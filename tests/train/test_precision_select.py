@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from launcher.train.precision import select
-from launcher.train.precision.select import DIMS, KEEP_FIRST_LAST, SMALL, classify, fp8_filter, too_small
+from launcher.planning.selection import DIMS, KEEP_FIRST_LAST, SMALL, too_small
+from launcher.train.precision.select import classify, fp8_filter
 
 from ._precision import TinyLlama, fp8_plan
 

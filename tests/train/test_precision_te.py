@@ -18,8 +18,10 @@ from launcher.errors import BackendMissing, EnvironmentProblem, LauncherError
 from launcher.planning.read import defaults
 from launcher.train.precision import apply_precision
 from launcher.train.precision import te as te_backend
-from launcher.train.precision.te_recipe import RECIPE_CLASS, TE_FORMATS, TE_RECIPE_FIELDS, recipe_kwargs, unread_fields
-from launcher.train.precision.te_swap import TE_MODULE_ARGS, swap_plan
+from launcher.train.precision.te_recipe import RECIPE_CLASS, recipe_kwargs, unread_fields
+from launcher.train.precision.te_swap import swap_plan
+
+from .te_2_20 import TE_FORMATS, TE_MODULE_ARGS, TE_RECIPE_FIELDS
 
 from ._precision import TinyLlama, fp8_plan, make_plan
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch

@@ -11,7 +11,6 @@ cannot hide. docs/prediction.md states its assumptions and its error on every pu
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, field
 
 from launcher.planning.gpus import plan_gpu
@@ -19,7 +18,7 @@ from launcher.planning.hardware import supports
 
 from . import cost
 from launcher.planning.predict.cost import Device, cast_s, gemm_s, stream_s
-from launcher.planning.predict.layers import too_small
+from launcher.planning.selection import name_reason, shape_reason
 from launcher.planning.predict.shapes import LinearShape, ModelShape, model_shape
 
 ELEMENTWISE = {True: (1.0, 12), False: (2.5, 40)}
@@ -166,28 +165,21 @@ def _unsupported(p, capability) -> str:
 
 
 def _fp8_copies(plan, s: LinearShape, first_last: set[str]) -> tuple[int, str | None]:
-    """(copies of this Linear that run in FP8, the reason the others do not), as launcher/train/precision/select.py decides."""
-    p = plan.precision
-    if not (p.backend == "torchao" and p.torchao.pad_inner_dim) and (s.in_features % 16 or s.out_features % 16):
-        whole = "dims not multiples of 16"
-    elif p.backend == "torchao" and p.torchao.skip_small and too_small(p.torchao.recipe, s.in_features, s.out_features):
-        whole = "skip_small"
-    else:
-        whole = None
-    if not p.keep:  # the common case: no per-copy globs, only the first and the last Linear by name
+    """(copies of this Linear that run in FP8, the reason the others do not), by launcher/planning/selection.py's
+    rule, as the run decides it on the built model."""
+    whole = shape_reason(s.in_features, s.out_features, plan)
+    if not plan.precision.keep:  # the common case: only the first and the last Linear are kept by name
         ends = {s.name.format(i=0), s.name.format(i=s.count - 1)} & first_last
         if ends:
             return (0 if whole else s.count - len(ends)), "keep_first_last"
         return (0, whole) if whole else (s.count, None)
-    kept, reason = 0, None
+    kept, first = 0, None
     for i in range(s.count):
-        name = s.name.format(i=i)
-        why = next((f"keep {pat!r}" for pat in p.keep if fnmatch.fnmatchcase(name, pat)), None)
-        why = why or ("keep_first_last" if name in first_last else None) or whole
+        why = name_reason(s.name.format(i=i), plan, first_last) or whole
         if why:
             kept += 1
-            reason = reason or why
-    return s.count - kept, reason
+            first = first or why
+    return s.count - kept, first
 
 
 def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str, float], list[LayerRow]]:
@@ -289,7 +281,7 @@ def device(gpu: str) -> Device:
     """The cost model's view of a `launch.gpu` choice."""
     spec = plan_gpu(gpu)
     name = "h100" if gpu == "auto" else gpu
-    return Device(name, _peaks(spec), spec.bandwidth_tbps, cost.SMS[name], cost.LINK_GBPS[name])
+    return Device(name, _peaks(spec), spec.bandwidth_tbps, spec.sms, spec.link_gbps)
 
 
 def linear_speedup(gpu: str, m: int, k: int, n: int, backend: str = "torchao", recipe: str = "tensorwise", compiled: bool = True) -> float:

@@ -40,14 +40,6 @@ TILE = (128, 128)
 """Output tile of a GEMM (M, N): tiles are spread over the SMs in waves; a partly filled last wave
 runs at the speed of a full one."""
 
-SMS = {"h100": 132, "h200": 132, "b200": 148, "a100": 108, "l40s": 142, "mi300x": 304}
-"""Streaming multiprocessors (AMD: compute units) per GPU, from the vendors' architecture whitepapers."""
-
-LINK_GBPS = {"h100": 450.0, "h200": 450.0, "b200": 900.0, "a100": 300.0, "l40s": 32.0, "mi300x": 448.0}
-"""GB/s per direction a GPU can send to its node's peers: NVLink 4 (H100/H200) 900 GB/s and NVLink 5
-(B200) 1.8 TB/s bidirectional, NVLink 3 (A100) 600; L40S has no NVLink (PCIe Gen4 x16, 64 GB/s
-bidirectional); MI300X Infinity Fabric 7 x 64 GB/s. Datasheets."""
-
 LINK_EFF = 0.80
 """Share of the link bandwidth a NCCL/RCCL collective's bus bandwidth reaches (assumption)."""
 

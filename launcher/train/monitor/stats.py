@@ -78,13 +78,6 @@ def rows_of(x: torch.Tensor, scaling: Scaling) -> torch.Tensor:
     return x.reshape(-1, n)
 
 
-def amax_of(x: torch.Tensor, scaling: Scaling) -> torch.Tensor:
-    """max |x| per tensor (0-d) or per row (shape [rows, 1], rows = all leading dims flattened)."""
-    if scaling.rowwise:
-        return rows_of(x, scaling).abs().amax(dim=-1, keepdim=True)
-    return x.abs().max()
-
-
 def torchao_scale(amax: torch.Tensor, fmt: str, *, power_of_2: bool = False, margin: int = 0) -> torch.Tensor:
     """torchao's amax_to_scale: fp8_max / max(amax, EPS) in fp64, as fp32, optionally rounded
     down to a power of 2; TE's current scaling adds the margin (a divide by 2**margin)."""

@@ -1,48 +1,26 @@
-"""Which Linear layers run in FP8, and why the others do not. Pure: reads the model's shapes only.
-
-Every FP8 backend asks the same question of the same rules, in this order (the first that
-applies names the reason a layer is kept in `precision.high_precision`):
-
-1. `precision.keep` — fnmatch globs on the layer's FQN;
-2. `precision.keep_first_last` — the first and the last Linear in module registration order
-   (for a Llama: `layers.0.attention.wq` and the lm head `output`);
-3. in/out features not multiples of 16 — FP8 GEMMs (`torch._scaled_mm`, cuBLASLt) need
-   them; torchao can pad the inner dim instead (`precision.torchao.pad_inner_dim`);
-4. torchao only, `precision.torchao.skip_small` — torchao's size heuristic: GEMMs this
-   small run slower in FP8 than in bf16 on an H100.
-"""
+"""Which Linear layers of a model run in FP8, and why the others do not: launcher/planning/selection.py's
+rule (shared with planning's prediction) applied to the model's modules, plus what only the modules
+can tell (a Linear whose weight its parent uses functionally never runs as a module). Pure: reads the
+model's shapes only."""
 
 from __future__ import annotations
 
-import fnmatch
 import typing
 from typing import Callable
 
 from torch import nn
 
-from launcher.planning.predict.layers import too_small  # noqa: F401  (the rule lives there, torch-free)
+from launcher.planning.selection import reason
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
 
-KEEP_FIRST_LAST = "keep_first_last"
-DIMS = "dims not multiples of 16"
-SMALL = "skip_small"
 FUNCTIONAL = "weight used functionally by its parent (not called as a module)"
-
-
-def keep_reason(pattern: str) -> str:
-    return f"keep {pattern!r}"
 
 
 def linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     """Every nn.Linear (subclasses included) with its FQN, in module registration order."""
     return [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, nn.Linear)]
-
-
-def _needs_dims16(plan: Plan) -> bool:
-    p = plan.precision
-    return not (p.backend == "torchao" and p.torchao.pad_inner_dim)
 
 
 def called_functionally(mod: nn.Module) -> bool:
@@ -53,19 +31,9 @@ def called_functionally(mod: nn.Module) -> bool:
 
 
 def _reason(fqn: str, mod: nn.Linear, plan: Plan, first_last: set[str]) -> str | None:
-    p = plan.precision
     if called_functionally(mod):
         return FUNCTIONAL
-    for pattern in p.keep:
-        if fnmatch.fnmatchcase(fqn, pattern):
-            return keep_reason(pattern)
-    if fqn in first_last:
-        return KEEP_FIRST_LAST
-    if _needs_dims16(plan) and (mod.in_features % 16 or mod.out_features % 16):
-        return DIMS
-    if p.backend == "torchao" and p.torchao.skip_small and too_small(p.torchao.recipe, mod.in_features, mod.out_features):
-        return SMALL
-    return None
+    return reason(fqn, mod.in_features, mod.out_features, plan, first_last)
 
 
 def _first_last(model: nn.Module, plan: Plan) -> set[str]:

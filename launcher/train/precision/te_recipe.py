@@ -15,28 +15,6 @@ from launcher.planning.rules import rule_error
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import TEConfig
 
-TE_RECIPE_FIELDS: dict[str, frozenset[str]] = {
-    "DelayedScaling": frozenset({
-        "margin", "fp8_format", "amax_history_len", "amax_compute_algo", "scaling_factor_compute_algo",
-        "reduce_amax", "fp8_dpa", "fp8_mha", "backward_override"}),
-    "Float8CurrentScaling": frozenset({
-        "use_power_2_scales", "fp8_format", "fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad",
-        "fp8_dpa", "fp8_mha", "backward_override"}),
-    "Float8BlockScaling": frozenset({
-        "use_f32_scales", "fp8_format", "x_block_scaling_dim", "w_block_scaling_dim", "grad_block_scaling_dim",
-        "fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad", "fp8_dpa", "fp8_mha", "backward_override"}),
-    "MXFP8BlockScaling": frozenset({
-        "margin", "fp8_format", "fp8_dpa", "fp8_mha", "backward_override", "enable_2d_quantization"}),
-    "NVFP4BlockScaling": frozenset({
-        "disable_rht", "disable_stochastic_rounding", "disable_2d_quantization", "row_scaled_activation",
-        "nvfp4_4over6", "nvfp4_4over6_e4m3_use_256", "nvfp4_4over6_err_mode", "fp4_format", "fp8_format",
-        "fp8_dpa", "fp8_mha", "backward_override"}),
-}
-"""Constructor keyword names of each TE 2.20.2 recipe class."""
-
-TE_FORMATS = frozenset({"E2M1", "E4M3", "E5M2", "HYBRID"})
-"""Members of transformer_engine.common.recipe.Format (TE 2.20.2)."""
-
 RECIPE_CLASS = {
     "delayed": "DelayedScaling",
     "current": "Float8CurrentScaling",

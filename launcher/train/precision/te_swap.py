@@ -20,34 +20,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from launcher.planning.selection import keep_reason
+
 from . import select
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan, TEConfig
 
-TE_MODULE_ARGS: dict[str, frozenset[str]] = {
-    # transformer_engine/pytorch/module/linear.py, Linear.__init__ (TE 2.20.2)
-    "Linear": frozenset({
-        "in_features", "out_features", "sequence_parallel", "fuse_wgrad_accumulation", "tp_group", "tp_size",
-        "get_rng_state_tracker", "rng_tracker_name", "init_method", "bias", "return_bias", "params_dtype",
-        "parallel_mode", "parameters_split", "device", "ub_overlap_ag", "ub_overlap_rs", "ub_overlap_rs_dgrad",
-        "ub_bulk_dgrad", "ub_bulk_wgrad", "ub_name", "delay_wgrad_compute", "symmetric_ar_type",
-        "save_original_input", "name"}),
-    # module/layernorm.py and module/rmsnorm.py __init__, plus the **kwargs their ops take (device, dtype, sm_margin)
-    "LayerNorm": frozenset({
-        "normalized_shape", "eps", "sequence_parallel", "params_dtype", "zero_centered_gamma", "hidden_size",
-        "device", "dtype", "sm_margin"}),
-    "RMSNorm": frozenset({
-        "normalized_shape", "eps", "sequence_parallel", "params_dtype", "zero_centered_gamma", "hidden_size",
-        "device", "dtype", "sm_margin"}),
-}
-"""Constructor keyword names of the TE 2.20.2 modules fp8launch builds."""
-
 ZERO_CENTERED_RMSNORM = ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm", "Gemma3nRMSNorm")
 """RMSNorm classes that scale by (1 + weight): TE's zero_centered_gamma computes the same."""
-
-KIND_CLASS = {"linear": "Linear", "layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
-
 
 @dataclass(frozen=True, slots=True)
 class Swap:
@@ -87,7 +68,7 @@ def _kind(m: nn.Module) -> str | None:
 def _keep_glob(fqn: str, plan: Plan) -> str | None:
     for pattern in plan.precision.keep:
         if fnmatch.fnmatchcase(fqn, pattern):
-            return select.keep_reason(pattern)
+            return keep_reason(pattern)
     return None
 
 

@@ -1,0 +1,69 @@
+"""Which Linear layers run in FP8, and why the others do not: the one rule the run applies
+(launcher/train/precision/select.py, on the model's modules) and planning predicts with
+(launcher/planning/predict, on the model's shapes). Torch-free: names and shapes only.
+
+The first rule that applies names the reason a layer is kept in `precision.high_precision`:
+1. `precision.keep` — fnmatch globs on the layer's name;
+2. `precision.keep_first_last` — the first and the last Linear in registration order
+   (for a Llama: `layers.0.attention.wq` and the lm head `output`);
+3. in/out features not multiples of 16 — FP8 GEMMs (`torch._scaled_mm`, cuBLASLt) need them; torchao
+   can pad the inner dim instead (`precision.torchao.pad_inner_dim`);
+4. torchao only, `precision.torchao.skip_small` — torchao's size heuristic: GEMMs this small run
+   slower in FP8 than in bf16 on an H100.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import typing
+from typing import Collection
+
+if typing.TYPE_CHECKING:
+    from launcher.planning.plan import Plan
+
+KEEP_FIRST_LAST = "keep_first_last"
+DIMS = "dims not multiples of 16"
+SMALL = "skip_small"
+
+
+def keep_reason(pattern: str) -> str:
+    return f"keep {pattern!r}"
+
+
+def too_small(recipe: str, in_features: int, out_features: int) -> bool:
+    """torchao 0.18.0's size heuristic (torchao/float8/float8_linear_utils.py,
+    `_auto_filter_for_tensorwise` / `_auto_filter_for_rowwise`, from H100 benchmarks in
+    torchao/float8/README.md): True when FP8 is expected to be slower than bf16.
+
+    torchao names the weight shape (N, K) = (out_features, in_features). It has no heuristic
+    for rowwise_with_gw_hp (`_auto_filter_for_recipe` raises NotImplementedError); that recipe
+    is rowwise scaling with a high-precision weight-gradient GEMM, so the rowwise thresholds apply.
+    """
+    n, k = out_features, in_features
+    if recipe == "tensorwise":
+        return k <= 4096 and n <= 1024
+    return n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048)
+
+
+def name_reason(name: str, plan: Plan, first_last: Collection[str]) -> str | None:
+    """Rules 1-2: what the layer's name keeps in high precision."""
+    for pattern in plan.precision.keep:
+        if fnmatch.fnmatchcase(name, pattern):
+            return keep_reason(pattern)
+    return KEEP_FIRST_LAST if name in first_last else None
+
+
+def shape_reason(in_features: int, out_features: int, plan: Plan) -> str | None:
+    """Rules 3-4: what the layer's shape keeps in high precision."""
+    p = plan.precision
+    torchao = p.backend == "torchao"
+    if not (torchao and p.torchao.pad_inner_dim) and (in_features % 16 or out_features % 16):
+        return DIMS
+    if torchao and p.torchao.skip_small and too_small(p.torchao.recipe, in_features, out_features):
+        return SMALL
+    return None
+
+
+def reason(name: str, in_features: int, out_features: int, plan: Plan, first_last: Collection[str]) -> str | None:
+    """None when the layer runs in FP8, else the first rule that keeps it in high precision."""
+    return name_reason(name, plan, first_last) or shape_reason(in_features, out_features, plan)

@@ -1,0 +1,49 @@
+"""What many tests need, in one place: a free port, specs written as TOML (launcher's own writer, so strings
+are escaped), and a Plan from a spec held in memory."""
+
+from __future__ import annotations
+
+import copy
+import socket
+from pathlib import Path
+
+from launcher.planning.plan import Plan, resolve
+from launcher.planning.read import SpecSource, validate
+from launcher.targets.toml_text import toml_text
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def nested(flat: dict) -> dict:
+    """{"a.b": 1} -> {"a": {"b": 1}}."""
+    out: dict = {}
+    for key, value in flat.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = copy.deepcopy(value)
+    return out
+
+
+def spec_toml(flat: dict) -> str:
+    """A spec's TOML text from dotted keys."""
+    return toml_text(nested(flat))
+
+
+def write_toml_spec(path: Path, flat: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(spec_toml(flat))
+    return path
+
+
+def plan_from(data: dict, path: str = "spec.toml") -> Plan:
+    """The Plan of a spec held in memory (nested sections; "version" and "name" default to 1 and "t"),
+    validated like a file."""
+    source = SpecSource(path=path, data={"version": 1, "name": "t", **copy.deepcopy(data)}, sha256="")
+    validate(source)
+    return resolve(source)
