@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 EXTRAS := torchao,deepspeed,hf,bench,accelerate,dev
 
-.PHONY: setup test test-fast smoke plan-check support-matrix bench clean
+.PHONY: setup test test-fast smoke plan-check support-matrix dist bench clean
 
 setup: $(VENV)/.installed
 
@@ -33,8 +33,13 @@ support-matrix: setup
 plan-check: setup
 	$(BIN)/fp8launch plan --check --out specs/generated specs/*.toml
 
+# The wheel to install where there is no clone (a container image, a CI job): fp8launch is on no package index.
+dist:
+	rm -rf dist build
+	$(PYTHON) -m pip wheel -q --disable-pip-version-check --no-deps -w dist .
+
 bench: setup
 	$(BIN)/python benchmarks/plan_latency.py
 
 clean:
-	rm -rf $(VENV) generated runs .pytest_cache
+	rm -rf $(VENV) generated runs .pytest_cache dist build

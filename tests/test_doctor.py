@@ -9,6 +9,7 @@ from importlib import metadata
 import pytest
 
 from conftest import REPO, run_module
+from launcher.planning.install import INSTALL
 from launcher.commands import doctor
 from launcher.commands.doctor import ROWS, Gpu, Machine, assess, assess_plan, diagnose, gather, synthetic_plan
 from launcher.planning.hardware import TE_RECIPE_CAPABILITY, supports
@@ -55,7 +56,7 @@ def test_h100_with_te():
         assert s.reasons == (f"TE recipe {recipe!r} needs {needs}; this GPU has 9.0. "
                              'fix: set precision.te.recipe = "current" (or "delayed"), or run on a newer GPU',)
     # torchao is not installed on this machine: the reason says what to install
-    assert r["fp8 torchao tensorwise"].reasons == ("the torchao package is not importable here. fix: install it: pip install 'fp8launch[torchao]'",)
+    assert r["fp8 torchao tensorwise"].reasons == (f"the torchao package is not importable here. fix: install it: {INSTALL['torchao']}",)
     # msamp O3 needs MS-AMP and DeepSpeed
     assert r["fp8 msamp O3"].rules == ("BACKEND-MISSING",)
     assert [x.split(" package")[0] for x in r["fp8 msamp O3"].reasons] == ["the msamp", "the deepspeed"]
@@ -97,7 +98,7 @@ def test_cpu_with_torchao():
 
 def test_cpu_without_torchao_says_what_to_install():
     problem = diagnose(cpu_machine()).problem
-    assert problem.splitlines()[1] == "  - torchao: the torchao package is not importable here. fix: install it: pip install 'fp8launch[torchao]'"
+    assert problem.splitlines()[1] == f"  - torchao: the torchao package is not importable here. fix: install it: {INSTALL['torchao']}"
     assert "te: Transformer Engine and MS-AMP run only on CUDA GPUs" in problem
     assert problem.splitlines()[-1] == '  - bf16 runs here: set precision.mode = "bf16"'
 
@@ -201,7 +202,7 @@ def test_installed_but_not_importable_is_reported(monkeypatch):
     monkeypatch.setattr(util, "find_spec", lambda name: None)
     notes: list[str] = []
     assert doctor._installed_version("deepspeed", notes) is None
-    assert notes == [f"deepspeed {metadata.version('deepspeed')} is installed but not importable; reinstall it: pip install 'fp8launch[deepspeed]'"]
+    assert notes == [f"deepspeed {metadata.version('deepspeed')} is installed but not importable; reinstall it: {INSTALL['deepspeed']}"]
 
 
 def test_cli_json_here(cli):
@@ -254,7 +255,7 @@ def test_cli_spec(cli, monkeypatch):
     te = cli("doctor", "--format", "json", "--spec", str(REPO / "specs/te-current-fsdp2-compile.toml"))
     assert te.exit_code == 3
     assert json.loads(te.stdout)["spec"]["rules"] == ["CPU-BACKEND", "BACKEND-MISSING"]
-    assert "fp8 te current cannot run here" in te.stderr and "pip install 'fp8launch[te]'" in te.stderr
+    assert "fp8 te current cannot run here" in te.stderr and f"{INSTALL['transformer_engine']}" in te.stderr
     # a bf16 spec on the A100 node: no FP8 anywhere, yet the spec runs, so exit 0
     monkeypatch.setattr(doctor, "gather", lambda: A100)
     bf16 = cli("doctor", "--spec", str(REPO / "specs/bf16-baseline.toml"))

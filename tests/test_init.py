@@ -12,6 +12,7 @@ import tomllib
 import pytest
 
 from conftest import REPO
+from launcher.planning.install import INSTALL
 from launcher.commands import doctor
 from launcher.commands.doctor import gather
 from launcher.targets.toml_text import toml_value
@@ -73,7 +74,7 @@ def test_cpu_smoke_with_torchao(tmp_path):
 def test_cpu_without_torchao_is_a_bf16_smoke(tmp_path):
     d = decide(cpu_machine())
     assert (d.mode, d.device, d.model) == ("bf16", "cpu", "builtin:llama-debug")
-    assert "pip install 'fp8launch[torchao]'" in d.why
+    assert f"{INSTALL['torchao']}" in d.why
     planned(tmp_path, render_spec(d))
     assert decide(NO_TORCH).mode == "bf16"
 

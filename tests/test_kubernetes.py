@@ -110,7 +110,7 @@ def test_four_nodes_of_eight_gpus_as_a_trainjob(spec, restarts):
     assert trainer["resourcesPerNode"] == {"limits": {"nvidia.com/gpu": 8}}
     assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime", "name": "torch-distributed"}
     assert trainer["command"] == ["env", "-C", "/workspace", "torchrun", "--max-restarts", str(restarts),
-                                  "-m", "launcher.train", "--plan", "/workspace/gen/big-run/plan.json"]
+                                  "--no-python", "fp8launch-train", "--plan", "/workspace/gen/big-run/plan.json"]
     env = {e["name"]: e["value"] for e in trainer.get("env", [])}
     assert env == ({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if restarts else {})
     [rjob] = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]

@@ -52,7 +52,7 @@ def test_dry_run_prints_the_exact_torchrun_command_and_writes_the_plan(cli, spec
     assert r.exit_code == 0, r.stderr
     plan_json = tmp_path / "runs" / "t" / "plan" / "plan.json"
     assert r.stdout == (f"torchrun --nnodes 1 --nproc-per-node 2 --standalone --max-restarts 0 "
-                        f"-m launcher.train --plan {plan_json}\n")
+                        f"--no-python fp8launch-train --plan {plan_json}\n")
     assert sorted(os.listdir(plan_json.parent)) == ["fsdp2.json", "plan.json", "torchrun.sh"]
     # spec_dir is relative to the plan folder and leads back to the spec's folder.
     assert (plan_json.parent / _plan_json(tmp_path)["spec_dir"]).resolve() == tmp_path.resolve()
@@ -63,7 +63,7 @@ def test_dry_run_of_one_node_of_several(cli, spec, tmp_path):
     assert r.exit_code == 0, r.stderr
     assert r.stdout == (
         "torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 10.1.2.3:29400 --rdzv-id t "
-        f"--node-rank 1 --max-restarts 0 -m launcher.train --plan {tmp_path / 'runs/t/plan/plan.json'}\n"
+        f"--node-rank 1 --max-restarts 0 --no-python fp8launch-train --plan {tmp_path / 'runs/t/plan/plan.json'}\n"
     )
     assert _plan_json(tmp_path)["derived"]["world_size"] == 4
 
@@ -199,7 +199,7 @@ def test_inside_an_allocation_the_script_runs_srun_torchrun(spec, tmp_path):
     torchrun = args[args.index("torchrun"):]
     assert torchrun[torchrun.index("--rdzv-endpoint") + 1] == "10.0.0.5:29500"
     assert torchrun[torchrun.index("--nproc-per-node") + 1] == "2"
-    assert torchrun[-3:] == ["launcher.train", "--plan", f"{tmp_path}/runs/t/plan/plan.json"]
+    assert torchrun[-3:] == ["fp8launch-train", "--plan", f"{tmp_path}/runs/t/plan/plan.json"]
 
 
 def test_missing_sbatch_is_an_environment_problem(spec, tmp_path):

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from launcher.planning.install import INSTALL
 from launcher.commands.preflight import gpu_present
 
 CPU_SPEC = """\
@@ -42,7 +43,7 @@ def test_missing_backend_package_exits_3_before_torch(tmp_path):
     assert r.returncode == 3, r.stderr[-2000:]
     lines = [line for line in lines if "warning[" not in line]  # the debug model also gets FP8-NO-GAIN's warning
     assert lines == ["error[BACKEND-MISSING]: the transformer_engine package is not importable here. fix: install it: "
-                     "pip install 'fp8launch[te]' (needs CUDA)"]
+                     f"{INSTALL['transformer_engine']}"]
     assert "jinja2" in imported and "torch" not in imported
     assert not (tmp_path / "runs" / "p" / "plan").exists()  # nothing planned, nothing started
 

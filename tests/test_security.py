@@ -90,7 +90,7 @@ def test_torchrun_script_passes_values_through_verbatim(tmp_path, recorders):
     assert len(calls) == 1 and calls[0]["cmd"] == "torchrun"
     assert calls[0]["env"] == {f"V{i}": v for i, v in enumerate(NASTY)}
     assert calls[0]["argv"] == ["--nnodes", "1", "--nproc-per-node", "8", "--standalone", "--max-restarts", "0",
-                                "-m", "launcher.train", "--plan", f"{folder}/plan.json"]
+                                "--no-python", "fp8launch-train", "--plan", f"{folder}/plan.json"]
 
 
 def test_torchrun_script_takes_node_rank_and_endpoint_from_env_as_data(tmp_path, recorders):

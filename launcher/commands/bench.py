@@ -18,7 +18,7 @@ from launcher.commands import preflight
 from launcher.planning.gpus import MFU_BASIS, MFU_NOTE
 from launcher.targets.files import save_atomic, write_atomic
 from launcher.errors import TrainingFailed, UsageError
-from launcher.planning.hardware import INSTALL
+from launcher.planning.install import INSTALL
 from launcher.commands.run import execute, launch_command, plan_for_run, write_plan
 from launcher.commands.plan import Planned
 

@@ -15,7 +15,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from functools import cache
 
-from launcher.planning.hardware import INSTALL, capability_text, requirement, supports
+from launcher.planning.install import INSTALL
+from launcher.planning.hardware import capability_text, requirement, supports
 from launcher.planning.plan import Plan, resolve
 from launcher.planning.rules import RULES_BY_ID, Facts, check
 from launcher.planning.read import SpecSource, recipes, validate
@@ -179,7 +180,7 @@ def _installed_version(module: str, notes: list[str]) -> str | None:
     version = dist_version(module)
     if not found:
         if version:
-            notes.append(f"{module} {version} is installed but not importable; reinstall it: {INSTALL.get(module, 'pip install ' + module)}")
+            notes.append(f"{module} {version} is installed but not importable; reinstall it: {INSTALL[module]}")
         return None
     return version or "unknown"
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from launcher.commands.doctor import DEFAULT_RECIPE, Machine, assess
-from launcher.planning.hardware import INSTALL, capability_text, requirement, supports
+from launcher.planning.install import INSTALL
+from launcher.planning.hardware import capability_text, requirement, supports
 from launcher.planning.memory import model_params
 from launcher.targets.toml_text import toml_value
 

@@ -21,7 +21,7 @@ from typing import Mapping
 
 from launcher.commands.doctor import packages_needed
 from launcher.errors import EnvironmentProblem
-from launcher.planning.hardware import INSTALL
+from launcher.planning.install import INSTALL
 from launcher.planning.plan import Plan
 from launcher.planning.rules import RULES_BY_ID, Facts
 from launcher.planning.rules import check as check_rules

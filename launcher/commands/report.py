@@ -16,6 +16,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from launcher.planning.install import INSTALL
 from launcher.targets.files import save_atomic
 from launcher.errors import UsageError
 
@@ -104,7 +105,7 @@ def draw(runs: list[Run], path: str) -> str:
     try:
         import matplotlib
     except ImportError as e:
-        raise UsageError("the report needs matplotlib; fix: pip install 'fp8launch[bench]'") from e
+        raise UsageError(f"the report needs matplotlib; fix: {INSTALL['matplotlib']}") from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import LogNorm

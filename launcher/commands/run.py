@@ -31,7 +31,7 @@ from typing import Callable, Mapping
 
 from launcher.commands import kubectl
 from launcher.errors import ENTRYPOINT_CODES, EXIT_FILE_ENV, EXIT_INTERRUPTED, EnvironmentProblem, LauncherError, UsageError
-from launcher.planning.hardware import INSTALL
+from launcher.planning.install import INSTALL
 from launcher.targets.kubernetes import JobRef, job_ref, manifest_file
 from launcher.targets.files import Change, write
 from launcher.commands.plan import Planned, plan_one

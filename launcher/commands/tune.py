@@ -32,6 +32,7 @@ from launcher.commands import run as launch
 from launcher.commands.bench import Variant, _plan, _read_run, _versions
 from launcher.errors import EXIT_INTERRUPTED, LauncherError, SpecError, UsageError
 from launcher.commands.run import execute, launch_command, write_plan
+from launcher.planning.install import INSTALL
 from launcher.planning.read import apply_overrides, read_spec, recipes
 from launcher.targets.files import save_atomic, write_atomic
 from launcher.targets.toml_text import toml_text
@@ -330,7 +331,7 @@ def plot(record: dict, path: str) -> str:
     try:
         import matplotlib
     except ImportError as e:
-        raise UsageError("the plot needs matplotlib: pip install 'fp8launch[bench]'") from e
+        raise UsageError(f"the plot needs matplotlib: {INSTALL['matplotlib']}") from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

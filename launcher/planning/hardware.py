@@ -1,5 +1,5 @@
-"""Which GPU runs which precision, and how to install each optional package. Torch-free facts,
-in one place for `fp8launch doctor`, `fp8launch init` and the rule table.
+"""Which GPU runs which precision. Torch-free facts, in one place for `fp8launch doctor`,
+`fp8launch init` and the rule table.
 
 Compute capabilities are `(major, minor)` tuples as `torch.cuda.get_device_capability` returns them.
 """
@@ -17,18 +17,6 @@ refuses MXFP8 on sm120 (consumer Blackwell)."""
 BF16_MIN_CAPABILITY = (8, 0)
 """bf16 tensor cores start with Ampere; older GPUs train in fp16."""
 
-INSTALL = {
-    "torch": "pip install torch (any CUDA build for GPUs; CPU machines: pip install torch==2.13.0)",
-    "torchao": "pip install 'fp8launch[torchao]'",
-    "transformer_engine": "pip install 'fp8launch[te]' (needs CUDA)",
-    "msamp": "build MS-AMP from source: https://github.com/Azure/MS-AMP (it pins DeepSpeed 0.13.1 and Transformer Engine 1.1)",
-    "deepspeed": "pip install 'fp8launch[deepspeed]'",
-    "transformers": "pip install 'fp8launch[hf]'",
-    "accelerate": "pip install 'fp8launch[accelerate]'",
-    "tokenizers": "pip install 'fp8launch[hf]'",
-    "matplotlib": "pip install 'fp8launch[bench]'",
-}
-"""How to install each optional package, as the error messages say it."""
 
 
 def capability_range(mode: str, backend: str | None = None, recipe: str | None = None) -> tuple[tuple[int, int], tuple[int, int] | None]:

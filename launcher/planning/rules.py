@@ -11,7 +11,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Callable
 
-from launcher.planning.hardware import FP8_MIN_CAPABILITY, INSTALL, capability_text, requirement, supports
+from launcher.planning.install import INSTALL
+from launcher.planning.hardware import FP8_MIN_CAPABILITY, capability_text, requirement, supports
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan

@@ -6,7 +6,7 @@ never by pasting strings. Torch-free.
 
 Both operators start every node's container with torchrun's settings in PET_* variables
 (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT), which torchrun
-reads as the defaults of its options, so the command is `torchrun -m launcher.train --plan ...`.
+reads as the defaults of its options, so the command is `torchrun --no-python fp8launch-train --plan ...`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
-from launcher import __version__
+from launcher import ENTRYPOINT, __version__
 from launcher.planning.plan import Plan
 from launcher.targets.yaml_text import dump_all
 
@@ -106,7 +106,7 @@ def plan_mount(plan: Plan, plan_dir: str) -> str:
 
 def torchrun_args(plan: Plan, plan_dir: str) -> list[str]:
     return ["torchrun", "--max-restarts", str(plan.launch.max_restarts),
-            "-m", "launcher.train", "--plan", literal(plan_mount(plan, plan_dir) + "/plan.json")]
+            "--no-python", ENTRYPOINT, "--plan", literal(plan_mount(plan, plan_dir) + "/plan.json")]
 
 
 def env_list(plan: Plan) -> list[dict]:

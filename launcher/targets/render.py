@@ -10,7 +10,7 @@ from importlib import resources
 
 import jinja2
 
-from launcher import __version__
+from launcher import ENTRYPOINT, __version__
 from launcher.errors import LauncherError
 from launcher.targets.kubernetes import MANIFEST_FILE, manifest_file, render_manifest
 from launcher.planning.plan import Plan
@@ -79,6 +79,7 @@ def render(plan: Plan, plan_dir: str = "generated") -> dict[str, str]:
     gpus = plan.launch.slurm.gpus_per_node or (0 if plan.launch.device == "cpu" else plan.distributed.procs_per_node)
     context = {
         "plan": plan,
+        "entrypoint": ENTRYPOINT,
         "version": __version__,
         "dtype": p.compute_dtype,
         "torch_dtype": TORCH_DTYPE,

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from launcher.errors import BackendMissing
-from launcher.planning.hardware import INSTALL
+from launcher.planning.install import INSTALL
 from launcher.errors import InputError
 from launcher.train.factory import load_factory, resolve_path
 

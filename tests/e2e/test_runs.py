@@ -129,3 +129,20 @@ def test_cuda_without_a_gpu_exits_3_with_one_line(tmp_path):
     assert r.returncode != 0, output_of(r)
     assert r.stderr.count('error: launch.device = "cuda" but torch sees no CUDA GPU here') == 1
     assert not (tmp_path / "runs" / "no-gpu" / "metrics.jsonl").exists()
+
+
+def test_a_users_launcher_package_in_the_working_folder_does_not_shadow_the_entrypoint(tmp_path):
+    """A project with its own `launcher/` package (a common name) runs `fp8launch run` from its folder: torchrun starts
+    the `fp8launch-train` console script (--no-python), whose sys.path starts with its own folder, not the working one.
+    `python -m launcher.train` from there would import the user's package. ~5 s."""
+    decoy = tmp_path / "launcher"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text('raise ImportError("the user\'s own launcher package")\n')
+    shadowed = subprocess.run([sys.executable, "-m", "launcher.train", "--help"], cwd=tmp_path, env=env(), capture_output=True, text=True)
+    assert shadowed.returncode != 0 and "the user's own launcher package" in shadowed.stderr  # what -m would do
+    spec = write_spec(tmp_path, "decoy", distributed__strategy="ddp", precision__mode="bf16", train__steps=2,
+                      train__model="builtin:llama-debug?layers=2", train__seq_len=32, train__checkpoint_at_end=False)
+    r, _ = run(tmp_path, "run", str(spec))
+    assert r.returncode == 0, output_of(r)
+    recs = records(tmp_path / "runs" / "decoy")
+    assert [s["step"] for s in recs.steps] == [1, 2]

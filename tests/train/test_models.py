@@ -3,6 +3,7 @@ learning), sizes and parameter counts, hf: models from local configs, user facto
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from launcher.planning.install import INSTALL
 from launcher.errors import BackendMissing
 from launcher.train.data import build_data
 from launcher.errors import InputError
@@ -226,7 +228,7 @@ def test_hf_errors_name_the_key(tmp_path):
 def test_hf_without_transformers_says_how_to_install(tmp_path, monkeypatch):
     _tiny_hf_config().save_pretrained(tmp_path)
     monkeypatch.setitem(sys.modules, "transformers", None)
-    with pytest.raises(BackendMissing, match=r"pip install 'fp8launch\[hf\]'"):
+    with pytest.raises(BackendMissing, match=re.escape(INSTALL['transformers'])):
         build_model(f"hf:{tmp_path}", ".")
 
 

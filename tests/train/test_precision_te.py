@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from launcher.planning.install import INSTALL
 from launcher.errors import BackendMissing, EnvironmentProblem, LauncherError
 from launcher.planning.read import defaults
 from launcher.train.precision import apply_precision
@@ -320,7 +321,7 @@ def test_recipe_hardware_rule_on_an_old_gpu(monkeypatch):
 def test_missing_transformer_engine_raises_backend_missing():
     with pytest.raises(BackendMissing) as e:
         apply_precision(TinyLlama(), te_plan(), CPU)
-    assert e.value.rule == "BACKEND-MISSING" and "pip install 'fp8launch[te]'" in str(e.value)
+    assert e.value.rule == "BACKEND-MISSING" and f"{INSTALL['transformer_engine']}" in str(e.value)
 
 
 def test_nothing_swapped_is_fp8_not_applied(monkeypatch):

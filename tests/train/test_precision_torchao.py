@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from launcher.planning.install import INSTALL
 import launcher.train.precision as precision_pkg
 from launcher.errors import BackendMissing, EnvironmentProblem
 from launcher.train.precision import apply_precision
@@ -125,7 +126,7 @@ def test_missing_torchao_raises_backend_missing(monkeypatch):
     with pytest.raises(BackendMissing) as e:
         apply_precision(model, fp8_plan(torchao={"skip_small": False}), CPU)
     assert e.value.rule == "BACKEND-MISSING" and e.value.exit_code == 3
-    assert "pip install 'fp8launch[torchao]'" in str(e.value)
+    assert f"{INSTALL['torchao']}" in str(e.value)
     assert not _fp8_linears(model)
 
 

@@ -22,7 +22,7 @@ from launcher.train.models import logits_of
 from launcher.train.optim import build_optimizer, build_scheduler
 
 from . import Engine
-from launcher.planning.hardware import INSTALL
+from launcher.planning.install import INSTALL
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from launcher.errors import BackendMissing
-from launcher.planning.hardware import INSTALL
+from launcher.planning.install import INSTALL
 from launcher.errors import InputError
 from launcher.train.factory import resolve_path
 

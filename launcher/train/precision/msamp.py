@@ -35,7 +35,7 @@ from launcher.planning.rules import RULES_BY_ID, Facts, rule_error
 from . import select
 from .amp import Precision, amp_settings
 from .report import count
-from launcher.planning.hardware import INSTALL
+from launcher.planning.install import INSTALL
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan

@@ -20,7 +20,7 @@ from .amp import Precision, amp_settings
 from .report import count
 from .te_recipe import recipe_kwargs, unread_fields
 from .te_swap import Swap, linear_reasons, swap_plan
-from launcher.planning.hardware import INSTALL
+from launcher.planning.install import INSTALL
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan

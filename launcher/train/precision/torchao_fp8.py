@@ -17,7 +17,7 @@ from launcher.errors import BackendMissing
 from . import select
 from .amp import Precision, amp_settings
 from .report import count
-from launcher.planning.hardware import INSTALL
+from launcher.planning.install import INSTALL
 from launcher.planning.read import recipes
 
 if typing.TYPE_CHECKING:

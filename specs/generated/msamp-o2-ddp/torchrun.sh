@@ -27,7 +27,7 @@ fi
 
 cmd=(torchrun --nnodes "$nnodes" --nproc-per-node "$nproc_per_node" "${rendezvous[@]}" ${logging[@]+"${logging[@]}"}
      --max-restarts 0
-     -m launcher.train --plan "$here/plan.json")
+     --no-python fp8launch-train --plan "$here/plan.json")
 if [[ -n "${FP8LAUNCH_DRY_RUN:-}" ]]; then
   printf '%q ' "${cmd[@]}"; printf '\n'
   exit 0
