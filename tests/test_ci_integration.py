@@ -75,3 +75,20 @@ def test_shell_completion_uses_clicks_mechanism(tmp_path):
 def test_toml_schema_directive_for_editors_is_accepted(cli, spec):
     path = spec('#:schema ./fp8launch.schema.json\nversion = 1\nname = "e"\n')
     assert cli("plan", path).exit_code == 0
+
+
+def test_ci_script_checks_after_the_test_command_run_clean():
+    """Every command .ci/run runs after `make test` (the drift checks) passes on this tree: a moved
+    module or renamed flag fails here, in the fast suite, not after 20 minutes of CI."""
+    lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    checks = [
+        line for line in lines
+        if line and not line.startswith(("#", "set ", "cd ", "export ", "make "))
+    ]
+    assert checks, "no checks found after `make test` in .ci/run"
+    bindir = os.path.dirname(sys.executable)
+    for line in checks:
+        argv = [w.replace(".venv/bin/", bindir + "/") for w in shlex.split(line)]
+        argv = [str(p) for a in argv for p in (sorted(REPO.glob(a)) if "*" in a else [a])]
+        r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
+        assert r.returncode == 0, f"{line}\n{r.stdout}\n{r.stderr}"
