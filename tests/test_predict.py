@@ -51,7 +51,12 @@ def test_the_gemm_microbenchmarks_are_predicted_within_tolerance_small_losing_an
 def test_every_point_cites_a_public_source_and_says_whether_a_constant_was_fit_to_it():
     for p in POINTS["end_to_end"] + POINTS["gemm"]:
         assert p["role"] in ("fit", "held-out") and not p["source"].startswith("/"), p["id"]
-        assert p["source"].startswith(("pytorch/ao ", "pytorch/torchtitan ")), p["id"]
+        assert p["source"].startswith(("pytorch/ao ", "pytorch/torchtitan ", "fp8launch benchmarks/results/")), p["id"]
+    for p in POINTS["end_to_end"]:  # this project's own measurements: the committed result file says the same
+        if p["source"].startswith("fp8launch "):
+            results = json.loads((DATA.parent.parent / p["source"].split()[1]).read_text())["results"]
+            ratios = [r["tokens_per_s"]["ratio"] for r in results if f"`{r['command']}`" in p["source"]]
+            assert ratios == [pytest.approx(p["measured"], abs=6e-4)], p["id"]
     fit = [p["id"] for p in POINTS["gemm"] if p["role"] == "fit"]
     assert fit == ["torchao-readme-large"]  # GEMM_EFF["fp8"] in launcher/planning/predict/cost.py was set with it
 

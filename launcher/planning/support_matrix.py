@@ -581,6 +581,12 @@ GPU_BASE = {
 GPU_RESULTS = Path("benchmarks") / "results" / "support_matrix_gpu.json"
 
 
+def document(root: Path) -> str:
+    """docs/support-matrix.md as it should read in the repository at `root`, with its GPU results."""
+    results = json.loads((root / GPU_RESULTS).read_text()) if (root / GPU_RESULTS).exists() else None
+    return render_markdown(gpu_results=results)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.planning.support_matrix", description="write or check docs/support-matrix.md")
     parser.add_argument("--write", action="store_true", help="write docs/support-matrix.md")
@@ -588,8 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default=".", help="the repository root")
     args = parser.parse_args(argv)
     root = Path(args.root)
-    results = json.loads((root / GPU_RESULTS).read_text()) if (root / GPU_RESULTS).exists() else None
-    text = render_markdown(gpu_results=results)
+    text = document(root)
     path = root / DOC
     if args.check:
         current = path.read_text(encoding="utf-8") if path.exists() else ""

@@ -81,7 +81,12 @@ def _fsdp_params(model: nn.Module) -> list:
     out = []
     for m in model.modules():
         if isinstance(m, FSDPModule):
-            for group in m._get_fsdp_state()._fsdp_param_groups:
+            state = m._get_fsdp_state()
+            # torch < 2.12 keeps one group per module (`_fsdp_param_group`, None when it owns no parameter)
+            groups = getattr(state, "_fsdp_param_groups", None)
+            if groups is None:
+                groups = [g for g in [getattr(state, "_fsdp_param_group", None)] if g is not None]
+            for group in groups:
                 out.extend(group.fsdp_params)
     return out
 

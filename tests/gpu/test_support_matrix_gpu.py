@@ -11,6 +11,7 @@ pytest -m gpu tests/gpu/test_support_matrix_gpu.py, then `make support-matrix`.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import importlib.util
 import json
 import math
@@ -40,10 +41,12 @@ def _record(name: str, outcome: str) -> None:
     path = os.environ.get("FP8LAUNCH_MATRIX_RESULTS")
     if not path:
         return
-    data = json.loads(Path(path).read_text()) if Path(path).exists() else {"runs": {}}
-    data.update(device=torch.cuda.get_device_name(0), torch=torch.__version__, date=datetime.date.today().isoformat())
-    data["runs"][name] = outcome
-    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    with open(path + ".lock", "w") as lock:  # pytest-xdist workers record into one file
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = json.loads(Path(path).read_text()) if Path(path).exists() else {"runs": {}}
+        data.update(device=torch.cuda.get_device_name(0), torch=torch.__version__, date=datetime.date.today().isoformat())
+        data["runs"][name] = outcome
+        Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 @pytest.mark.parametrize("matrix_run", MATRIX.trained, ids=[r.name for r in MATRIX.trained])

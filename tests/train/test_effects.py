@@ -61,6 +61,32 @@ def test_fsdp2_all_gather_dtype_and_offload_follow_the_spec(tmp_path):
         assert got["all_gather_dtype"] == "float32" and got["optimizer"] == "SGD"
 
 
+def test_fsdp2_params_are_read_from_torch_2_11s_single_group_state_too(tmp_path, monkeypatch):
+    """torch 2.11 (the GPU machine's) keeps one `_fsdp_param_group` per state, not `_fsdp_param_groups`:
+    every FSDP2 run on it crashed in measure() until _fsdp_params read both."""
+    from torch.distributed.fsdp import FSDPModule
+
+    fp8 = dict(precision__mode="fp8", precision__torchao__skip_small=False, distributed__strategy="fsdp2",
+               precision__torchao__fsdp_float8_all_gather=True)
+    with world_of_one():
+        _, engine, precision = _wrapped(tmp_path, **fp8)
+        fp8_ids = effects.fp8_module_ids(engine.module, precision)
+        new_style = effects.measure(engine, fp8_modules=fp8_ids)
+        n_params = len(effects._fsdp_params(engine.model))
+        current = FSDPModule._get_fsdp_state
+
+        class Torch211State:
+            def __init__(self, state):
+                groups = state._fsdp_param_groups
+                assert len(groups) <= 1
+                self._fsdp_param_group = groups[0] if groups else None
+
+        monkeypatch.setattr(FSDPModule, "_get_fsdp_state", lambda self: Torch211State(current(self)))
+        assert len(effects._fsdp_params(engine.model)) == n_params > 0
+        assert effects.measure(engine, fp8_modules=fp8_ids) == new_style
+        assert new_style["all_gather_dtype"] == "float8_e4m3fn"
+
+
 def test_deepspeed_offload_trains_with_deepspeeds_cpu_adam(tmp_path):
     """The defect: DeepSpeed refused our torch AdamW under ZeRO-Offload (ZeRORuntimeException); the
     optimizer section in deepspeed.json makes it build its DeepSpeedCPUAdam, and the effects say so."""
