@@ -51,14 +51,15 @@ def main() -> None:
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a spec key by dotted path (repeatable).")
 @click.option("--nodes", type=click.IntRange(min=1), help="Same as --set distributed.nodes=N.")
 @click.option("--strict", is_flag=True, help="Treat warnings as errors.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one JSON object per spec, one per line (JSON Lines): the plan, the memory estimate, the files, "
+                   "the prediction, the warnings.")
 @click.option("--params", type=click.FloatRange(min=1), help="Parameter count for the memory estimate (e.g. 8e9); builtin models are known.")
 @_errors
 def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
     """Validate SPECs and render their configs into OUT/<name>/."""
-    from launcher.planning.memory import estimate, model_params
     from launcher.targets.files import DRIFT, compare, write
-    from launcher.commands.plan import plan_many, warning_lines
+    from launcher.commands.plan import plan_many, plan_record, warning_lines
     from launcher.commands.plan_text import plan_summary
 
     from launcher.targets.project import default_out
@@ -82,19 +83,7 @@ def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
             for c in moved:
                 click.echo(f"would {c.status} {c.path}", err=True)
         if fmt == "json":
-            n_params = int(params) if params else model_params(p.plan.train.model)
-            memory = estimate(p.plan, n_params) if n_params else None
-            record = {"spec": p.spec_path, "name": p.plan.name, "folder": p.folder, "plan": json.loads(p.files["plan.json"]),
-                      "memory": None if memory is None else {"params": n_params, "total_bytes_per_gpu": int(memory.total_bytes),
-                                                             "rows": [{"name": r.name, "dtype": r.dtype, "bytes_per_gpu": int(r.bytes_per_gpu(n_params)),
-                                                                       "shards": r.shards, "offloaded": r.offloaded} for r in memory.rows],
-                                                             "activations_bytes_per_gpu": int(memory.activations.bytes) if memory.activations else None,
-                                                             "peak_bytes_per_gpu": int(memory.peak_bytes),
-                                                             "init_peak_bytes_per_rank": int(memory.init_peak.bytes) if memory.init_peak else None},
-                      "files": [{"path": c.path, "status": c.status} for c in changes],
-                      "prediction": p.prediction.to_json() if p.prediction else None,
-                      "warnings": [{"rule": f.rule.id, "message": f.message, "fix": f.rule.fix} for f in p.warnings]}
-            click.echo(json.dumps(record, sort_keys=True))
+            click.echo(json.dumps(plan_record(p, changes, int(params) if params else None), sort_keys=True))
         elif not (check or diff):
             click.echo(plan_summary(p.plan, p.folder, changes, int(params) if params else None, p.prediction))
     if check or diff:
@@ -266,14 +255,16 @@ def tune(spec, steps, candidates, out_dir, repeats, warmup, max_loss_gap, sets, 
     """Train SPEC's bf16 twin and every FP8 recipe that runs here, alternately; rank them; write the winner as a spec."""
     import os
 
-    from launcher.commands.tune import TuneInterrupted, plot, run_tune, table
+    from launcher.commands.tune import TuneInterrupted, run_tune
+    from launcher.commands.tune.plot import plot
+    from launcher.commands.tune.record import table
 
     echo = lambda line: click.echo(line, err=True)  # noqa: E731
     try:
         record = run_tune(spec, steps=steps, candidates=list(candidates), out_dir=out_dir, repeats=repeats, warmup=warmup,
                           max_loss_gap=max_loss_gap, overrides=list(sets), echo=echo)
     except TuneInterrupted as e:
-        out = os.path.dirname(str(e).rsplit(" ", 1)[-1])
+        out = e.out_dir
         with open(os.path.join(out, "tune.json"), encoding="utf-8") as f:
             partial = json.load(f)
         click.echo(table(partial))

@@ -31,6 +31,11 @@ EXIT_FILE_ENV = "FP8LAUNCH_EXIT_FILE"
 `fp8launch run` and slurm.sbatch read it."""
 
 
+def with_fix(message: str, fix: str) -> str:
+    """The one way a message names its fix: "what is wrong; fix: what to change"."""
+    return f"{message.rstrip().rstrip('.;')}; fix: {fix}"
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
     """One located problem in a spec: `FILE:LINE: error: $.path: message`."""
@@ -88,7 +93,7 @@ class InputError(LauncherError):
         self.key = key
         self.detail = message
         self.fix = fix
-        super().__init__(f"{key}: {message}; fix: {fix}")
+        super().__init__(with_fix(f"{key}: {message}", fix))
 
 
 class UsageError(LauncherError):
@@ -108,7 +113,7 @@ class BackendMissing(EnvironmentProblem):
     """An optional backend package is not importable."""
 
     def __init__(self, package: str, install: str):
-        super().__init__(f"the {package} package is not importable here; install it: {install}", rule="BACKEND-MISSING")
+        super().__init__(with_fix(f"the {package} package is not importable here", f"install it: {install}"), rule="BACKEND-MISSING")
 
 
 class TrainingFailed(LauncherError):

@@ -92,7 +92,7 @@ def test_cpu_plan_and_recipes_accelerate_cannot_express(cli, spec):
     path = spec('version = 1\nname = "a"\n[precision]\nmode = "fp8"\n[precision.torchao]\nrecipe = "rowwise"\n[export]\naccelerate = true\n')
     r = cli("plan", path)
     assert r.exit_code == 2
-    assert "error[ACCELERATE-UNSUPPORTED]: accelerate.yaml cannot express precision.torchao.recipe = 'rowwise'." in r.stderr
+    assert "error[ACCELERATE-UNSUPPORTED]: accelerate.yaml cannot express precision.torchao.recipe = 'rowwise';" in r.stderr
     ok = spec('version = 1\nname = "b"\n[launch]\ndevice = "cpu"\n[distributed]\nstrategy = "ddp"\nprocs_per_node = 2\n[export]\naccelerate = true\n', name="b.toml")
     r = cli("plan", ok, "--out", "out")
     assert r.exit_code == 0

@@ -53,10 +53,10 @@ def test_h100_with_te():
         s = r[f"fp8 te {recipe}"]
         assert not s.supported and s.rules == ("TE-RECIPE-HARDWARE",)
         needs = "compute capability >= 10.0" + (" and below 12.0" if recipe == "mxfp8" else "")
-        assert s.reasons == (f"TE recipe {recipe!r} needs {needs}; this GPU has 9.0. "
+        assert s.reasons == (f"TE recipe {recipe!r} needs {needs}; this GPU has 9.0; "
                              'fix: set precision.te.recipe = "current" (or "delayed"), or run on a newer GPU',)
     # torchao is not installed on this machine: the reason says what to install
-    assert r["fp8 torchao tensorwise"].reasons == (f"the torchao package is not importable here. fix: install it: {INSTALL['torchao']}",)
+    assert r["fp8 torchao tensorwise"].reasons == (f"the torchao package is not importable here; fix: install it: {INSTALL['torchao']}",)
     # msamp O3 needs MS-AMP and DeepSpeed
     assert r["fp8 msamp O3"].rules == ("BACKEND-MISSING",)
     assert [x.split(" package")[0] for x in r["fp8 msamp O3"].reasons] == ["the msamp", "the deepspeed"]
@@ -70,14 +70,14 @@ def test_a100_runs_no_fp8_even_with_every_package():
     assert len(fp8) == 11 and not any(s.supported for s in fp8)
     assert all(s.rules[0] == "FP8-HARDWARE" for s in fp8)  # the hardware reason comes first
     assert r["fp8 torchao rowwise"].reasons == (
-        'FP8 needs compute capability >= 8.9; this GPU has 8.0. fix: set precision.mode = "bf16", or run on an sm89+ GPU (L4, L40, H100, H200, B200)',)
+        'FP8 needs compute capability >= 8.9; this GPU has 8.0; fix: set precision.mode = "bf16", or run on an sm89+ GPU (L4, L40, H100, H200, B200)',)
     assert r["fp8 te block"].rules == ("FP8-HARDWARE", "TE-RECIPE-HARDWARE")
     assert r["bf16"].supported and r["bf16"].device == "cuda"
     # the exit-3 message names only what helps: no package would
     problem = diagnose(A100).problem
     assert problem.splitlines() == [
         "no FP8 backend can run here:",
-        '  - FP8 needs compute capability >= 8.9; this GPU has 8.0. fix: set precision.mode = "bf16", or run on an sm89+ GPU (L4, L40, H100, H200, B200)',
+        '  - FP8 needs compute capability >= 8.9; this GPU has 8.0; fix: set precision.mode = "bf16", or run on an sm89+ GPU (L4, L40, H100, H200, B200)',
         '  - bf16 runs here: set precision.mode = "bf16"',
     ]
 
@@ -98,7 +98,7 @@ def test_cpu_with_torchao():
 
 def test_cpu_without_torchao_says_what_to_install():
     problem = diagnose(cpu_machine()).problem
-    assert problem.splitlines()[1] == f"  - torchao: the torchao package is not importable here. fix: install it: {INSTALL['torchao']}"
+    assert problem.splitlines()[1] == f"  - torchao: the torchao package is not importable here; fix: install it: {INSTALL['torchao']}"
     assert "te: Transformer Engine and MS-AMP run only on CUDA GPUs" in problem
     assert problem.splitlines()[-1] == '  - bf16 runs here: set precision.mode = "bf16"'
 
@@ -106,7 +106,7 @@ def test_cpu_without_torchao_says_what_to_install():
 def test_no_torch_at_all():
     r = rows(NO_TORCH)
     assert not any(s.supported for s in r.values())
-    torch_reason = "the torch package is not importable here. fix: install it: pip install torch"
+    torch_reason = "the torch package is not importable here; fix: install it: pip install torch"
     assert all(s.reasons[0].startswith(torch_reason) for s in r.values())
     problem = diagnose(NO_TORCH).problem.splitlines()
     assert problem[1].startswith("  - " + torch_reason)  # said once, before what each backend lacks
@@ -129,7 +129,7 @@ def test_l4_runs_fp8_but_not_block_scaling():
 def test_v100_has_no_bf16():
     r = rows(gpu_machine("Tesla V100-SXM2-32GB", (7, 0), count=1, memory=32.0))
     assert not r["bf16"].supported
-    assert r["bf16"].reasons == ('bf16 needs compute capability >= 8.0 (Ampere); this GPU has 7.0. fix: set precision.mode = "fp16" '
+    assert r["bf16"].reasons == ('bf16 needs compute capability >= 8.0 (Ampere); this GPU has 7.0; fix: set precision.mode = "fp16" '
                                  '(or precision.high_precision = "fp16")',)
     assert r["fp16"].supported
 
@@ -150,7 +150,7 @@ def test_mxfp8_is_refused_on_consumer_blackwell():
     r = rows(gpu_machine("NVIDIA GeForce RTX 5090", (12, 0), count=1, memory=32.0, **ALL))
     assert r["fp8 te nvfp4"].supported and r["fp8 torchao tensorwise"].supported
     assert not r["fp8 te mxfp8"].supported
-    assert "needs compute capability >= 10.0 and below 12.0; this GPU has 12.0." in r["fp8 te mxfp8"].reasons[0]
+    assert "needs compute capability >= 10.0 and below 12.0; this GPU has 12.0;" in r["fp8 te mxfp8"].reasons[0]
 
 
 def test_a_spec_asking_for_cuda_or_too_many_gpus():
@@ -162,7 +162,7 @@ def test_a_spec_asking_for_cuda_or_too_many_gpus():
     assert not s.supported and s.device is None
     assert s.reasons[0].startswith('launch.device = "cuda" but torch sees no CUDA GPU here')
     s = assess_plan(gpu_machine("NVIDIA H100", (9, 0), count=2), plan)
-    assert s.reasons == ("distributed.procs_per_node = 8 but this machine has 2 GPUs. fix: set distributed.procs_per_node = 2",)
+    assert s.reasons == ("distributed.procs_per_node = 8 but this machine has 2 GPUs; fix: set distributed.procs_per_node = 2",)
 
 
 # --- this machine ---------------------------------------------------------------------------------
@@ -234,7 +234,7 @@ def test_cli_text_says_a_reason_shared_by_every_recipe_once(cli, monkeypatch):
     lines = result.stdout.splitlines()
     te = [line for line in lines if line.startswith("fp8 te")]
     assert te == ["fp8 te: every recipe               no    Transformer Engine and MS-AMP run only on CUDA GPUs; torchao FP8 is the "
-                  "backend that runs on CPU. fix: set precision.backend = \"torchao\", or launch.device = \"cuda\""]
+                  "backend that runs on CPU; fix: set precision.backend = \"torchao\", or launch.device = \"cuda\""]
     assert sum("the transformer_engine package is not importable here" in line for line in lines) == 1
     assert sum("the msamp package is not importable here" in line for line in lines) == 1
     assert [line.split(":")[0] for line in lines if line.startswith("fp8 msamp")] == ["fp8 msamp"]
@@ -247,7 +247,7 @@ def test_cli_exit_3_without_fp8(cli, monkeypatch):
     result = cli("doctor", "--format", "json")
     assert result.exit_code == 3
     assert json.loads(result.stdout)["fp8_usable"] is False
-    assert result.stderr.startswith("error: no FP8 backend can run here:\n  - FP8 needs compute capability >= 8.9; this GPU has 8.0.")
+    assert result.stderr.startswith("error: no FP8 backend can run here:\n  - FP8 needs compute capability >= 8.9; this GPU has 8.0;")
 
 
 def test_cli_spec(cli, monkeypatch):

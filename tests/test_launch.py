@@ -218,7 +218,7 @@ def test_ctrl_c_while_waiting_for_a_batch_job_says_the_job_keeps_running(spec, t
     fake = tmp_path / "bin"
     _fake_bin(fake, "sbatch", """\
         echo "5150"
-        sleep 30
+        exec sleep 30   # SIGINT stops it wherever it lands (bash would wait for a sleep that missed it)
         """)
     env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path)}
     child = subprocess.Popen([os.path.join(VENV_BIN, "fp8launch"), "run", path, "--wait"], cwd=tmp_path, env=env,
@@ -229,3 +229,66 @@ def test_ctrl_c_while_waiting_for_a_batch_job_says_the_job_keeps_running(spec, t
     assert child.returncode == 130
     assert "interrupted while waiting; batch job 5150 keeps running; `scancel 5150` stops it" in err
     assert "Traceback" not in err
+
+
+# A Ctrl-C at each point of `run --wait`'s life with sbatch, sent deterministically (by the fake sbatch to
+# its parent, or by the callback that prints the job id): each ends as Interrupted (exit 130), whatever
+# sbatch's own exit code, and the job id is named once sbatch printed it.
+SIGINT_AT = {
+    "before sbatch printed the job id": ("kill -INT $PPID; sleep 0.2; exit 1", None, "(not submitted)"),
+    "while the job id is being printed": ("echo 5150; sleep 1; exit 0", "callback", "5150"),
+    "while waiting, then sbatch exits 0": ("echo 5150; sleep 0.2; kill -INT $PPID; exit 0", None, "5150"),
+    "while waiting, sbatch keeps going": ("echo 5150; sleep 0.2; kill -INT $PPID; sleep 30; exit 0", None, "5150"),
+}
+
+
+@pytest.mark.parametrize("when", SIGINT_AT)
+def test_ctrl_c_at_any_point_of_waiting_for_sbatch_is_interrupted(tmp_path, when, monkeypatch):
+    from launcher.commands import run
+    from launcher.commands.run import Interrupted, _sbatch
+
+    monkeypatch.setattr(run, "SBATCH_GRACE_S", 0.5)  # a sbatch that outlives the Ctrl-C is left after this
+
+    body, sender, job = SIGINT_AT[when]
+    _fake_bin(tmp_path, "sbatch", body + "\n")
+    seen = []
+
+    def on_job_id(job_id):
+        seen.append(job_id)
+        if sender == "callback":
+            os.kill(os.getpid(), signal.SIGINT)
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(Interrupted) as e:
+        _sbatch(Command(kind="sbatch", argv=(str(tmp_path / "sbatch"),)), os.environ, on_job_id)
+    assert e.value.exit_code == 130 and f"batch job {job} keeps running" in str(e.value)
+    assert seen == ([] if job == "(not submitted)" else [job])
+    assert signal.getsignal(signal.SIGINT) is before  # pytest's own Ctrl-C handling is back
+
+
+def test_without_ctrl_c_run_wait_exits_with_sbatchs_code(tmp_path):
+    from launcher.commands.run import _sbatch
+
+    _fake_bin(tmp_path, "sbatch", "echo '5150;cluster'; exit 7\n")
+    seen = []
+    assert _sbatch(Command(kind="sbatch", argv=(str(tmp_path / "sbatch"),)), os.environ, seen.append) == 7
+    assert seen == ["5150"]
+
+def test_ctrl_c_reads_as_interrupted_even_when_sbatch_ignores_it_and_exits_0(spec, tmp_path):
+    """The failure a race once produced: sbatch outlived the Ctrl-C and exited 0, and so did `run --wait`."""
+    path = spec(SLURM_SPEC.replace('device = "cpu"', 'device = "cpu"\nlauncher = "slurm"'))
+    fake = tmp_path / "bin"
+    _fake_bin(fake, "sbatch", """\
+        trap '' INT    # ignored here and in the sleep it starts
+        echo "5150"
+        sleep 1
+        exit 0
+        """)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    child = subprocess.Popen([os.path.join(VENV_BIN, "fp8launch"), "run", path, "--wait"], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert "submitted batch job 5150" in child.stdout.readline()
+    os.killpg(child.pid, signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 130, err
+    assert "batch job 5150 keeps running" in err and "Traceback" not in err

@@ -80,9 +80,13 @@ def test_plan_prints_the_estimate_and_takes_params(cli, spec):
     assert "pass --params N to estimate them" in r.stdout
     r = cli("plan", hf, "--params", "7e9", "--format", "json")
     mem = json.loads(r.stdout)["memory"]
-    assert mem["params"] == 7_000_000_000 and mem["total_bytes_per_gpu"] == 16 * 7_000_000_000 // 8
-    assert mem["activations_bytes_per_gpu"] is None and mem["peak_bytes_per_gpu"] == mem["total_bytes_per_gpu"]
+    assert mem["params"] == 7_000_000_000 and mem["model_states_bytes_per_gpu"] == 16 * 7_000_000_000 // 8
+    assert mem["activations_bytes_per_gpu"] is None and mem["peak_bytes_per_gpu"] == mem["total_bytes_per_gpu"] == mem["model_states_bytes_per_gpu"]
     assert mem["init_peak_bytes_per_rank"] == 4 * 7_000_000_000 // 8  # hf: shapes unknown to planning: the fp32 shard alone
+    r = cli("plan", path, "--format", "json")  # the 8B: the JSON total is the text table's total, activations included
+    mem = json.loads(r.stdout)["memory"]
+    assert mem["total_bytes_per_gpu"] == mem["model_states_bytes_per_gpu"] + mem["activations_bytes_per_gpu"]
+    assert round(mem["model_states_bytes_per_gpu"] / 2**30, 2) == 14.96 and round(mem["activations_bytes_per_gpu"] / 2**30, 2) == 14.05
 
 
 @pytest.mark.parametrize("precision,strategy", [

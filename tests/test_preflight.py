@@ -42,7 +42,7 @@ def test_missing_backend_package_exits_3_before_torch(tmp_path):
     r, lines, imported = _run(tmp_path, device="cuda", mode="fp8", backend="te")
     assert r.returncode == 3, r.stderr[-2000:]
     lines = [line for line in lines if "warning[" not in line]  # the debug model also gets FP8-NO-GAIN's warning
-    assert lines == ["error[BACKEND-MISSING]: the transformer_engine package is not importable here. fix: install it: "
+    assert lines == ["error[BACKEND-MISSING]: the transformer_engine package is not importable here; fix: install it: "
                      f"{INSTALL['transformer_engine']}"]
     assert "jinja2" in imported and "torch" not in imported
     assert not (tmp_path / "runs" / "p" / "plan").exists()  # nothing planned, nothing started

@@ -242,7 +242,7 @@ def test_removed_te_key_is_named(cli, spec):
     path = spec('version = 1\nname = "te"\n[precision]\nmode = "fp8"\nbackend = "te"\n[precision.te]\noverride_linear_precision = [false, false, true]\n')
     r = cli("plan", path)
     assert r.exit_code == 2
-    assert "error[TE-REMOVED-KEY]: precision.te.override_linear_precision was removed in Transformer Engine 2.2." in r.stderr
+    assert "error[TE-REMOVED-KEY]: precision.te.override_linear_precision was removed in Transformer Engine 2.2" in r.stderr
 
 
 def test_explain_lists_and_explains(cli):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.errors import EXIT_PREEMPTED
 from tests.support import free_port
 
 from slurm_cluster import SlurmCluster, slurm_cluster  # noqa: F401  (the session fixture)
@@ -159,11 +160,6 @@ def test_failing_job_returns_its_exit_code_through_wait(slurm_cluster, env, tmp_
     assert records(tmp_path / "runs" / NAME) == []
 
 
-def _handles_sigterm() -> bool:
-    """Whether the entrypoint installs a SIGTERM handler (the issue "Nothing lost")."""
-    return any("signal.SIGTERM" in p.read_text() for p in (REPO / "launcher" / "train").rglob("*.py"))
-
-
 SIGTERM_STEPS = 30
 """Long enough (~20 s of steps) that the signal, sent after the first step, lands mid-run; short
 enough that the resumed run finishes the rest quickly."""
@@ -187,13 +183,9 @@ def test_scancel_signal_term_reaches_the_training(slurm_cluster, env, tmp_path):
     assert not any(rec["event"] == "end" for rec in records(output_dir))
     err = (output_dir / f"slurm-{job_id}.err").read_text()
     assert err.count("got signal: 15") == 2, err[-3000:]  # both torchrun agents, one per node, got it
-    if not _handles_sigterm():
-        # Today: the agents stop their workers and exit 1; the job fails with srun's code: 1, or 143 (128 + SIGTERM)
-        # when srun stopped the other node's agent first.
-        assert job["JobState"] == "FAILED" and job["ExitCode"] in ("1:0", "143:0"), job
-        pytest.skip("needs preemption handling (issue: Nothing lost): checkpoint on SIGTERM, then resume")
-    # Ready for the entrypoint that checkpoints on SIGTERM and exits with a distinct code:
-    assert job["ExitCode"] not in ("0:0", "143:0"), job
+    # The entrypoint checkpoints at the step boundary and every rank exits 75 (EXIT_PREEMPTED); slurm.sbatch
+    # makes the job exit with the entrypoint's code, so SLURM records 75, not srun's 143 or torchrun's 1.
+    assert job["ExitCode"] == f"{EXIT_PREEMPTED}:0", job
     r = fp8launch(env, tmp_path, "run", str(spec), "--wait")
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
     recs = records(output_dir)

@@ -8,9 +8,12 @@ import tomllib
 
 import pytest
 
-from launcher.errors import UsageError
+from launcher.errors import LauncherError, UsageError
 from launcher.commands.plan import plan_one
-from launcher.commands.tune import _claim, candidate_overrides, loss_gap, select, toml_text, tuned_spec
+from launcher.commands.tune import _claim
+from launcher.commands.tune.candidates import candidate_overrides, select
+from launcher.commands.tune.record import loss_gap, tuned_spec
+from launcher.targets.toml_text import toml_text
 
 
 def plan_of(tmp_path, text: str):
@@ -85,3 +88,39 @@ def test_out_folder_files_tune_did_not_write_are_never_touched(tmp_path):
     (tmp_path / "tune.json").write_text(json.dumps({"candidates": [{"run_dirs": ["runs/bf16-1"]}]}))
     _claim(str(tmp_path), [str(foreign)])  # an earlier tune's run folder: replaced
     assert not foreign.exists()
+
+
+def test_progress_shows_step_of_total_tokens_per_s_and_time_left_then_the_last_step(tmp_path, monkeypatch):
+    import threading
+
+    from launcher.commands import runs
+
+    metrics = tmp_path / "metrics.jsonl"
+    steps = [{"event": "step", "step": i, "step_time_s": t, "tokens_per_s": 1000 / t} for i, t in enumerate([2.0, 1.0, 1.0, 1.0, 1.0], 1)]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in [{"event": "start"}, *steps]) + '{"event": "st')  # a line being written
+    lines, done = [], threading.Event()
+    done.set()  # read once and return
+    monkeypatch.setattr(runs, "PROGRESS_EVERY_S", 3600.0)
+    runs._progress(str(metrics), 6, "fp8 run 1", lines.append, done)
+    # the first step (nothing shown yet), then nothing for PROGRESS_EVERY_S, but the last step is shown when it lands
+    assert lines == ["  fp8 run 1: step 1/6, 500 tokens/s, 10 s left"]
+    with metrics.open("a") as f:
+        f.write('art"}\n' + json.dumps({"event": "step", "step": 6, "step_time_s": 1.0, "tokens_per_s": 1000.0}) + "\n")
+    monkeypatch.setattr(runs, "PROGRESS_EVERY_S", 0.0)
+    lines.clear()
+    runs._progress(str(metrics), 6, "fp8 run 1", lines.append, done)
+    # time left: the median of the last ten step times x the steps to go
+    assert lines[1] == "  fp8 run 1: step 2/6, 1,000 tokens/s, 6 s left" and lines[-1] == "  fp8 run 1: step 6/6, 1,000 tokens/s, 0 s left"
+    assert len(lines) == 6
+
+
+def test_tune_where_no_fp8_recipe_runs_exits_3_before_any_run(tmp_path):
+    from launcher.commands.tune import run_tune
+    from launcher.errors import EXIT_ENVIRONMENT
+
+    spec = tmp_path / "s.toml"
+    spec.write_text(f'version = 1\nname = "c"\n[precision]\nmode = "fp8"\n[launch]\ndevice = "cpu"\n[train]\noutput_dir = "{tmp_path / "runs"}"\n')
+    with pytest.raises(LauncherError) as e:
+        run_tune(str(spec), out_dir=str(tmp_path / "t"), runs_here=lambda sets: False, echo=lambda line: None)
+    assert e.value.exit_code == EXIT_ENVIRONMENT == 3 and "no FP8 recipe runs on this machine" in str(e.value)
+    assert not (tmp_path / "t").exists()

@@ -11,32 +11,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
-from dataclasses import dataclass, field
 
 from launcher.commands import preflight
 from launcher.planning.gpus import MFU_BASIS, MFU_NOTE
 from launcher.targets.files import save_atomic, write_atomic
 from launcher.errors import TrainingFailed, UsageError
 from launcher.planning.install import INSTALL
-from launcher.commands.run import execute, launch_command, plan_for_run, write_plan
 from launcher.commands.plan import Planned
-
-FIGURES = ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu", "peak_mem_gib", "final_loss")
-
-
-@dataclass
-class Variant:
-    label: str
-    spec: str
-    overrides: list[str]
-    runs: list[dict] = field(default_factory=list)
-    """One entry per run: {"dir", "exit_code", "steps": [step records], "start": start record, "figures": {...}}."""
-
-    def figure(self, name: str) -> float | None:
-        values = [r["figures"][name] for r in self.runs if r["figures"].get(name) is not None]
-        return statistics.median(values) if values else None
-
+from launcher.commands.runs import FIGURES, Variant, plan_variant, read_run, train, versions
 
 def variants(spec: str, vs: str, overrides: list[str]) -> tuple[Variant, Variant]:
     """The spec and its baseline: `vs` is "bf16" (the same spec with precision.mode = bf16) or another spec."""
@@ -51,18 +33,17 @@ def run_bench(spec: str, *, vs: str = "bf16", steps: int | None = None, repeats:
               out_dir: str | None = None, overrides: list[str] = (), echo=print) -> dict:
     """Train both variants `repeats` times, alternating; return the bench record (also bench.json in out_dir)."""
     a, b = variants(spec, vs, list(overrides))
-    first = _plan(a, "probe", out_dir, steps)
+    first = plan_variant(a, None, steps)
     preflight.check(first.plan, local=True)
     out_dir = out_dir or os.path.join(os.path.dirname(first.plan.train.output_dir.rstrip("/")) or ".", f"{first.plan.name}-bench")
     prepare_out(out_dir, [f"{v.label}-{i + 1}" for i in range(repeats) for v in (a, b)])
     for i in range(repeats):
         for v in (a, b):
             run_dir = os.path.join(out_dir, f"{v.label}-{i + 1}")
-            planned = _plan(v, run_dir, out_dir, steps)
-            write_plan(planned)
+            planned = plan_variant(v, run_dir, steps)
             echo(f"bench: {v.label} run {i + 1}/{repeats}: {planned.plan.name} ({_precision(planned)}) -> {run_dir}/train.log")
-            code = execute(launch_command(planned), log=os.path.join(run_dir, "train.log"))
-            v.runs.append(_read_run(run_dir, code, warmup))
+            code = train(planned, run_dir, label=f"{v.label} run {i + 1}", echo=echo)
+            v.runs.append(read_run(run_dir, code, warmup))
             if code != 0:
                 raise TrainingFailed(f"bench: the {v.label} run exited with code {code}; see {run_dir}/train.log", code)
     record = _record(a, b, warmup=warmup, repeats=repeats)
@@ -102,37 +83,9 @@ def prepare_out(out_dir: str, run_dirs: list[str]) -> None:
         f.write("".join(f"{name}\n" for name in [*run_dirs, *OWN_FILES]))
 
 
-def _plan(v: Variant, run_dir: str, out_dir: str | None, steps: int | None) -> Planned:
-    sets = list(v.overrides) + ["train.log_every=1", "train.resume=never", "train.checkpoint_at_end=false", "train.checkpoint_every=0"]
-    if steps:
-        sets.append(f"train.steps={steps}")
-    if run_dir != "probe":
-        sets.append(f"train.output_dir={run_dir}")
-    return plan_for_run(v.spec, sets)
-
-
 def _precision(planned: Planned) -> str:
     p = planned.plan.precision
     return f"fp8 {p.backend}" if p.fp8 else p.mode
-
-
-def _read_run(run_dir: str, code: int, warmup: int) -> dict:
-    path = os.path.join(run_dir, "metrics.jsonl")
-    records = []
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            records = [json.loads(line) for line in f if line.strip()]
-    steps = [r for r in records if r.get("event") == "step"]
-    start = next((r for r in records if r.get("event") == "start"), {})
-    steady = steps[warmup:] if len(steps) > warmup else steps[-1:]
-    figures = {}
-    for name in ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu"):
-        values = [r[name] for r in steady if r.get(name) is not None]
-        figures[name] = statistics.median(values) if values else None
-    figures["peak_mem_gib"] = max((r["peak_mem_gib"] for r in steps if r.get("peak_mem_gib") is not None), default=None)
-    figures["final_loss"] = steps[-1]["loss"] if steps else None
-    return {"dir": run_dir, "exit_code": code, "start": start, "figures": figures,
-            "losses": [[r["step"], r["loss"]] for r in steps], "step_times": [r["step_time_s"] for r in steps]}
 
 
 def _record(a: Variant, b: Variant, *, warmup: int, repeats: int) -> dict:
@@ -149,22 +102,10 @@ def _record(a: Variant, b: Variant, *, warmup: int, repeats: int) -> dict:
     start = a.runs[0]["start"] if a.runs else {}
     environment = {"device_name": start.get("device_name"), "world_size": start.get("world_size"),
                    "mfu_peak": start.get("mfu_peak"), "peak_tflops": start.get("peak_tflops"),
-                   "torch": start.get("torch_version"), **_versions("torchao", "deepspeed", "transformer_engine", "fp8launch")}
+                   "torch": start.get("torch_version"), **versions("torchao", "deepspeed", "transformer_engine", "fp8launch")}
     return {"warmup_steps_excluded": warmup, "repeats": repeats, "environment": environment,
             "mfu_peak": f"MFU of both variants is measured against the device's {start.get('mfu_peak') or MFU_BASIS} peak: {MFU_NOTE}",
             "spec": side(a), "baseline": side(b), "ratios": ratios}
-
-
-def _versions(*packages: str) -> dict[str, str | None]:
-    from importlib import metadata
-
-    out = {}
-    for name in packages:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
 
 
 def _peak_name(record: dict) -> str:

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from functools import cache
 
+from launcher.errors import with_fix
 from launcher.planning.install import INSTALL
 from launcher.planning.hardware import capability_text, requirement, supports
 from launcher.planning.plan import Plan, resolve
@@ -209,31 +210,30 @@ def assess_plan(machine: Machine, plan: Plan) -> Support:
 
     def missing(package: str) -> None:
         detail = RULES_BY_ID["BACKEND-MISSING"].detail(Facts(plan=plan, missing_package=package))
-        reasons[f"{detail} fix: install it: {INSTALL[package]}"] = "BACKEND-MISSING"
+        reasons[with_fix(detail, f"install it: {INSTALL[package]}")] = "BACKEND-MISSING"
 
     if not machine.has("torch"):
         missing("torch")
     device = {"auto": machine.device, "cpu": "cpu"}.get(plan.launch.device, "cuda" if machine.gpus else None)
     if device is None:
-        reasons['launch.device = "cuda" but torch sees no CUDA GPU here. fix: run on a machine with a GPU and a CUDA '
-                'build of torch, or set launch.device = "cpu" (or "auto")'] = None
+        reasons[with_fix('launch.device = "cuda" but torch sees no CUDA GPU here', 'run on a machine with a GPU and a CUDA '
+                         'build of torch, or set launch.device = "cpu" (or "auto")')] = None
     else:
         here = dataclasses.replace(plan, launch=dataclasses.replace(plan.launch, device=device))
         facts = Facts(plan=here, device=device, capability=machine.capability if device == "cuda" else None,
                       msamp_stack=machine.msamp_stack.get(plan.distributed.strategy))
         findings = [f for f in check(facts, "plan") + check(facts, "run") if f.is_error]
         for finding in sorted(findings, key=lambda f: FIRST.index(f.rule.id) if f.rule.id in FIRST else len(FIRST)):
-            message = finding.message
-            reasons[f"{message} fix: {finding.rule.fix}"] = finding.rule.id
+            reasons[finding.text] = finding.rule.id
         if device == "cuda":
             cc = machine.capability
             if p.compute_dtype == "bf16" and not supports(cc, "bf16"):
-                reasons[f"bf16 needs {requirement('bf16')} (Ampere); this GPU has "
-                        f"{capability_text(cc)}. fix: set precision.mode = \"fp16\" (or precision.high_precision = \"fp16\")"] = None
+                reasons[with_fix(f"bf16 needs {requirement('bf16')} (Ampere); this GPU has {capability_text(cc)}",
+                                 'set precision.mode = "fp16" (or precision.high_precision = "fp16")')] = None
             if plan.distributed.procs_per_node > len(machine.gpus):
-                reasons[f"distributed.procs_per_node = {plan.distributed.procs_per_node} but this machine has "
-                        f"{len(machine.gpus)} GPU{'s' * (len(machine.gpus) != 1)}. fix: set distributed.procs_per_node = "
-                        f"{len(machine.gpus)}"] = None
+                reasons[with_fix(f"distributed.procs_per_node = {plan.distributed.procs_per_node} but this machine has "
+                                 f"{len(machine.gpus)} GPU{'s' * (len(machine.gpus) != 1)}",
+                                 f"set distributed.procs_per_node = {len(machine.gpus)}")] = None
     for package in packages_needed(plan):
         if not machine.has(package):
             missing(package)

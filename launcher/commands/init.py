@@ -122,7 +122,7 @@ def _why(machine: Machine, choices: Choices, backend: str | None, rows: dict) ->
     mode = _high_precision(machine)
     if mode == "fp16":
         return f"fp16: this GPU has compute capability {capability_text(machine.capability)}; bf16 needs {requirement('bf16')}, FP8 {requirement('fp8')}"
-    return f"{mode}, not fp8: " + rows["torchao", "tensorwise"].reasons[0].split(" fix: ")[0].rstrip(".") + \
+    return f"{mode}, not fp8: " + rows["torchao", "tensorwise"].reasons[0].split("; fix: ")[0] + \
         ("" if "FP8-HARDWARE" in rows["torchao", "tensorwise"].rules else f" (install torchao for FP8: {INSTALL['torchao']})")
 
 

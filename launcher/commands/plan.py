@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -67,7 +68,7 @@ def _check_builtin_model(source) -> None:
 
 
 def _finding_text(f: Finding) -> str:
-    return f"{f.message} fix: {f.rule.fix}"
+    return f.text
 
 
 def warning_lines(planned: Planned) -> list[str]:
@@ -90,3 +91,25 @@ def plan_many(paths: list[str], out_dir: str, overrides: list[str] = (), strict:
     if problems:
         raise SpecError(problems)
     return results
+
+
+def plan_record(planned: Planned, changes: list, params: int | None = None) -> dict:
+    """What `plan --format json` prints for one spec: the plan, the memory estimate (`total_bytes_per_gpu` is the
+    text table's total: model states and activations), the files, the prediction, the warnings."""
+    from launcher.planning.memory import estimate, model_params
+
+    n_params = params or model_params(planned.plan.train.model)
+    memory = estimate(planned.plan, n_params) if n_params else None
+    return {"spec": planned.spec_path, "name": planned.plan.name, "folder": planned.folder, "plan": json.loads(planned.files["plan.json"]),
+            "memory": None if memory is None else {
+                "params": n_params,
+                "total_bytes_per_gpu": int(memory.peak_bytes),
+                "model_states_bytes_per_gpu": int(memory.total_bytes),
+                "activations_bytes_per_gpu": int(memory.activations.bytes) if memory.activations else None,
+                "peak_bytes_per_gpu": int(memory.peak_bytes),
+                "init_peak_bytes_per_rank": int(memory.init_peak.bytes) if memory.init_peak else None,
+                "rows": [{"name": r.name, "dtype": r.dtype, "bytes_per_gpu": int(r.bytes_per_gpu(n_params)), "shards": r.shards,
+                          "offloaded": r.offloaded} for r in memory.rows]},
+            "files": [{"path": c.path, "status": c.status} for c in changes],
+            "prediction": planned.prediction.to_json() if planned.prediction else None,
+            "warnings": [{"rule": f.rule.id, "message": f.message, "fix": f.rule.fix} for f in planned.warnings]}

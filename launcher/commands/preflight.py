@@ -20,7 +20,7 @@ import subprocess
 from typing import Mapping
 
 from launcher.commands.doctor import packages_needed
-from launcher.errors import EnvironmentProblem
+from launcher.errors import EnvironmentProblem, with_fix
 from launcher.planning.install import INSTALL
 from launcher.planning.plan import Plan
 from launcher.planning.rules import RULES_BY_ID, Facts
@@ -40,11 +40,11 @@ def check(plan: Plan, *, local: bool, gpu_here: bool | None = None, environ: Map
     for package in ["torch", *packages_needed(plan)]:
         if not importable(package):
             detail = RULES_BY_ID["BACKEND-MISSING"].detail(Facts(plan=plan, missing_package=package))
-            raise EnvironmentProblem(f"{detail} fix: install it: {INSTALL[package]}", rule="BACKEND-MISSING")
+            raise EnvironmentProblem(with_fix(detail, f"install it: {INSTALL[package]}"), rule="BACKEND-MISSING")
     facts = Facts(plan=plan, msamp_stack=msamp_problem(plan.distributed.strategy), libaio=libaio_present(environ))
     for finding in check_rules(facts, "run"):
         if finding.is_error:
-            raise EnvironmentProblem(f"{finding.message} fix: {finding.rule.fix}", rule=finding.rule.id)
+            raise EnvironmentProblem(finding.text, rule=finding.rule.id)
     if plan.launch.device == "cuda" and (local if gpu_here is None else gpu_here) and not gpu_present(environ):
         raise EnvironmentProblem('launch.device = "cuda" but this machine shows no GPU (no /dev/nvidia*, no /proc/driver/nvidia/gpus, '
                                  'no GPU in `nvidia-smi -L`, or CUDA_VISIBLE_DEVICES hides them); fix: run on a GPU machine, '

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -288,21 +289,39 @@ def _wait(child: subprocess.Popen) -> int:
     return 128 - code if code < 0 else code
 
 
+SBATCH_GRACE_S = 5.0
+"""After a Ctrl-C, how long `run --wait` waits for sbatch (which got the same SIGINT) to exit before it
+leaves it: the job keeps running either way."""
+
+
 def _sbatch(command: Command, env: Mapping[str, str], on_job_id: Callable[[str], None]) -> int:
-    """sbatch --parsable prints `JOBID[;CLUSTER]` first; with --wait it then blocks until the job ends."""
-    child = subprocess.Popen(command.argv, env=dict(env), stdout=subprocess.PIPE, text=True)
-    job = ""
+    """sbatch --parsable prints `JOBID[;CLUSTER]` first; with --wait it then blocks until the job ends.
+
+    A Ctrl-C is recorded by a handler, not raised where it happens to land: whatever sbatch does with
+    its own copy of the SIGINT (exit, or finish), the run ends with EXIT_INTERRUPTED, never with
+    sbatch's 0 (a CI step would take the job as done)."""
+    interrupts: list[float] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupts.append(time.monotonic()))
     try:
-        first = child.stdout.readline().strip()
-        if first:
-            job = first.split(";")[0]
+        child = subprocess.Popen(command.argv, env=dict(env), stdout=subprocess.PIPE, text=True)
+        first = child.stdout.readline().strip()  # a recording handler lets the read resume after EINTR (PEP 475)
+        job = first.split(";")[0] if first else ""
+        if job:
             on_job_id(job)
-        child.communicate()  # --parsable prints nothing more on stdout; errors go to stderr, inherited
-    except KeyboardInterrupt:
-        child.wait()
+        while True:  # --parsable prints nothing more on stdout; errors go to stderr, inherited
+            try:
+                code = child.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if interrupts and time.monotonic() - interrupts[0] > SBATCH_GRACE_S:
+                    code = None
+                    break
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupts:
         raise Interrupted(f"interrupted while waiting; batch job {job or '(not submitted)'} keeps running"
-                          + (f"; `scancel {job}` stops it" if job else "")) from None
-    return child.returncode
+                          + (f"; `scancel {job}` stops it" if job else ""))
+    return code
 
 
 def _kubectl(command: Command, env: Mapping[str, str], on_job_id: Callable[[str], None]) -> int:

@@ -11,6 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Callable
 
+from launcher.errors import with_fix
 from launcher.planning.install import INSTALL
 from launcher.planning.hardware import FP8_MIN_CAPABILITY, capability_text, requirement, supports
 
@@ -71,7 +72,12 @@ class Finding:
         return self.rule.severity == "error"
 
     def __str__(self) -> str:
-        return f"{self.rule.severity}[{self.rule.id}]: {self.message} fix: {self.rule.fix}"
+        return f"{self.rule.severity}[{self.rule.id}]: {self.text}"
+
+    @property
+    def text(self) -> str:
+        """The message and the rule's fix, as every error line says them."""
+        return with_fix(self.message, self.rule.fix)
 
 
 def _fp8(f: Facts, backend: str | None = None) -> bool:
@@ -600,8 +606,8 @@ def rule_error(rule_id: str, facts: Facts | None = None):
     rule = RULES_BY_ID[rule_id]
     message = rule.detail(facts) if rule.detail and facts is not None else rule.why
     if rule.stage == "run":
-        return EnvironmentProblem(f"{message} fix: {rule.fix}", rule=rule.id)
-    return LauncherError(f"{message} fix: {rule.fix}", rule=rule.id)
+        return EnvironmentProblem(with_fix(message, rule.fix), rule=rule.id)
+    return LauncherError(with_fix(message, rule.fix), rule=rule.id)
 
 
 def _has_master_weights(f: Facts) -> bool:

@@ -48,6 +48,9 @@ def test_bench_runs_both_variants_alternately_and_reports_ratios(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     order = [l.split(":")[1].strip() for l in r.stderr.splitlines() if l.startswith("bench: ")]
     assert order == ["spec run 1/2", "bf16 run 1/2", "spec run 2/2", "bf16 run 2/2"]
+    progress = [l.strip() for l in r.stderr.splitlines() if l.startswith("  ") and " step " in l]
+    for label in ("spec run 1", "bf16 run 1", "spec run 2", "bf16 run 2"):  # each run shows its last step at least
+        assert any(l.startswith(f"{label}: step 5/5, ") and l.endswith(", 0 s left") for l in progress), (label, progress)
 
     record = json.loads((tmp_path / "b" / "bench.json").read_text())
     spec_side, base = record["spec"], record["baseline"]

@@ -134,3 +134,16 @@ def test_ctrl_c_stops_after_the_current_run_and_keeps_what_was_measured(tmp_path
     assert rows["torchao-rowwise"]["status"] == "interrupted" and rows["torchao-rowwise"]["runs"] == []
     assert not (out / "tune-cpu-tuned.toml").exists()
     assert "bf16" in stdout and "winner: none" in stdout
+
+
+def test_a_failed_bf16_baseline_stops_tune_with_the_runs_own_exit_code(tmp_path):
+    """Without a baseline there is nothing to rank against: tune stops at once, with the code the run exited
+    with (4, diverged, here: a learning rate that overflows the weights at the first update), not its own 2."""
+    spec = tmp_path / "tune.toml"
+    spec.write_text(SPEC.format(out=tmp_path).replace("lr = 3e-3", "lr = 1e30"))
+    r = subprocess.run([EXE, "tune", str(spec), "--steps", "3", "--repeats", "1", "--warmup", "0", "--out", str(tmp_path / "t"),
+                        "--candidates", "torchao-tensorwise"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert "tune: the bf16 baseline run exited with code 4" in r.stderr
+    assert [line for line in r.stderr.splitlines() if line.startswith("tune: ") and " run " in line] == [
+        f"tune: bf16 run 1/1 -> {tmp_path / 't' / 'runs' / 'bf16-1'}/train.log"]  # no FP8 candidate ran after it

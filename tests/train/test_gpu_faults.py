@@ -8,7 +8,7 @@ import types
 
 import pytest
 import torch
-from torch import nn
+
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from launcher.planning.memory import estimate

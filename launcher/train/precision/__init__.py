@@ -43,7 +43,7 @@ def raise_run_errors(plan: Plan, device: torch.device, **facts) -> None:
     found = check(Facts(plan=plan, device=device.type, **facts), stage="run")
     for finding in found:
         if finding.is_error:
-            raise EnvironmentProblem(f"{finding.message} fix: {finding.rule.fix}", rule=finding.rule.id)
+            raise EnvironmentProblem(finding.text, rule=finding.rule.id)
 
 
 def apply_precision(model: nn.Module, plan: Plan, device: torch.device) -> Precision:

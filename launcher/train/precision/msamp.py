@@ -29,7 +29,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from launcher.errors import BackendMissing, EnvironmentProblem
+from launcher.errors import BackendMissing, EnvironmentProblem, with_fix
 from launcher.planning.rules import RULES_BY_ID, Facts, rule_error
 
 from . import select
@@ -100,7 +100,7 @@ def import_error(error: ImportError, strategy: str) -> EnvironmentProblem:
     if not importable("msamp"):
         return BackendMissing("msamp", INSTALL["msamp"])
     problem = msamp_problem(strategy) or f"MS-AMP is installed but fails to import here: {type(error).__name__}: {error}."
-    return EnvironmentProblem(f"{problem} fix: {RULES_BY_ID['MSAMP-STACK'].fix}", rule="MSAMP-STACK")
+    return EnvironmentProblem(with_fix(problem, RULES_BY_ID["MSAMP-STACK"].fix), rule="MSAMP-STACK")
 
 
 def _msamp(strategy: str):

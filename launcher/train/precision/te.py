@@ -14,7 +14,7 @@ from typing import Any, Callable, ContextManager
 import torch
 from torch import nn
 
-from launcher.errors import BackendMissing, EnvironmentProblem
+from launcher.errors import BackendMissing, EnvironmentProblem, with_fix
 
 from .amp import Precision, amp_settings
 from .report import count
@@ -65,8 +65,8 @@ def check_support(te, recipe: str) -> None:
     ok, reason = fn(return_reason=True)
     if not ok:
         raise EnvironmentProblem(
-            f"Transformer Engine cannot run recipe {recipe!r} here: {reason} "
-            'fix: set precision.te.recipe = "current" (or "delayed"), or precision.mode = "bf16"', rule=rule)
+            with_fix(f"Transformer Engine cannot run recipe {recipe!r} here: {reason}",
+                     'set precision.te.recipe = "current" (or "delayed"), or precision.mode = "bf16"'), rule=rule)
 
 
 def _parent(model: nn.Module, fqn: str) -> tuple[nn.Module, str]:

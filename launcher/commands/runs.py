@@ -1,0 +1,120 @@
+"""Training runs that bench and tune start and read back: one variant of a spec (its --set overrides), planned
+into a run folder, trained through `fp8launch run`'s own launch (torchrun) with its output in train.log while
+the progress shows here, then its metrics.jsonl turned into figures.
+
+    v = Variant("spec", "spec.toml", ["train.steps=20"])
+    run = train(v, "out/spec-1", steps=None, warmup=2, echo=print)   # {"dir", "exit_code", "figures", ...}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from launcher.commands.plan import Planned
+from launcher.commands.run import execute, launch_command, plan_for_run, write_plan
+
+PROGRESS_EVERY_S = 5.0
+"""At most one progress line per run this often (the last step is always shown)."""
+
+FIGURES = ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu", "peak_mem_gib", "final_loss")
+
+
+@dataclass
+class Variant:
+    label: str
+    spec: str
+    overrides: list[str]
+    runs: list[dict] = field(default_factory=list)
+    """One entry per run: {"dir", "exit_code", "steps": [step records], "start": start record, "figures": {...}}."""
+
+    def figure(self, name: str) -> float | None:
+        values = [r["figures"][name] for r in self.runs if r["figures"].get(name) is not None]
+        return statistics.median(values) if values else None
+
+
+def plan_variant(v: Variant, run_dir: str | None, steps: int | None) -> Planned:
+    """The variant planned for a measured run in `run_dir` (None: planning only): every step logged, no
+    checkpoint, never resuming."""
+    sets = list(v.overrides) + ["train.log_every=1", "train.resume=never", "train.checkpoint_at_end=false", "train.checkpoint_every=0"]
+    if steps:
+        sets.append(f"train.steps={steps}")
+    if run_dir is not None:
+        sets.append(f"train.output_dir={run_dir}")
+    return plan_for_run(v.spec, sets)
+
+
+def train(planned: Planned, run_dir: str, *, label: str, echo: Callable[[str], None]) -> int:
+    """Write the plan, train it with its output in `run_dir`/train.log, and show its progress through `echo`
+    (step i/N, tokens/s, time left); returns the training's exit code."""
+    write_plan(planned)
+    total = planned.plan.train.steps
+    done = threading.Event()
+    watcher = threading.Thread(target=_progress, args=(os.path.join(run_dir, "metrics.jsonl"), total, label, echo, done), daemon=True)
+    watcher.start()
+    try:
+        return execute(launch_command(planned), log=os.path.join(run_dir, "train.log"))
+    finally:
+        done.set()
+        watcher.join()
+
+
+def _progress(path: str, total: int, label: str, echo: Callable[[str], None], done: threading.Event) -> None:
+    seen, shown_at, times = 0, 0.0, []
+    while True:
+        finished = done.wait(0.5)
+        steps = [r for r in _records(path) if r.get("event") == "step"]
+        for r in steps[seen:]:
+            times.append(r["step_time_s"])
+            now = time.monotonic()
+            if now - shown_at >= PROGRESS_EVERY_S or r["step"] >= total:
+                left = (total - r["step"]) * statistics.median(times[-10:])
+                echo(f"  {label}: step {r['step']}/{total}, {r['tokens_per_s']:,.0f} tokens/s, {left:.0f} s left")
+                shown_at = now
+        seen = len(steps)
+        if finished:
+            return
+
+
+def _records(path: str) -> list[dict]:
+    """The complete lines of a metrics.jsonl being written (rank 0 may be writing the last one)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return []
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
+def read_run(run_dir: str, code: int, warmup: int) -> dict:
+    """A finished run's figures: medians over its steady steps (the first `warmup` left out), peak memory, final loss."""
+    records = _records(os.path.join(run_dir, "metrics.jsonl"))
+    steps = [r for r in records if r.get("event") == "step"]
+    start = next((r for r in records if r.get("event") == "start"), {})
+    steady = steps[warmup:] if len(steps) > warmup else steps[-1:]
+    figures = {}
+    for name in ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu"):
+        values = [r[name] for r in steady if r.get(name) is not None]
+        figures[name] = statistics.median(values) if values else None
+    figures["peak_mem_gib"] = max((r["peak_mem_gib"] for r in steps if r.get("peak_mem_gib") is not None), default=None)
+    figures["final_loss"] = steps[-1]["loss"] if steps else None
+    return {"dir": run_dir, "exit_code": code, "start": start, "figures": figures,
+            "losses": [[r["step"], r["loss"]] for r in steps], "step_times": [r["step_time_s"] for r in steps]}
+
+
+def versions(*packages: str) -> dict[str, str | None]:
+    """The installed version of each package (None where it is not installed)."""
+    from importlib import metadata
+
+    out = {}
+    for name in packages:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
