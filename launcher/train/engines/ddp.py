@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launcher.train.optim import build_optimizer, build_scheduler
 
-from . import Engine
+from .base import Engine
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan

@@ -21,7 +21,7 @@ from launcher.planning.rules import Facts, rule_error
 from launcher.train.models import logits_of
 from launcher.train.optim import build_optimizer, build_scheduler
 
-from . import Engine
+from .base import Engine
 from launcher.planning.install import INSTALL
 
 if typing.TYPE_CHECKING:
@@ -159,7 +159,7 @@ def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: d
         config=config,
     )
     if msamp:  # MS-AMP converts inside deepspeed.initialize: count what it really converted
-        from ..precision import raise_run_errors
+        from ..precision.checks import raise_run_errors
 
         precision.recount(engine.module)
         raise_run_errors(plan, env.device, fp8_layers=precision.report.fp8_layers)

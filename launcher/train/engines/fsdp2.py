@@ -16,7 +16,7 @@ from launcher.errors import LauncherError
 from launcher.train.models import edge_units, transformer_blocks
 from launcher.train.optim import build_optimizer, build_scheduler
 
-from . import Engine
+from .base import Engine
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan

@@ -17,10 +17,10 @@ import typing
 import torch
 from torch import nn
 
-from launcher.errors import EnvironmentProblem, LauncherError
-from launcher.planning.rules import Facts, check
+from launcher.errors import LauncherError
 
 from .amp import Precision, apply_amp
+from .checks import capability, raise_run_errors
 from .conv1d import foreign_matmuls, linearize
 from .report import PrecisionReport
 
@@ -28,22 +28,6 @@ if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
 
 __all__ = ["Precision", "PrecisionReport", "apply_precision", "capability", "raise_run_errors"]
-
-
-def capability(device: torch.device) -> tuple[int, int] | None:
-    """CUDA compute capability of `device`; None on CPU (torchao FP8 runs there for real)."""
-    if device.type != "cuda":
-        return None
-    return tuple(torch.cuda.get_device_capability(device))
-
-
-def raise_run_errors(plan: Plan, device: torch.device, **facts) -> None:
-    """Check the run-stage rules with what is known now; raise the first error as
-    EnvironmentProblem with its rule id (the message and fix come from the rule table)."""
-    found = check(Facts(plan=plan, device=device.type, **facts), stage="run")
-    for finding in found:
-        if finding.is_error:
-            raise EnvironmentProblem(finding.text, rule=finding.rule.id)
 
 
 def apply_precision(model: nn.Module, plan: Plan, device: torch.device) -> Precision:
@@ -73,7 +57,7 @@ def apply_precision(model: nn.Module, plan: Plan, device: torch.device) -> Preci
 
         precision = apply_msamp(model, plan, device)
     else:  # the schema allows no other value; a hand-edited plan.json could
-        raise LauncherError(f"unknown precision.backend {p.backend!r} in the plan; use torchao, te or msamp")
+        raise LauncherError(f"unknown precision.backend {p.backend!r} in the plan; fix: regenerate the plan with `fp8launch plan SPEC` (precision.backend is torchao, te or msamp)")
     fp8_layers = precision.report.fp8_layers
     raise_run_errors(plan, device, fp8_layers=fp8_layers, foreign_matmuls=tuple(foreign_matmuls(model)) if fp8_layers == 0 else ())
     return precision

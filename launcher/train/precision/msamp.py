@@ -141,7 +141,7 @@ class MsampPrecision(Precision):
         really converted."""
         if not initialize_here(self.plan):
             return model, optimizer
-        from . import raise_run_errors
+        from .checks import raise_run_errors
 
         replacer = self.msamp.te.TeReplacer if self.plan.precision.msamp.use_te else self.msamp.nn.LinearReplacer
         model = replacer.replace(model)
