@@ -26,7 +26,7 @@ case "$stage" in
     fp8launch doctor 2>&1 | tee "$out/doctor.txt"
     FP8LAUNCH_MATRIX_RESULTS="$out/support_matrix_gpu.json" timeout "${BUDGET:-500}" python3 -m pytest -m gpu -q -n "${WORKERS:-6}" \
       -p no:cacheprovider --junitxml "$out/matrix.xml" tests/gpu/test_support_matrix_gpu.py tests/gpu/test_te_gpu.py \
-      tests/gpu/test_msamp_gpu.py 2>&1 | tail -60 | tee "$out/matrix.txt" ;;
+      tests/gpu/test_msamp_gpu.py tests/gpu/test_block_formats_gpu.py 2>&1 | tail -60 | tee "$out/matrix.txt" ;;
   bench)
     STEPS="${STEPS:-40}" timeout "${BUDGET:-540}" bash benchmarks/gpu_bench.sh "$out/bench" 2>&1 | tee "$out/bench.txt" \
       || for f in "$out"/bench/*/*/train.log; do echo "== $f"; grep -v '^\s*$' "$f" | tail -30; done

@@ -42,7 +42,7 @@ def rows(machine: Machine) -> dict[str, doctor.Support]:
 def test_every_row_is_answered_once():
     labels = [s.label for s in assess(CPU_TORCHAO)]
     assert labels == [" ".join(x for x in row if x) for row in ROWS]
-    assert len(labels) == 3 + 5 + 3 + 2
+    assert len(labels) == 5 + 5 + 3 + 2
 
 
 def test_h100_with_te():
@@ -67,7 +67,7 @@ def test_h100_with_te():
 def test_a100_runs_no_fp8_even_with_every_package():
     r = rows(A100)
     fp8 = [s for s in r.values() if s.fp8]
-    assert len(fp8) == 11 and not any(s.supported for s in fp8)
+    assert len(fp8) == 13 and not any(s.supported for s in fp8)
     assert all(s.rules[0] == "FP8-HARDWARE" for s in fp8)  # the hardware reason comes first
     assert r["fp8 torchao rowwise"].reasons == (
         'FP8 needs compute capability >= 8.9; this GPU has 8.0; fix: set precision.mode = "bf16", or run on an sm89+ GPU (L4, L40, H100, H200, B200)',)
@@ -239,7 +239,22 @@ def test_cli_text_says_a_reason_shared_by_every_recipe_once(cli, monkeypatch):
     assert sum("the msamp package is not importable here" in line for line in lines) == 1
     assert [line.split(":")[0] for line in lines if line.startswith("fp8 msamp")] == ["fp8 msamp"]
     assert [line.split()[:3] for line in lines if line.startswith("fp8 torchao")] == [
-        ["fp8", "torchao", "tensorwise"], ["fp8", "torchao", "rowwise"], ["fp8", "torchao", "rowwise_with_gw_hp"]]
+        ["fp8", "torchao", "tensorwise"], ["fp8", "torchao", "rowwise"], ["fp8", "torchao", "rowwise_with_gw_hp"],
+        ["fp8", "torchao", "mxfp8"], ["fp8", "torchao", "nvfp4"]]
+
+
+def test_torchao_block_recipes_run_where_torchao_can_run_them():
+    cpu = rows(CPU_TORCHAO)
+    assert cpu["fp8 torchao mxfp8"].supported  # emulated kernels: real numerics, not speed
+    assert not cpu["fp8 torchao nvfp4"].supported and cpu["fp8 torchao nvfp4"].rules == ("TORCHAO-NVFP4-CPU",)
+    h100 = rows(gpu_machine("NVIDIA H100 80GB HBM3", (9, 0), **ALL))
+    assert h100["fp8 torchao tensorwise"].supported
+    for recipe in ("mxfp8", "nvfp4"):
+        assert h100[f"fp8 torchao {recipe}"].rules == ("TORCHAO-BLOCK-HARDWARE",)
+        assert h100[f"fp8 torchao {recipe}"].reasons[0].startswith(
+            f"torchao recipe '{recipe}' needs compute capability >= 10.0; this GPU has 9.0; fix: ")
+    b200 = rows(gpu_machine("NVIDIA B200", (10, 0), **ALL))
+    assert b200["fp8 torchao mxfp8"].supported and b200["fp8 torchao nvfp4"].supported
 
 
 def test_cli_exit_3_without_fp8(cli, monkeypatch):

@@ -134,9 +134,18 @@ def test_hf_config_is_read_as_json_and_py_models_are_unknown(tmp_path):
     assert "unknown (model shapes unknown" in unknown.line()
 
 
-def test_a_gpu_without_fp8_gets_no_fp8_figure(tmp_path):
-    pr = planned(tmp_path, ['launch.gpu="a100"']).prediction
-    assert pr.fp8_vs_bf16 is None and "does not run fp8" in pr.reason
+def test_a_gpu_without_the_precision_gets_no_figure_and_auto_plans_block_formats_on_a_b200(tmp_path):
+    from tests.support import plan_from
+
+    # planning refuses these (LAUNCH-GPU-PRECISION); the prediction on its own says why it has no figure
+    fp8 = {"mode": "fp8", "backend": "torchao"}
+    pr = predict(plan_from({"precision": fp8, "launch": {"gpu": "a100"}}))
+    assert pr.fp8_vs_bf16 is None and "does not run fp8 torchao" in pr.reason
+    pr = predict(plan_from({"precision": {**fp8, "torchao": {"recipe": "mxfp8"}}, "launch": {"gpu": "h100"}}))
+    assert pr.fp8_vs_bf16 is None and pr.reason == "this GPU (compute capability 9.0) does not run fp8 torchao mxfp8"
+    auto = predict(plan_from({"precision": {**fp8, "torchao": {"recipe": "mxfp8"}}, "train": {"model": "builtin:llama3-8b", "seq_len": 8192}}))
+    assert auto.gpu == "b200" and auto.fp8_vs_bf16 > 1.0
+    assert predict(plan_from({"precision": fp8, "train": {"model": "builtin:llama3-8b"}})).gpu == "h100"
 
 
 def test_plan_json_and_text_show_the_prediction(cli, spec):

@@ -131,6 +131,49 @@ RUN_CASES.update({
 })
 
 
+
+# -- torchao block-scaled recipes (issue 22) ----------
+MX = {**TAO, "torchao": {"recipe": "mxfp8"}}
+NVFP4 = {**TAO, "torchao": {"recipe": "nvfp4"}}
+PLAN_CASES.update({
+    "TORCHAO-BLOCK-TOKENS": ({"precision": MX, "train": {"seq_len": 100, "micro_batch_size": 1}},
+                             {"precision": MX, "train": {"seq_len": 96, "micro_batch_size": 1}}),
+    "TORCHAO-BLOCK-PAD": ({"precision": {**TAO, "torchao": {"recipe": "mxfp8", "pad_inner_dim": True}}}, {"precision": MX}),
+    "TORCHAO-BLOCK-DEEPSPEED": ({"precision": MX, "distributed": DS}, {"precision": MX, "distributed": {"strategy": "fsdp2"}}),
+    "TORCHAO-BLOCK-TP": ({"precision": MX, "distributed": {"strategy": "fsdp2", "procs_per_node": 4, "tensor_parallel": 2}},
+                         {"precision": MX, "distributed": {"strategy": "fsdp2", "procs_per_node": 4, "tensor_parallel": 1}}),
+})
+RUN_CASES.update({
+    "TORCHAO-BLOCK-HARDWARE": ({"precision": NVFP4}, {"device": "cuda", "capability": (9, 0)}, {"device": "cuda", "capability": (10, 0)}),
+    "TORCHAO-NVFP4-CPU": ({"precision": NVFP4}, {"device": "cpu"}, {"device": "cuda", "capability": (10, 0)}),
+    "TORCHAO-MX-TORCH": ({"precision": MX}, {"device": "cpu", "torchao_mx_supported": False}, {"device": "cpu", "torchao_mx_supported": True}),
+})
+
+
+def test_block_tokens_count_per_rank_and_nvfp4_blocks_are_16():
+    nv = {"precision": NVFP4, "launch": {"device": "cuda"}}
+    assert "TORCHAO-BLOCK-TOKENS" not in fired({**nv, "train": {"seq_len": 48, "micro_batch_size": 1}})  # 48 = 3 x 16
+    assert "TORCHAO-BLOCK-TOKENS" in fired({"precision": MX, "train": {"seq_len": 48, "micro_batch_size": 1}})
+    assert "TORCHAO-BLOCK-TOKENS" not in fired({"precision": MX, "train": {"seq_len": 48, "micro_batch_size": 2}})  # 96
+
+
+PLAN_CASES["LAUNCH-GPU-PRECISION"] = ({"precision": MX, "launch": {"device": "cuda", "gpu": "h100"}},
+                                      {"precision": MX, "launch": {"device": "cuda", "gpu": "b200"}})
+
+
+def test_launch_gpu_precision_names_what_the_gpu_lacks_and_auto_never_fires():
+    from launcher.planning.rules import RULES_BY_ID, Facts
+
+    plan = plan_of({"precision": {**TE, "te": {"recipe": "nvfp4"}}, "launch": {"device": "cuda", "gpu": "a100"}})
+    (finding,) = [f for f in check(Facts(plan=plan, rendered=render(plan)), "plan") if f.rule.id == "LAUNCH-GPU-PRECISION"]
+    assert finding.message == "launch.gpu = 'a100' cannot run this spec's precision: fp8 te nvfp4 needs compute capability >= 10.0; the A100 has 8.0."
+    assert RULES_BY_ID["LAUNCH-GPU-PRECISION"].severity == "error"
+    assert "LAUNCH-GPU-PRECISION" not in fired({"precision": MX, "launch": {"device": "cuda", "gpu": "auto"}})
+    assert "LAUNCH-GPU-PRECISION" not in fired({"precision": MX, "launch": {"device": "cuda", "gpu": "mi300x"}})
+
+
+PLAN_CASES["MONITOR-BLOCK"] = ({"precision": MX, "monitor": {"fp8_stats_every": 10}}, {"precision": TAO, "monitor": {"fp8_stats_every": 10}})
+
 # -- tensor parallel (issue 15): each rule on its bad combination and on its fixed twin ----------
 TP2 = {"strategy": "fsdp2", "procs_per_node": 4, "tensor_parallel": 2}
 PLAN_CASES.update({

@@ -62,7 +62,7 @@ def test_pairs_only_where_both_options_apply():
 def test_the_doc_is_current():
     path = REPO / "docs" / "support-matrix.md"
     assert path.read_text() == document(REPO), "regenerate it: make support-matrix"
-    assert "g08 trained" in path.read_text()  # the H100 results of benchmarks/results/support_matrix_gpu.json are in it
+    assert "g05 trained" in path.read_text()  # the H100 results of benchmarks/results/support_matrix_gpu.json, matched by config
 
 
 def test_check_fails_on_a_stale_doc(tmp_path):
@@ -80,3 +80,17 @@ def test_the_cpu_matrix_trains_the_monitor_inside_compiled_fp8_blocks():
     compiled blocks, layers named as built): the generator must keep one."""
     assert any(r.config.get("compile.enabled") and r.config.get("monitor.fp8_stats_every") and r.config.get("precision.mode") == "fp8"
                for r in CPU.trained)
+
+
+def test_gpu_results_follow_a_row_by_its_config_not_its_name():
+    """Row names are positions in the generated order: they move when an option gains a value (as the torchao
+    recipe did with mxfp8 / nvfp4). A recorded outcome stays with the configuration that earned it."""
+    gpu = generate(GPU_OPTIONS, GPU_BASE, "g")
+    first, second = gpu.trained[0], gpu.trained[1]
+    results = {"device": "d", "date": "x", "runs": [{"config": second.config, "outcome": "trained"},
+                                                  {"config": {"precision.mode": "fp64"}, "outcome": "trained"}]}
+    from launcher.planning.support_matrix import gpu_status, render_markdown
+
+    assert gpu_status(gpu, results) == {second.name: "trained"} and first.name != second.name
+    text = render_markdown(gpu=gpu, gpu_results=results)
+    assert f"{second.name} trained" in text and "`precision.mode = fp64`" in text  # an earlier row's result stays visible

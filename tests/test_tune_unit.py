@@ -24,13 +24,16 @@ def plan_of(tmp_path, text: str):
 
 def test_candidates_are_what_runs_here_with_all_gather_on_fsdp2_and_compile_toggled(tmp_path):
     fsdp2 = plan_of(tmp_path, 'version = 1\nname = "c"\n[precision]\nmode = "fp8"\n')
-    only_torchao = lambda sets: 'precision.backend="torchao"' in sets  # noqa: E731  (this machine: torchao only)
+    # this machine: torchao only, and no NVFP4 (TORCHAO-NVFP4-CPU)
+    only_torchao = lambda sets: 'precision.backend="torchao"' in sets and 'precision.torchao.recipe="nvfp4"' not in sets  # noqa: E731
     labels = [label for label, _ in candidate_overrides(fsdp2, only_torchao)]
-    assert labels == ["torchao-tensorwise", "torchao-tensorwise-fp8-allgather", "torchao-rowwise", "torchao-rowwise_with_gw_hp"]
+    assert labels == ["torchao-tensorwise", "torchao-tensorwise-fp8-allgather", "torchao-rowwise", "torchao-rowwise_with_gw_hp",
+                      "torchao-mxfp8"]
     ddp = plan_of(tmp_path, 'version = 1\nname = "c"\n[distributed]\nstrategy = "ddp"\n')
     both = candidate_overrides(ddp, only_torchao, toggle_compile=True)
-    assert [label for label, _ in both] == ["torchao-tensorwise", "torchao-rowwise", "torchao-rowwise_with_gw_hp",
-                                            "torchao-tensorwise+compile", "torchao-rowwise+compile", "torchao-rowwise_with_gw_hp+compile"]
+    assert [label for label, _ in both] == ["torchao-tensorwise", "torchao-rowwise", "torchao-rowwise_with_gw_hp", "torchao-mxfp8",
+                                            "torchao-tensorwise+compile", "torchao-rowwise+compile", "torchao-rowwise_with_gw_hp+compile",
+                                            "torchao-mxfp8+compile"]
     assert dict(both)["torchao-rowwise+compile"][-1] == "compile.enabled=true"
     everything = [label for label, _ in candidate_overrides(fsdp2, lambda sets: True)]
     assert "te-mxfp8" in everything and "msamp-O2" in everything

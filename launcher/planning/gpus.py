@@ -83,11 +83,23 @@ PLAN_GPUS: dict[str, GpuSpec] = {
 """`launch.gpu` -> its figures. "auto" plans for an h100 (see `plan_gpu`)."""
 
 DEFAULT_PLAN_GPU = "h100"
+BLOCK_PLAN_GPU = "b200"
+"""What "auto" plans for when the precision needs Blackwell (mxfp8, nvfp4)."""
 
 
-def plan_gpu(choice: str) -> GpuSpec:
-    """The GpuSpec a plan's `launch.gpu` names ("auto": h100)."""
-    return PLAN_GPUS[DEFAULT_PLAN_GPU if choice == "auto" else choice]
+def plan_gpu_name(choice: str, mode: str = "bf16", backend: str | None = None, recipe: str | None = None) -> str:
+    """The `launch.gpu` a plan is predicted on: its own, or for "auto" an h100, a b200 where the precision
+    needs compute capability 10.0 (an h100 cannot run it)."""
+    from launcher.planning.hardware import supports
+
+    if choice != "auto":
+        return choice
+    return DEFAULT_PLAN_GPU if supports(PLAN_GPUS[DEFAULT_PLAN_GPU].capability, mode, backend, recipe) else BLOCK_PLAN_GPU
+
+
+def plan_gpu(choice: str, mode: str = "bf16", backend: str | None = None, recipe: str | None = None) -> GpuSpec:
+    """The GpuSpec a plan's `launch.gpu` names (see `plan_gpu_name` for "auto")."""
+    return PLAN_GPUS[plan_gpu_name(choice, mode, backend, recipe)]
 
 
 def peak_tflops(device_name: str, dtype: str) -> float | None:

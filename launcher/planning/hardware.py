@@ -14,6 +14,13 @@ TE_RECIPE_CAPABILITY = {"block": ((9, 0), None), "mxfp8": ((10, 0), (12, 0)), "n
 first one refused again or None). Block scaling needs Hopper, MXFP8/NVFP4 Blackwell; TE 2.20
 refuses MXFP8 on sm120 (consumer Blackwell)."""
 
+TORCHAO_RECIPE_CAPABILITY = {"mxfp8": ((10, 0), None), "nvfp4": ((10, 0), None)}
+"""torchao's block-scaled recipes: its MX kernels and NVFP4 Triton kernels check `is_sm_at_least_100`
+(torchao/prototype/mx_formats/kernels.py, moe_training/nvfp4_training/quantize_2d_triton.py, 0.18.0)."""
+
+BLOCK_RECIPES = ("mxfp8", "nvfp4")
+"""The block-scaled recipes (torchao and Transformer Engine alike): a scale per block of 32 (MX) or 16 (NVFP4) values."""
+
 BF16_MIN_CAPABILITY = (8, 0)
 """bf16 tensor cores start with Ampere; older GPUs train in fp16."""
 
@@ -22,7 +29,8 @@ BF16_MIN_CAPABILITY = (8, 0)
 def capability_range(mode: str, backend: str | None = None, recipe: str | None = None) -> tuple[tuple[int, int], tuple[int, int] | None]:
     """(lowest compute capability that runs this precision, first one that does not again or None)."""
     if mode == "fp8":
-        low, high = TE_RECIPE_CAPABILITY.get(recipe, ((0, 0), None)) if backend == "te" else ((0, 0), None)
+        table = {"te": TE_RECIPE_CAPABILITY, "torchao": TORCHAO_RECIPE_CAPABILITY}.get(backend, {})
+        low, high = table.get(recipe, ((0, 0), None))
         return max(FP8_MIN_CAPABILITY, low), high
     if mode == "bf16":
         return BF16_MIN_CAPABILITY, None

@@ -26,6 +26,8 @@ _TORCHAO_GEMM = {
     "tensorwise": "fp8: e4m3 inputs/weights, e5m2 output grads, per-tensor scales",
     "rowwise": "fp8: e4m3 everywhere, per-row scales (power of 2)",
     "rowwise_with_gw_hp": "fp8: e4m3 per-row scales; weight-grad GEMM in {hp}",
+    "mxfp8": "mxfp8: e4m3, 1x32 e8m0 (power-of-two) block scales, all three GEMMs",
+    "nvfp4": "nvfp4: e2m1, 1x16 e4m3 block scales, random Hadamard transform on the weight-grad GEMM",
 }
 _TE_GEMM = {
     "delayed": "fp8 {fmt}, per-tensor scales from amax history",

@@ -13,7 +13,8 @@ from typing import Callable
 
 from launcher.errors import with_fix
 from launcher.planning.install import INSTALL
-from launcher.planning.hardware import FP8_MIN_CAPABILITY, capability_text, requirement, supports
+from launcher.planning.hardware import BLOCK_RECIPES, FP8_MIN_CAPABILITY, capability_text, requirement, supports
+from launcher.planning.selection import BLOCK_SIZE
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
@@ -44,6 +45,8 @@ class Facts:
     """Whether libaio (DeepSpeed's NVMe offload) is on this machine, at run time; None: not looked."""
     missing_effects: tuple[str, ...] = ()
     """Features the spec asks for that the run's setup did not take (launcher/train/effects.py), at run time."""
+    torchao_mx_supported: bool | None = None
+    """Whether the installed torch has what torchao's MXFP8 training asserts, at run time; None: not looked."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -343,7 +346,7 @@ TP_RULES: tuple[Rule, ...] = (
          when="distributed.tensor_parallel > 1 with torchao recipe rowwise or rowwise_with_gw_hp",
          why="torchao's float8 TP styles (Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput) support tensorwise scaling only: with a rowwise recipe the TP all-gathers and reduce-scatters move bf16, twice the bytes of the tensorwise float8 all-gathers, and the activations are cast to float8 after the all-gather on every rank (torchtitan #1207: rowwise + TP ran slower than bf16).",
          fix='set precision.torchao.recipe = "tensorwise", or measure with `fp8launch bench`',
-         condition=lambda f: _tp(f) > 1 and _fp8(f, "torchao") and f.plan.precision.torchao.recipe != "tensorwise"),
+         condition=lambda f: _tp(f) > 1 and _fp8(f, "torchao") and f.plan.precision.torchao.recipe not in ("tensorwise", *BLOCK_RECIPES)),
     Rule(id="TP-COMPILE-CPU", severity="error", stage="plan",
          when='distributed.tensor_parallel > 1 with compile.enabled and launch.device = "cpu"',
          why="torch.compile of tensor-parallel blocks on CPU fails in backward (DTensor redistribute receives a plain tensor gradient) or, under FSDP2, trains with gradients that differ from eager TP's (seen with torch 2.13's CPU build; docs/tensor-parallel.md); eager TP computes the unsharded model's gradients.",
@@ -456,8 +459,9 @@ def _nvme(f: Facts) -> list[str]:
     return [k for k in ("offload_optimizer", "offload_param") if getattr(ds, k) == "nvme"]
 
 
-def _te_tokens(f: Facts) -> int:
-    """Rows of the GEMM input of every TE layer: the tokens of one micro-batch on one rank."""
+def _tokens_per_rank(f: Facts) -> int:
+    """The tokens of one micro-batch on one rank: the rows of every Linear's GEMM input (TE asserts they divide
+    by 8), and the dimension the weight-gradient GEMM scales along (blocks of 32 / 16 for MX / NVFP4)."""
     t = f.plan.train
     return t.micro_batch_size * t.seq_len // max(1, f.plan.distributed.tensor_parallel)
 
@@ -537,8 +541,8 @@ RULES += (
          why="Transformer Engine's FP8 GEMMs need the product of the input's leading dimensions divisible by 8 "
              "(assert_dim_for_fp8_exec): the first FP8 layer fails at step 1.",
          fix="set train.seq_len (or train.micro_batch_size) so that micro_batch_size x seq_len is a multiple of 8",
-         condition=lambda f: _fp8(f, "te") and _te_tokens(f) % 8 != 0,
-         detail=lambda f: f"micro_batch_size {f.plan.train.micro_batch_size} x seq_len {f.plan.train.seq_len} = {_te_tokens(f)} tokens per "
+         condition=lambda f: _fp8(f, "te") and _tokens_per_rank(f) % 8 != 0,
+         detail=lambda f: f"micro_batch_size {f.plan.train.micro_batch_size} x seq_len {f.plan.train.seq_len} = {_tokens_per_rank(f)} tokens per "
              f"micro-batch, not a multiple of 8 (Transformer Engine's assert_dim_for_fp8_exec fails at step 1)."),
     Rule(id="TE-FP8-PARAMS-DEEPSPEED", severity="error", stage="plan",
          when="precision.te.fp8_params with strategy deepspeed",
@@ -587,6 +591,91 @@ RULES += (
              'ghcr.io/azure/msamp), or set precision.backend = "torchao" (or "te")',
          condition=lambda f: _fp8(f, "msamp") and f.msamp_stack is not None,
          detail=lambda f: f.msamp_stack),
+)
+
+def _block(f: Facts) -> str | None:
+    """The torchao block-scaled recipe the plan trains with (mxfp8 / nvfp4), else None."""
+    recipe = f.plan.precision.torchao.recipe
+    return recipe if _fp8(f, "torchao") and recipe in BLOCK_RECIPES else None
+
+
+def _gpu_cannot_run(f: Facts) -> str:
+    """What an explicitly chosen launch.gpu lacks for the plan's precision ("" when it runs it, or for "auto"/AMD)."""
+    from launcher.planning.gpus import PLAN_GPUS
+
+    p, choice = f.plan.precision, f.plan.launch.gpu
+    if choice == "auto" or f.plan.launch.device == "cpu" or PLAN_GPUS[choice].capability is None:
+        return ""
+    recipe = {"torchao": p.torchao.recipe, "te": p.te.recipe}.get(p.backend) if p.mode == "fp8" else None
+    mode, backend = ("fp8", p.backend) if p.mode == "fp8" else (p.compute_dtype, None)
+    cc = PLAN_GPUS[choice].capability
+    if supports(cc, mode, backend, recipe):
+        return ""
+    what = f"{mode} {backend} {recipe}" if recipe else f"{mode} {backend}" if backend else mode
+    return f"{what} needs {requirement(mode, backend, recipe)}; the {PLAN_GPUS[choice].name} has {capability_text(cc)}"
+
+
+RULES += (
+    Rule(id="TORCHAO-BLOCK-HARDWARE", severity="error", stage="run",
+         when="torchao recipe mxfp8 or nvfp4 on a CUDA GPU below compute capability 10.0",
+         why="torchao's MX and NVFP4 kernels need Blackwell (they check is_sm_at_least_100); on an older GPU the first "
+             "forward fails inside torchao. On CPU, mxfp8 runs torchao's emulated kernels (real numerics, not speed).",
+         fix='set precision.torchao.recipe = "tensorwise" (or "rowwise"), or run on an sm100+ GPU (B200, GB200)',
+         condition=lambda f: bool(_block(f)) and f.device == "cuda" and f.capability is not None
+             and not supports(f.capability, "fp8", "torchao", _block(f)),
+         detail=lambda f: f"torchao recipe {_block(f)!r} needs {requirement('fp8', 'torchao', _block(f))}; this GPU has {capability_text(f.capability)}."),
+    Rule(id="TORCHAO-NVFP4-CPU", severity="error", stage="run",
+         when="torchao recipe nvfp4 on CPU",
+         why="torchao's NVFP4 training (NVFP4TrainingConfig) quantizes through Triton kernels on CUDA only; it has no "
+             "emulated path, so a CPU run would fail at the first forward.",
+         fix='set precision.torchao.recipe = "mxfp8" (emulated on CPU), or launch.device = "cuda" on an sm100+ GPU',
+         condition=lambda f: _block(f) == "nvfp4" and (f.device or f.plan.launch.device) == "cpu"),
+    Rule(id="TORCHAO-BLOCK-TOKENS", severity="error", stage="plan",
+         when="torchao recipe mxfp8 (nvfp4) and the tokens of one micro-batch on one rank not a multiple of 32 (16)",
+         why="the weight-gradient GEMM scales grad_output and the input along the tokens in blocks of 32 (MX) or 16 (NVFP4); "
+             "torchao asserts the dimension divides (\"must be divisible by block_size\") at the first backward.",
+         fix="set train.seq_len (or train.micro_batch_size) so that micro_batch_size x seq_len / tensor_parallel is a multiple of the block",
+         condition=lambda f: bool(_block(f)) and _tokens_per_rank(f) % BLOCK_SIZE[_block(f)] != 0,
+         detail=lambda f: f"micro_batch_size {f.plan.train.micro_batch_size} x seq_len {f.plan.train.seq_len} gives {_tokens_per_rank(f)} tokens "
+             f"per micro-batch and rank, not a multiple of {_block(f)}'s block of {BLOCK_SIZE[_block(f)]}."),
+    Rule(id="TORCHAO-BLOCK-PAD", severity="error", stage="plan",
+         when="precision.torchao.pad_inner_dim with recipe mxfp8 or nvfp4",
+         why="pad_inner_dim is a Float8LinearConfig setting; torchao's MX and NVFP4 training have no padding, so it would be "
+             "silently ignored (a layer whose dims are not multiples of the block stays in high precision instead).",
+         fix='set precision.torchao.pad_inner_dim = false, or precision.torchao.recipe = "tensorwise"',
+         condition=lambda f: bool(_block(f)) and f.plan.precision.torchao.pad_inner_dim),
+    Rule(id="TORCHAO-BLOCK-DEEPSPEED", severity="error", stage="plan",
+         when="torchao recipe mxfp8 or nvfp4 with strategy deepspeed",
+         why="torchao's MX training keeps each weight in a wrapper tensor subclass (MXFP8TrainingWeightWrapperTensor) and NVFP4 "
+             "swaps the module; DeepSpeed re-points every parameter's .data at its flat buffers, which drops the wrapper: the "
+             "layers would train in high precision while the start line says mxfp8. Not tested anywhere.",
+         fix='set distributed.strategy = "fsdp2" (or "ddp"), or precision.torchao.recipe = "tensorwise"',
+         condition=lambda f: bool(_block(f)) and _strategy(f) == "deepspeed"),
+    Rule(id="TORCHAO-BLOCK-TP", severity="error", stage="plan",
+         when="distributed.tensor_parallel > 1 with torchao recipe mxfp8 or nvfp4",
+         why="fp8launch's tensor-parallel plan uses torchao's float8 TP styles (tensorwise casts around the collectives); "
+             "the MX and NVFP4 wrappers have their own TP protocol (NVFP4ColwiseParallel, ...) that fp8launch does not wire.",
+         fix='set distributed.tensor_parallel = 1, or precision.torchao.recipe = "tensorwise"',
+         condition=lambda f: bool(_block(f)) and _tp(f) > 1),
+    Rule(id="LAUNCH-GPU-PRECISION", severity="error", stage="plan",
+         when="launch.gpu names a GPU whose compute capability cannot run the spec's precision (e.g. h100 with mxfp8)",
+         why="the plan (memory, prediction) would be for a machine the run is refused on (FP8-HARDWARE, TE-RECIPE-HARDWARE, "
+             "TORCHAO-BLOCK-HARDWARE); \"auto\" picks an h100, or a b200 for a precision that needs Blackwell.",
+         fix='set launch.gpu to a GPU that runs it (b200 for mxfp8 / nvfp4), "auto", or another precision.torchao.recipe / precision.te.recipe',
+         condition=lambda f: bool(_gpu_cannot_run(f)),
+         detail=lambda f: f"launch.gpu = {f.plan.launch.gpu!r} cannot run this spec's precision: {_gpu_cannot_run(f)}."),
+    Rule(id="MONITOR-BLOCK", severity="error", stage="plan",
+         when="monitor.fp8_stats_every > 0 with torchao recipe mxfp8 or nvfp4",
+         why="the FP8 monitor hooks the casts of torchao's Float8Linear and TE's modules; torchao's MX and NVFP4 training casts "
+             "inside its weight wrapper and NVFP4Linear, which it does not hook: the run would write no fp8_stats.jsonl.",
+         fix='set monitor.fp8_stats_every = 0, or precision.torchao.recipe = "tensorwise" (or "rowwise") to watch the casts',
+         condition=lambda f: bool(_block(f)) and _monitor(f)),
+    Rule(id="TORCHAO-MX-TORCH", severity="error", stage="run",
+         when="torchao recipe mxfp8 with a torch that lacks what torchao's MXFP8 training asserts",
+         why="torchao 0.18's MXFP8 training asserts DTensor's scaled_mm_single_dim_strategy and is_pinned_handler "
+             "(moe_training/conversion_utils.py: \"Please install the latest torch nightly\"); torch 2.13 has them, 2.11 not.",
+         fix="install torch >= 2.13 (the version fp8launch pins), or set precision.torchao.recipe = \"tensorwise\"",
+         condition=lambda f: _block(f) == "mxfp8" and f.torchao_mx_supported is False),
 )
 
 RULES_BY_ID = {r.id: r for r in RULES}

@@ -7,9 +7,10 @@ The first rule that applies names the reason a layer is kept in `precision.high_
 2. `precision.keep_first_last` — the first and the last Linear in registration order
    (for a Llama: `layers.0.attention.wq` and the lm head `output`);
 3. in/out features not multiples of 16 — FP8 GEMMs (`torch._scaled_mm`, cuBLASLt) need them; torchao
-   can pad the inner dim instead (`precision.torchao.pad_inner_dim`);
+   can pad the inner dim instead (`precision.torchao.pad_inner_dim`). The block-scaled recipes need
+   multiples of their block (mxfp8: 32, nvfp4: 16), which no padding replaces;
 4. torchao only, `precision.torchao.skip_small` — torchao's size heuristic: GEMMs this small run
-   slower in FP8 than in bf16 on an H100.
+   slower in FP8 than in bf16 on an H100. torchao has none for mxfp8 / nvfp4: it does not apply to them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,21 @@ if typing.TYPE_CHECKING:
 KEEP_FIRST_LAST = "keep_first_last"
 DIMS = "dims not multiples of 16"
 SMALL = "skip_small"
+BLOCK_SIZE = {"mxfp8": 32, "nvfp4": 16}
+"""Values that share one scale in the block-scaled recipes: every dimension a GEMM of the layer scales
+along (in and out features, and the tokens: rule TORCHAO-BLOCK-TOKENS) must be a multiple
+(torchao 0.18's MX cast asserts "the last dimension ... must be divisible by block_size 32")."""
+
+
+def block_size(plan: Plan) -> int | None:
+    """The block of the plan's block-scaled recipe; None for the per-tensor / per-row recipes."""
+    p = plan.precision
+    recipe = {"torchao": p.torchao.recipe, "te": p.te.recipe}.get(p.backend)
+    return BLOCK_SIZE.get(recipe)
+
+
+def dims_reason(block: int) -> str:
+    return DIMS if block == 16 else f"dims not multiples of {block}"
 
 
 def keep_reason(pattern: str) -> str:
@@ -57,6 +73,9 @@ def shape_reason(in_features: int, out_features: int, plan: Plan) -> str | None:
     """Rules 3-4: what the layer's shape keeps in high precision."""
     p = plan.precision
     torchao = p.backend == "torchao"
+    block = block_size(plan) if torchao else None
+    if block is not None:
+        return dims_reason(block) if in_features % block or out_features % block else None
     if not (torchao and p.torchao.pad_inner_dim) and (in_features % 16 or out_features % 16):
         return DIMS
     if torchao and p.torchao.skip_small and too_small(p.torchao.recipe, in_features, out_features):

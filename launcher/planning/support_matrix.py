@@ -506,11 +506,22 @@ def _refused_section(matrix: Matrix) -> list[str]:
     return lines
 
 
+def config_key(config: dict[str, Any]) -> str:
+    """A run's identity in recorded results: its option values, not its row name (names follow the
+    generation order and move when an option gains a value)."""
+    return json.dumps(config, sort_keys=True)
+
+
+def gpu_status(gpu: Matrix, results: dict[str, Any] | None) -> dict[str, str]:
+    """{row name: outcome} for the GPU rows that recorded results name by their config."""
+    recorded = {config_key(r["config"]): r["outcome"] for r in (results or {}).get("runs", [])}
+    return {r.name: recorded[config_key(r.config)] for r in gpu.trained if config_key(r.config) in recorded}
+
+
 def render_markdown(cpu: Matrix | None = None, gpu: Matrix | None = None, gpu_results: dict[str, Any] | None = None) -> str:
     cpu = cpu or generate(CPU_OPTIONS, CPU_BASE, "m")
     gpu = gpu or generate(GPU_OPTIONS, GPU_BASE, "g")
-    ran = (gpu_results or {}).get("runs", {})
-    status = {r.name: ran[r.name] for r in gpu.trained if r.name in ran}
+    status = gpu_status(gpu, gpu_results)
     out = [
         "# Support matrix",
         "",
@@ -531,10 +542,9 @@ def render_markdown(cpu: Matrix | None = None, gpu: Matrix | None = None, gpu_re
         "",
         "Options: " + "; ".join(f"`{o.key}` " + "/".join(_cell(v) for v in values_of(o)) for o in cpu.options) + ".",
         "",
-        "NVMe offload (`\"nvme\"`) needs libaio, which CI does not install (DeepSpeed's async_io op would add minutes of",
-        "C++ build): its pairs are refused there by DS-NVME-AIO. Where libaio is installed,",
-        "tests/e2e/test_support_matrix.py::test_nvme_offload_trains_where_libaio_is_installed trains ZeRO-3 with",
-        "parameters and optimizer states swapped to NVMe.",
+        "NVMe offload (`\"nvme\"`) needs libaio: where it is missing, its pairs are refused by DS-NVME-AIO; where it is",
+        "installed (CI's machine has it), tests/e2e/test_support_matrix.py::test_nvme_offload_trains_where_libaio_is_installed",
+        "trains ZeRO-3 with parameters and optimizer states swapped to NVMe (DeepSpeed builds its async_io op once, ~2.5 min).",
         "",
         "### Runs that train",
         "",
@@ -561,6 +571,12 @@ def render_markdown(cpu: Matrix | None = None, gpu: Matrix | None = None, gpu_re
     else:
         out += [f"Status, from {GPU_RESULTS.as_posix()} ({gpu_results.get('device', '?')}, {gpu_results.get('date', '?')}): "
                 + ", ".join(f"{k} {v}" for k, v in sorted(status.items())) + "; the others have not run on a GPU.", ""]
+    rows = {config_key(r.config) for r in gpu.trained}
+    earlier = [r for r in (gpu_results or {}).get("runs", []) if config_key(r["config"]) not in rows]
+    if earlier:
+        out += ["Recorded there for rows of an earlier matrix (the pairs moved to other rows since): "
+                + "; ".join(f"{r['outcome']}: " + ", ".join(f"`{k} = {_cell(v)}`" for k, v in sorted(r["config"].items()))
+                            for r in sorted(earlier, key=lambda r: config_key(r["config"]))) + ".", ""]
     out += ["## Options outside the matrices", "", "| key | tested in |", "|---|---|",
             *[f"| `{k}` | {v} |" for k, v in ELSEWHERE.items()], ""]
     return "\n".join(out)

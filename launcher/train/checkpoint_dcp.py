@@ -47,7 +47,8 @@ def _load_dcp(path: str, model, optimizer, extra_state: dict, float8_precomputed
 
 def _plain(tree):
     """State dict values as plain tensors (DTensors of plain tensors). torchao's float8 all-gather
-    wraps FSDP2 weights in WeightWithDynamicFloat8CastTensor, which DCP would pickle as that class:
+    wraps FSDP2 weights in WeightWithDynamicFloat8CastTensor (its MX training every weight in
+    MXFP8TrainingWeightWrapperTensor), which DCP would pickle as that class:
     the checkpoint would then need torchao (and weights_only=False) to read. The wrapper holds
     the high-precision weight itself in `_tensor`, same dtype and shape: save that, sharing memory."""
     from torch.distributed.tensor import DTensor
@@ -55,7 +56,11 @@ def _plain(tree):
 
     def inner(t: torch.Tensor) -> torch.Tensor:
         while type(t) not in (torch.Tensor, torch.nn.Parameter):
+            # `_tensor`: float8's WeightWithDynamicFloat8CastTensor; `_data`: the MX training weight wrapper
+            # (torchao/prototype/moe_training/tensor.py), which also holds the high-precision weight
             wrapped = getattr(t, "_tensor", None)
+            if wrapped is None:
+                wrapped = getattr(t, "_data", None)
             if not (isinstance(wrapped, torch.Tensor) and wrapped.dtype == t.dtype and wrapped.shape == t.shape):
                 break  # a quantized container (e.g. TE's Float8Tensor) is not a wrapper: keep it
             t = wrapped

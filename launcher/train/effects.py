@@ -101,7 +101,11 @@ def all_gather_dtype(model: nn.Module, fp8_modules: set[int]) -> str | None:
     dtypes = set()
     for p in chosen or params:
         local = p._sharded_local_tensor
-        if hasattr(local, "fsdp_pre_all_gather"):
+        if hasattr(local, "fsdp_pre_all_gather") and isinstance(getattr(local, "_data", None), torch.Tensor):
+            # torchao's MX/NVFP4 training wrappers all-gather `_data.to(mp_policy.param_dtype)`
+            # (torchao/prototype/moe_training/tensor.py) and cast after the all-gather
+            dtypes.add(_dtype_name(p.mp_policy.param_dtype or local._data.dtype))
+        elif hasattr(local, "fsdp_pre_all_gather"):
             dtype = getattr(local, "_dtype", None)  # torchao's WeightWithDynamicFloat8CastTensor casts to this
             dtypes.add(_dtype_name(dtype) if isinstance(dtype, torch.dtype) else type(local).__name__)
         else:

@@ -80,7 +80,7 @@ def test_bench_runs_both_variants_alternately_and_reports_ratios(tmp_path):
                                      "mfu_peak": "bf16 dense", "peak_tflops": None}  # a CPU has no known peak
 
     printed = r.stdout
-    assert "step 1/5" not in printed + r.stderr  # each run's own output goes to its train.log
+    assert "step 1/5 |" not in printed + r.stderr  # each run's own output goes to its train.log (progress lines say "step 1/5,")
     assert "precision: fp8 torchao tensorwise" in (tmp_path / "b" / "spec-1" / "train.log").read_text()
     assert "precision: bf16" in (tmp_path / "b" / "bf16-2" / "train.log").read_text()
     assert table(record).splitlines()[0] in printed and "tokens/s" in printed and "ratio" in printed

@@ -239,6 +239,17 @@ def test_fsdp2_torchao_fp8_resume_is_bit_identical_and_exports_with_the_document
     assert_identical(weights, exported(fsdp2_ref.checkpoint(20) / "model", tmp_path), "weights")
 
 
+def test_fsdp2_torchao_mxfp8_resume_is_bit_identical_and_saves_plain_weights(tmp_path):
+    """torchao MXFP8 (emulated on CPU) under FSDP2: its weights live in MXFP8TrainingWeightWrapperTensor, which the
+    checkpoint saves as the plain tensor it wraps (else loading needs weights_only=False); losses 11-20 match. ~35 s."""
+    mx = _reference(tmp_path, "fsdp2-mxfp8", 20, distributed__strategy="fsdp2", **{**FP8, "precision.torchao.recipe": "mxfp8"})
+    (start,) = starts(metrics(mx.out))
+    assert start["recipe"] == "mxfp8" and "fp8 mxfp8" in start["layers"].values()
+    _, out, _ = resume_from_step_10(mx, 20)
+    assert not any(b"torchao" in f.read_bytes() for f in (out / "checkpoints" / "step-20" / "model").glob("*.distcp"))
+    assert assert_same_dcp_checkpoint(mx.checkpoint(20), out / "checkpoints" / "step-20", tmp_path) == 21
+
+
 def test_ddp_bf16_resume_is_bit_identical(ddp_ref, tmp_path):
     """DDP bf16 with 2 micro-batches per step: losses 11-30, final weights and optimizer state. ~15 s."""
     resume_from_step_10(ddp_ref, 30)

@@ -1,4 +1,4 @@
-"""`fp8launch tune` end to end on CPU: three torchao recipes and the bf16 twin, real runs, alternating,
+"""`fp8launch tune` end to end on CPU: four torchao recipes (mxfp8 emulated) and the bf16 twin, real runs, alternating,
 ranked; tune.json, tune.png and a tuned spec that plans. Ctrl-C keeps what was measured."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ steps = 10
 lr = 3e-3
 output_dir = "{out}/runs/{{name}}"
 """
-CANDIDATES = ["torchao-tensorwise", "torchao-rowwise", "torchao-rowwise_with_gw_hp"]
+CANDIDATES = ["torchao-tensorwise", "torchao-rowwise", "torchao-rowwise_with_gw_hp", "torchao-mxfp8"]
 EXE = os.path.join(os.path.dirname(sys.executable), "fp8launch")
 GAP = 0.0002
 """A loss-gap threshold tight enough that some FP8 candidates may be rejected: the test checks the rule, whichever way it falls."""

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.planning.support_matrix import GPU_BASE, GPU_OPTIONS, _default, generate, spec_of
+from launcher.train.precision.torchao_fp8 import mx_torch_supported
+from launcher.planning.support_matrix import GPU_BASE, GPU_OPTIONS, _default, config_key, generate, spec_of
 
 CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA GPU")]
@@ -37,15 +38,17 @@ def _get(config, key):
     return config.get(key, _default(key))
 
 
-def _record(name: str, outcome: str) -> None:
+def _record(config: dict, outcome: str) -> None:
+    """Add this row's outcome to FP8LAUNCH_MATRIX_RESULTS, keyed by its config (row names move)."""
     path = os.environ.get("FP8LAUNCH_MATRIX_RESULTS")
     if not path:
         return
     with open(path + ".lock", "w") as lock:  # pytest-xdist workers record into one file
         fcntl.flock(lock, fcntl.LOCK_EX)
-        data = json.loads(Path(path).read_text()) if Path(path).exists() else {"runs": {}}
+        data = json.loads(Path(path).read_text()) if Path(path).exists() else {"runs": []}
         data.update(device=torch.cuda.get_device_name(0), torch=torch.__version__, date=datetime.date.today().isoformat())
-        data["runs"][name] = outcome
+        data["runs"] = [r for r in data["runs"] if config_key(r["config"]) != config_key(config)] + [{"config": config, "outcome": outcome}]
+        data["runs"].sort(key=lambda r: config_key(r["config"]))
         Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
@@ -63,10 +66,15 @@ def test_gpu_row_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
     spec = tmp_path / f"{matrix_run.name}.json"
     spec.write_text(json.dumps(spec_of(c, matrix_run.name, GPU_BASE)))
     r = subprocess.run([FP8LAUNCH, "run", str(spec)], cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    recipe = _get(c, "precision.te.recipe") if backend == "te" else None
+    recipe = {"te": _get(c, "precision.te.recipe"), "torchao": _get(c, "precision.torchao.recipe")}.get(backend)
     if recipe in NEEDS_SM100 and torch.cuda.get_device_capability() < (10, 0):
-        assert r.returncode == 3 and "TE-RECIPE-HARDWARE" in r.stderr, r.stderr[-3000:]
-        _record(matrix_run.name, "refused: TE-RECIPE-HARDWARE (GPU below 10.0)")
+        rule = {"te": "TE-RECIPE-HARDWARE", "torchao": "TORCHAO-BLOCK-HARDWARE"}[backend]
+        assert r.returncode == 3 and f"error[{rule}]" in r.stderr, r.stderr[-3000:]
+        _record(matrix_run.config, f"refused: {rule} (GPU below 10.0)")
+        return
+    if backend == "torchao" and recipe == "mxfp8" and "error[TORCHAO-MX-TORCH]" in r.stderr:
+        assert r.returncode == 3 and not mx_torch_supported(), r.stderr[-3000:]
+        _record(matrix_run.config, f"refused: TORCHAO-MX-TORCH (torch {torch.__version__})")
         return
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-4000:])
     lines = [json.loads(x) for x in (tmp_path / "runs" / matrix_run.name / "metrics.jsonl").read_text().splitlines()]
@@ -79,4 +87,4 @@ def test_gpu_row_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
     assert e["async_tp"] == bool(_get(c, "distributed.tensor_parallel") > 1 and _get(c, "distributed.async_tp"))
     fp8 = [v for v in start["layers"].values() if v.startswith("fp8")]
     assert len(fp8) == start["fp8_layers"] and (start["fp8_layers"] > 0) == (backend is not None)
-    _record(matrix_run.name, "trained")
+    _record(matrix_run.config, "trained")

@@ -87,6 +87,28 @@ def test_fsdp2_params_are_read_from_torch_2_11s_single_group_state_too(tmp_path,
         assert new_style["all_gather_dtype"] == "float8_e4m3fn"
 
 
+def test_mxfp8_layers_are_named_as_built_and_fsdp2_all_gathers_their_weights_in_bf16(tmp_path):
+    """torchao's MX wrapper all-gathers `_data` in the MixedPrecisionPolicy's dtype and quantizes after it."""
+    mx = dict(precision__mode="fp8", precision__torchao__recipe="mxfp8", precision__torchao__skip_small=False, train__seq_len=32)
+    with world_of_one():
+        _, engine, precision = _wrapped(tmp_path / "fsdp2", distributed__strategy="fsdp2", **mx)
+        got = effects.measure(engine, fp8_modules=effects.fp8_module_ids(engine.module, precision))
+        assert got["all_gather_dtype"] == "bfloat16"
+        layers = effects.layer_precisions(engine.module, precision)
+        assert sum(v == "fp8 mxfp8" for v in layers.values()) == precision.report.fp8_layers == 13
+        assert layers["output"] == "bf16"
+        # DDP keeps fp32 weights: under CPU autocast the emulated MX linear gets a bf16 input, which the
+        # input hook gives the weight's dtype; one step trains and changes every MX weight
+        _, engine, precision = _wrapped(tmp_path / "ddp", distributed__strategy="ddp", **mx)
+        before = {n: p.detach().clone() for n, p in engine.module.named_parameters() if "feed_forward" in n}
+        batch = token_batches(1, batch=1, seq_len=32)[0]
+        with engine.micro_batch(last=True):
+            logits = engine.forward(batch[:, :-1])
+            engine.backward(torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten()), last=True)
+        engine.step()
+        assert all(not torch.equal(p.detach(), before[n]) for n, p in engine.module.named_parameters() if n in before)
+
+
 def test_deepspeed_offload_trains_with_deepspeeds_cpu_adam(tmp_path):
     """The defect: DeepSpeed refused our torch AdamW under ZeRO-Offload (ZeRORuntimeException); the
     optimizer section in deepspeed.json makes it build its DeepSpeedCPUAdam, and the effects say so."""

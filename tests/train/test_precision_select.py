@@ -65,6 +65,17 @@ def test_dims_not_multiples_of_16_are_kept_unless_torchao_pads():
     assert set(padded.values()) == {None}
 
 
+def test_block_recipes_keep_layers_whose_dims_are_not_multiples_of_their_block_and_skip_small_does_not_apply():
+    model = TinyLlama(vocab=240, hidden=208)  # 240 = 15 x 16 and 208 = 13 x 16: fine for nvfp4, not for mxfp8's 32
+    mx = classify(model, fp8_plan(keep_first_last=False, torchao={"recipe": "mxfp8"}))  # skip_small on (the default)
+    assert {fqn for fqn, r in mx.items() if r} == {
+        "layers.0.feed_forward.w1", "layers.0.feed_forward.w2", "layers.0.feed_forward.w3",
+        "layers.1.feed_forward.w1", "layers.1.feed_forward.w2", "layers.1.feed_forward.w3", "output"}
+    assert set(mx.values()) == {None, "dims not multiples of 32"}  # and no skip_small: torchao has no MX heuristic
+    nv = classify(model, fp8_plan(keep_first_last=False, torchao={"recipe": "nvfp4"}))
+    assert set(nv.values()) == {None}
+
+
 def test_te_needs_dims_of_16_even_with_torchao_pad_inner_dim_set():
     plan = fp8_plan(backend="te", keep_first_last=False, torchao={"pad_inner_dim": True})
     reasons = classify(TinyLlama(vocab=250), plan)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launcher.planning.gpus import plan_gpu
-from launcher.planning.hardware import supports
+from launcher.planning.gpus import plan_gpu, plan_gpu_name
+from launcher.planning.hardware import BLOCK_RECIPES, supports
 
 from . import cost
 from launcher.planning.predict.cost import Device, cast_s, gemm_s, stream_s
@@ -122,10 +122,19 @@ def _precision_label(plan) -> str:
     return f"fp8 {p.backend} " + {"torchao": p.torchao.recipe, "te": p.te.recipe, "msamp": p.msamp.opt_level}[p.backend]
 
 
+def _precision_key(plan) -> tuple[str, str | None, str | None]:
+    """(mode, backend, recipe) as planning/hardware.py's `supports` takes them."""
+    p = plan.precision
+    if not p.fp8:
+        return p.mode, None, None
+    return "fp8", p.backend, {"torchao": p.torchao.recipe, "te": p.te.recipe}.get(p.backend)
+
+
 def predict(plan, spec_dir: str = ".") -> Prediction:
-    """The prediction for `plan` on its `launch.gpu` (auto: h100); spec_dir resolves a relative hf: path."""
-    gpu = "h100" if plan.launch.gpu == "auto" else plan.launch.gpu
-    spec = plan_gpu(plan.launch.gpu)
+    """The prediction for `plan` on its `launch.gpu` (auto: h100, or b200 for a precision that needs Blackwell);
+    spec_dir resolves a relative hf: path."""
+    gpu = plan_gpu_name(plan.launch.gpu, *_precision_key(plan))
+    spec = plan_gpu(gpu)
     label = _precision_label(plan)
     base = dict(gpu=gpu, gpus=plan.world_size, precision=label, tokens_per_step=plan.tokens_per_step)
     shape, why = model_shape(plan.train.model, spec_dir)
@@ -156,9 +165,11 @@ def _peaks(spec) -> dict[str, float]:
 
 
 def _unsupported(p, capability) -> str:
+    recipe = {"torchao": p.torchao.recipe, "te": p.te.recipe}.get(p.backend)
     if capability is None:  # AMD: torchao's FP8 runs (MI300X e4m3fnuz); TE/MS-AMP are CUDA builds
+        if p.backend == "torchao" and recipe in BLOCK_RECIPES:
+            return f"torchao {recipe} on AMD GPUs is not modelled"
         return "" if p.backend == "torchao" else f"{p.backend} on AMD GPUs is not modelled"
-    recipe = p.te.recipe if p.backend == "te" else None
     if not supports(capability, "fp8", p.backend, recipe):
         return f"this GPU (compute capability {capability[0]}.{capability[1]}) does not run fp8 {p.backend}{' ' + recipe if recipe else ''}"
     return ""

@@ -1,7 +1,11 @@
-"""torchao float8 training: swap the chosen nn.Linear layers for torchao's Float8Linear.
+"""torchao low-precision training of the chosen nn.Linear layers.
 
-Runs for real on CPU too (torch._scaled_mm has a CPU kernel): all three recipes,
-tensorwise, rowwise and rowwise_with_gw_hp, run forward and backward on CPU with torch 2.13.
+tensorwise, rowwise, rowwise_with_gw_hp: swapped for torchao's Float8Linear. They run for real on CPU
+too (torch._scaled_mm has a CPU kernel), forward and backward, with torch 2.13.
+mxfp8: torchao's MXFP8 training (`quantize_` with MXFP8TrainingOpConfig wraps each weight in
+MXFP8TrainingWeightWrapperTensor, whose linear casts to e4m3 with a power-of-two scale per 32 values);
+on CPU its emulated kernels run (real numerics, not speed).
+nvfp4: torchao's NVFP4 training (`quantize_` with NVFP4TrainingConfig swaps in NVFP4Linear; Triton, CUDA only).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from launcher.errors import BackendMissing
 from . import select
 from .amp import Precision, amp_settings
 from .report import count
+from launcher.planning.hardware import BLOCK_RECIPES
 from launcher.planning.install import INSTALL
 from launcher.planning.read import recipes
 
@@ -78,16 +83,17 @@ class TorchaoPrecision(Precision):
             _torchao()[2](model)
 
     def fp8_label(self, module: nn.Module) -> str | None:
-        if not isinstance(module, _torchao()[3]):
-            return None
-        return f"fp8 {recipe_of(module.config)}"
+        if isinstance(module, _torchao()[3]):
+            return f"fp8 {recipe_of(module.config)}"
+        block = block_recipe_of(module)
+        return f"fp8 {block}" if block else None
 
 
 def recipe_of(config) -> str:
     """The torchao recipe a Float8Linear's config is, read from its casts (the FSDP2 all-gather and
     padding settings aside); "custom" when it is none of them."""
     Float8LinearConfig = _torchao()[0]
-    for name in recipes("torchao"):
+    for name in (r for r in recipes("torchao") if r not in BLOCK_RECIPES):
         base = Float8LinearConfig.from_recipe_name(name)
         if dataclasses.replace(config, enable_fsdp_float8_all_gather=base.enable_fsdp_float8_all_gather,
                                pad_inner_dim=base.pad_inner_dim) == base:
@@ -95,7 +101,79 @@ def recipe_of(config) -> str:
     return "custom"
 
 
+def mx_torch_supported() -> bool:
+    """What torchao 0.18's MXFP8 training asserts of torch before it wraps a weight
+    (torchao/prototype/moe_training/conversion_utils.py, `_get_tensor_cls_for_config`)."""
+    from torch.distributed.tensor import _dispatch, _ops
+
+    return hasattr(_ops, "scaled_mm_single_dim_strategy") and hasattr(_dispatch, "is_pinned_handler")
+
+
+def block_recipe_of(module: nn.Module) -> str | None:
+    """mxfp8 / nvfp4 when torchao's block-scaled training holds this Linear (read from the module as built,
+    under FSDP2 too), else None."""
+    if not isinstance(module, nn.Linear):
+        return None
+    if type(module).__name__ == "NVFP4Linear":
+        return "nvfp4"
+    weight = module.weight
+    weight = getattr(weight, "_local_tensor", weight)  # FSDP2 / TP: a DTensor whose local shard is the wrapper
+    return "mxfp8" if type(weight).__name__ == "MXFP8TrainingWeightWrapperTensor" else None
+
+
+def _block_config(recipe: str, plan: Plan, device: torch.device):
+    try:
+        import torchao  # noqa: F401
+        from torchao.quantization import quantize_
+    except ImportError as e:
+        raise BackendMissing("torchao", INSTALL["torchao"]) from e
+    if recipe == "mxfp8":
+        from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
+
+        from .checks import raise_run_errors
+
+        raise_run_errors(plan, device, torchao_mx_supported=mx_torch_supported())
+        emulated = device.type != "cuda"  # torchao's hardware-agnostic kernels; its cuBLAS/CUTLASS path needs sm100
+        return quantize_, MXFP8TrainingOpConfig.from_recipe(
+            MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL if emulated else MXFP8TrainingRecipe.MXFP8_RCEIL)
+    from torchao.prototype.moe_training.nvfp4_training.nvfp4_training import NVFP4TrainingConfig
+
+    return quantize_, NVFP4TrainingConfig()
+
+
+def _emulated_mx_input(module: nn.Module, args: tuple) -> tuple | None:
+    # torchao's emulated MX linear dequantizes each operand back to its own dtype before the matmul, so a
+    # bf16 activation (CPU autocast) against an fp32 weight (DDP keeps fp32 weights) fails with "expected
+    # m1 and m2 to have the same dtype"; the CUDA kernels take both as e4m3 and never meet the mismatch.
+    # Give the input the weight's dtype: e4m3 values and power-of-two scales are exact in either dtype.
+    weight = module.weight
+    dtype = getattr(weight, "_local_tensor", weight).dtype
+    if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() and args[0].dtype != dtype:
+        return (args[0].to(dtype),) + args[1:]
+    return None
+
+
+def _apply_block(model: nn.Module, plan: Plan, device: torch.device) -> TorchaoPrecision:
+    recipe = plan.precision.torchao.recipe
+    quantize_, config = _block_config(recipe, plan, device)
+    reasons = select.classify(model, plan)
+    quantize_(model, config, filter_fn=select.fp8_filter(plan, model))
+    if device.type != "cuda":
+        for m in model.modules():
+            if block_recipe_of(m) == "mxfp8":
+                m.register_forward_pre_hook(_emulated_mx_input)
+    report = count(model, backend="torchao", recipe=recipe, mode="fp8", high_precision=plan.precision.high_precision,
+                   is_fp8=lambda m: block_recipe_of(m) is not None, reasons=reasons)
+    s = amp_settings(plan, device)
+    return TorchaoPrecision(
+        report=report, device_type=device.type, autocast_dtype=s["autocast_dtype"], param_dtype=s["param_dtype"],
+        grad_scaler=s["grad_scaler"], fsdp_float8_all_gather=False, precompute_scale=False,
+    )
+
+
 def apply_torchao(model: nn.Module, plan: Plan, device: torch.device) -> TorchaoPrecision:
+    if plan.precision.torchao.recipe in BLOCK_RECIPES:
+        return _apply_block(model, plan, device)
     _, convert, _, Float8Linear = _torchao()
     config = float8_config(plan)
     reasons = select.classify(model, plan)
