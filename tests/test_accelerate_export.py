@@ -93,6 +93,9 @@ def test_cpu_plan_and_recipes_accelerate_cannot_express(cli, spec):
     r = cli("plan", path)
     assert r.exit_code == 2
     assert "error[ACCELERATE-UNSUPPORTED]: accelerate.yaml cannot express precision.torchao.recipe = 'rowwise';" in r.stderr
+    kept = spec('version = 1\nname = "k"\n[precision]\nmode = "fp8"\nkeep_last_blocks = 1\n[export]\naccelerate = true\n', name="k.toml")
+    r = cli("plan", kept)
+    assert r.exit_code == 2 and "accelerate.yaml cannot express precision.keep_first_blocks / keep_last_blocks;" in r.stderr
     ok = spec('version = 1\nname = "b"\n[launch]\ndevice = "cpu"\n[distributed]\nstrategy = "ddp"\nprocs_per_node = 2\n[export]\naccelerate = true\n', name="b.toml")
     r = cli("plan", ok, "--out", "out")
     assert r.exit_code == 0

@@ -179,7 +179,9 @@ def test_layers_in_fp8_follow_the_runs_selection_rules(tmp_path):
     {"torchao": {"skip_small": True}},
     {"torchao": {"skip_small": False, "recipe": "rowwise"}, "keep": ["*.feed_forward.w2", "layers.1.*"]},
     {"torchao": {"skip_small": False}, "keep_first_last": False, "keep": ["layers.0.attention.wq"]},
-], ids=["all", "skip_small", "keep-globs", "no-first-last"])
+    {"torchao": {"skip_small": False}, "keep_first_blocks": 1, "keep_last_blocks": 2},
+    {"torchao": {"skip_small": False, "recipe": "mxfp8"}, "keep_last_blocks": 1},
+], ids=["all", "skip_small", "keep-globs", "no-first-last", "kept-blocks", "mxfp8-bf16-tail"])
 def test_the_predicted_fp8_layers_are_the_ones_the_run_converts(precision, tmp_path):
     """planning/selection.py is one rule for both: the prediction's FP8 copies, counted from the model's shapes,
     equal the Float8Linear layers apply_precision builds on the real model."""

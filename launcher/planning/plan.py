@@ -67,6 +67,10 @@ class PrecisionConfig:
     high_precision: str
     """dtype of everything not in FP8."""
     keep_first_last: bool
+    keep_first_blocks: int
+    """Transformer blocks at the start whose Linears stay in high precision."""
+    keep_last_blocks: int
+    """Transformer blocks at the end whose Linears stay in high precision."""
     keep: tuple[str, ...]
     """fnmatch globs of module FQNs kept in high precision."""
     torchao: TorchaoConfig

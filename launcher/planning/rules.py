@@ -119,6 +119,8 @@ def _ds_both(f: Facts) -> bool:
 
 def _accelerate_unsupported(f: Facts) -> str:
     p = f.plan.precision
+    if p.mode == "fp8" and (p.keep_first_blocks or p.keep_last_blocks):
+        return "precision.keep_first_blocks / keep_last_blocks"
     if p.mode == "fp8" and p.backend == "torchao" and p.torchao.recipe != "tensorwise":
         return f"precision.torchao.recipe = {p.torchao.recipe!r}"
     if p.mode == "fp8" and p.backend == "te" and p.te.recipe not in ("delayed", "mxfp8"):
@@ -242,7 +244,7 @@ RULES: tuple[Rule, ...] = (
          fix='set precision.backend = "torchao", or launch.device = "cuda"',
          condition=lambda f: (_fp8(f, "te") or _fp8(f, "msamp")) and f.plan.launch.device == "cpu"),
     Rule(id="ACCELERATE-UNSUPPORTED", severity="error", stage="plan",
-         when="export.accelerate with a recipe Accelerate's config file cannot select (torchao rowwise*, TE current/block/nvfp4)",
+         when="export.accelerate with a recipe Accelerate's config file cannot select (torchao rowwise*, TE current/block/nvfp4), or kept blocks",
          why="accelerate.yaml selects torchao's default (tensorwise) and TE's DelayedScaling or MXFP8 only; writing it anyway would train with another recipe than the spec says.",
          fix='set export.accelerate = false (train with `fp8launch run`), or precision.torchao.recipe = "tensorwise" / precision.te.recipe = "delayed" or "mxfp8"',
          condition=lambda f: f.plan.export.accelerate and bool(_accelerate_unsupported(f)),

@@ -6,6 +6,8 @@ The first rule that applies names the reason a layer is kept in `precision.high_
 1. `precision.keep` — fnmatch globs on the layer's name;
 2. `precision.keep_first_last` — the first and the last Linear in registration order
    (for a Llama: `layers.0.attention.wq` and the lm head `output`);
+2b. `precision.keep_first_blocks` / `keep_last_blocks` — every Linear of the first / last N transformer
+   blocks (the run finds the blocks on the model; the prediction from the model's shapes);
 3. in/out features not multiples of 16 — FP8 GEMMs (`torch._scaled_mm`, cuBLASLt) need them; torchao
    can pad the inner dim instead (`precision.torchao.pad_inner_dim`). The block-scaled recipes need
    multiples of their block (mxfp8: 32, nvfp4: 16), which no padding replaces;
@@ -23,6 +25,8 @@ if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
 
 KEEP_FIRST_LAST = "keep_first_last"
+KEEP_FIRST_BLOCKS = "keep_first_blocks"
+KEEP_LAST_BLOCKS = "keep_last_blocks"
 DIMS = "dims not multiples of 16"
 SMALL = "skip_small"
 BLOCK_SIZE = {"mxfp8": 32, "nvfp4": 16}
@@ -61,12 +65,24 @@ def too_small(recipe: str, in_features: int, out_features: int) -> bool:
     return n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048)
 
 
-def name_reason(name: str, plan: Plan, first_last: Collection[str]) -> str | None:
-    """Rules 1-2: what the layer's name keeps in high precision."""
+def block_reason(block: int | None, n_blocks: int, plan: Plan) -> str | None:
+    """Rule 2b: whether block `block` (0-based, of `n_blocks`; None: the layer is in no block) is kept."""
+    p = plan.precision
+    if block is None:
+        return None
+    if block < p.keep_first_blocks:
+        return KEEP_FIRST_BLOCKS
+    if block >= n_blocks - p.keep_last_blocks:
+        return KEEP_LAST_BLOCKS
+    return None
+
+
+def name_reason(name: str, plan: Plan, first_last: Collection[str], block: int | None = None, n_blocks: int = 0) -> str | None:
+    """Rules 1-2b: what the layer's name (and the block it is in) keeps in high precision."""
     for pattern in plan.precision.keep:
         if fnmatch.fnmatchcase(name, pattern):
             return keep_reason(pattern)
-    return KEEP_FIRST_LAST if name in first_last else None
+    return KEEP_FIRST_LAST if name in first_last else block_reason(block, n_blocks, plan)
 
 
 def shape_reason(in_features: int, out_features: int, plan: Plan) -> str | None:
@@ -83,6 +99,7 @@ def shape_reason(in_features: int, out_features: int, plan: Plan) -> str | None:
     return None
 
 
-def reason(name: str, in_features: int, out_features: int, plan: Plan, first_last: Collection[str]) -> str | None:
+def reason(name: str, in_features: int, out_features: int, plan: Plan, first_last: Collection[str],
+           block: int | None = None, n_blocks: int = 0) -> str | None:
     """None when the layer runs in FP8, else the first rule that keeps it in high precision."""
-    return name_reason(name, plan, first_last) or shape_reason(in_features, out_features, plan)
+    return name_reason(name, plan, first_last, block, n_blocks) or shape_reason(in_features, out_features, plan)

@@ -152,3 +152,16 @@ def test_a_users_launcher_package_in_the_working_folder_does_not_shadow_the_entr
     assert r.returncode == 0, output_of(r)
     recs = records(tmp_path / "runs" / "decoy")
     assert [s["step"] for s in recs.steps] == [1, 2]
+
+
+def test_kept_blocks_train_in_bf16_as_the_layers_map_shows(tmp_path):
+    """precision.keep_first_blocks / keep_last_blocks through `fp8launch run`: the start record's layers map (read
+    from the built modules) has every Linear of blocks 0 and 3 of 4 in bf16, blocks 1-2 in FP8. ~8 s."""
+    recs, r, _ = _run(tmp_path, "kept-blocks", **FP8, train__model="builtin:llama-debug?layers=4", train__steps=2,
+                      distributed__strategy="fsdp2", distributed__procs_per_node=1,
+                      precision__keep_first_blocks=1, precision__keep_last_blocks=1)
+    layers = recs.start["layers"]
+    for fqn, got in layers.items():
+        block = int(fqn.split(".")[1]) if fqn.startswith("layers.") else None
+        assert got == ("fp8 tensorwise" if block in (1, 2) else "bf16"), (fqn, got)
+    assert recs.start["fp8_layers"] == 14 and "(keep_last_blocks)" in r.stdout

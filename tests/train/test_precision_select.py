@@ -187,3 +187,29 @@ def test_multihead_attention_out_proj_is_never_counted_as_fp8():
                            "c": nn.Linear(64, 64)})
     reasons = classify(model, fp8_plan(torchao={"skip_small": False}))
     assert reasons == {"attn.out_proj": FUNCTIONAL, "a": "keep_first_last", "b": None, "c": "keep_first_last"}
+
+
+def test_kept_blocks_hold_every_linear_of_the_first_and_last_blocks_after_keep_first_last():
+    from launcher.planning.selection import KEEP_FIRST_BLOCKS, KEEP_LAST_BLOCKS
+
+    reasons = classify(TinyLlama(), fp8_plan(keep_first_blocks=1, torchao={"skip_small": False}))
+    assert {fqn: r for fqn, r in reasons.items() if r} == {
+        **{f"layers.0.{n}": KEEP_FIRST_BLOCKS for n in ("attention.wk", "attention.wv", "attention.wo",
+                                                       "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")},
+        "layers.0.attention.wq": KEEP_FIRST_LAST, "output": KEEP_FIRST_LAST}
+    last = classify(TinyLlama(), fp8_plan(keep_first_last=False, keep_last_blocks=1, torchao={"skip_small": False}))
+    assert {fqn for fqn, r in last.items() if r == KEEP_LAST_BLOCKS} == {f for f in TINY_ORDER if f.startswith("layers.1.")}
+    assert last["output"] is None  # the head is in no block
+    both = classify(TinyLlama(), fp8_plan(keep_first_blocks=1, keep_last_blocks=1, keep_first_last=False, torchao={"skip_small": False}))
+    assert [fqn for fqn, r in both.items() if r is None] == ["output"]
+    flt = fp8_filter(fp8_plan(keep_first_blocks=1, torchao={"skip_small": False}), TinyLlama())
+    model = TinyLlama()
+    assert [fqn for fqn, m in model.named_modules() if flt(m, fqn)] == [f for f in TINY_ORDER if f.startswith("layers.1.")]
+
+
+def test_kept_blocks_on_a_model_without_blocks_stop_instead_of_converting_them():
+    from launcher.errors import LauncherError
+
+    model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32))
+    with pytest.raises(LauncherError, match="keep_first_blocks / keep_last_blocks ask to keep blocks of a Sequential"):
+        classify(model, fp8_plan(keep_last_blocks=1))

@@ -179,14 +179,16 @@ def _fp8_copies(plan, s: LinearShape, first_last: set[str]) -> tuple[int, str | 
     """(copies of this Linear that run in FP8, the reason the others do not), by launcher/planning/selection.py's
     rule, as the run decides it on the built model."""
     whole = shape_reason(s.in_features, s.out_features, plan)
-    if not plan.precision.keep:  # the common case: only the first and the last Linear are kept by name
+    p = plan.precision
+    if not (p.keep or p.keep_first_blocks or p.keep_last_blocks):  # the common case: only the first and last Linear kept by name
         ends = {s.name.format(i=0), s.name.format(i=s.count - 1)} & first_last
         if ends:
             return (0 if whole else s.count - len(ends)), "keep_first_last"
         return (0, whole) if whole else (s.count, None)
+    in_blocks = "{i}" in s.name  # one copy per transformer block: copy i is in block i
     kept, first = 0, None
     for i in range(s.count):
-        why = name_reason(s.name.format(i=i), plan, first_last) or whole
+        why = name_reason(s.name.format(i=i), plan, first_last, i if in_blocks else None, s.count) or whole
         if why:
             kept += 1
             first = first or why

@@ -10,6 +10,7 @@ from typing import Callable
 
 from torch import nn
 
+from launcher.errors import LauncherError, with_fix
 from launcher.planning.selection import reason
 
 if typing.TYPE_CHECKING:
@@ -30,10 +31,37 @@ def called_functionally(mod: nn.Module) -> bool:
     return type(mod) is nn.modules.linear.NonDynamicallyQuantizableLinear
 
 
-def _reason(fqn: str, mod: nn.Linear, plan: Plan, first_last: set[str]) -> str | None:
+def _reason(fqn: str, mod: nn.Linear, plan: Plan, first_last: set[str], blocks: tuple[dict[str, int], int] = ({}, 0)) -> str | None:
     if called_functionally(mod):
         return FUNCTIONAL
-    return reason(fqn, mod.in_features, mod.out_features, plan, first_last)
+    of, n_blocks = blocks
+    return reason(fqn, mod.in_features, mod.out_features, plan, first_last, of.get(fqn), n_blocks)
+
+
+def block_of_linears(model: nn.Module, plan: Plan) -> tuple[dict[str, int], int]:
+    """({Linear FQN: index of the transformer block it is in}, number of blocks) when the plan keeps blocks
+    (precision.keep_first_blocks / keep_last_blocks), else ({}, 0). A model without blocks fp8launch can find
+    stops the run rather than converting what the spec asked to keep."""
+    p = plan.precision
+    if not (p.keep_first_blocks or p.keep_last_blocks):
+        return {}, 0
+    from launcher.train.models import transformer_blocks
+
+    blocks = transformer_blocks(model)
+    if not blocks:
+        raise LauncherError(with_fix(
+            f"precision.keep_first_blocks / keep_last_blocks ask to keep blocks of a {type(model).__name__}, which has no repeated "
+            "blocks fp8launch can find (a ModuleList model.layers, or a Hugging Face model's decoder layers)",
+            "set precision.keep_first_blocks = 0 and keep_last_blocks = 0, and name the layers with precision.keep globs"))
+    index = {id(b): i for i, b in enumerate(blocks)}
+    prefixes = {fqn + ".": index[id(m)] for fqn, m in model.named_modules() if id(m) in index}
+    out = {}
+    for fqn, _ in linears(model):
+        for prefix, i in prefixes.items():
+            if fqn.startswith(prefix):
+                out[fqn] = i
+                break
+    return out, len(blocks)
 
 
 def _first_last(model: nn.Module, plan: Plan) -> set[str]:
@@ -46,8 +74,8 @@ def _first_last(model: nn.Module, plan: Plan) -> set[str]:
 def classify(model: nn.Module, plan: Plan) -> dict[str, str | None]:
     """{fqn: None (runs in FP8) or the reason it is kept in high precision} for every nn.Linear,
     in registration order."""
-    first_last = _first_last(model, plan)
-    return {fqn: _reason(fqn, mod, plan, first_last) for fqn, mod in linears(model)}
+    first_last, blocks = _first_last(model, plan), block_of_linears(model, plan)
+    return {fqn: _reason(fqn, mod, plan, first_last, blocks) for fqn, mod in linears(model)}
 
 
 def fp8_filter(plan: Plan, model: nn.Module | None = None) -> Callable[[nn.Module, str], bool]:
@@ -56,11 +84,13 @@ def fp8_filter(plan: Plan, model: nn.Module | None = None) -> Callable[[nn.Modul
     keep_first_last needs to see every Linear, so it needs `model`; without a model and with
     keep_first_last on this raises rather than silently converting the first and last layers.
     """
-    if plan.precision.keep_first_last and model is None:
-        raise ValueError("fp8_filter: precision.keep_first_last needs the model to find its first and last Linear")
+    p = plan.precision
+    if (p.keep_first_last or p.keep_first_blocks or p.keep_last_blocks) and model is None:
+        raise ValueError("fp8_filter: precision.keep_first_last / keep_*_blocks need the model to find its first and last Linear and blocks")
     first_last = _first_last(model, plan) if model is not None else set()
+    blocks = block_of_linears(model, plan) if model is not None else ({}, 0)
 
     def module_filter_fn(module: nn.Module, fqn: str) -> bool:
-        return isinstance(module, nn.Linear) and _reason(fqn, module, plan, first_last) is None
+        return isinstance(module, nn.Linear) and _reason(fqn, module, plan, first_last, blocks) is None
 
     return module_filter_fn
