@@ -172,6 +172,21 @@ def test_launch_gpu_precision_names_what_the_gpu_lacks_and_auto_never_fires():
     assert "LAUNCH-GPU-PRECISION" not in fired({"precision": MX, "launch": {"device": "cuda", "gpu": "mi300x"}})
 
 
+PLAN_CASES.update({
+    "PRECISION-RULE-RECIPE": ({"precision": {**TE, "rules": [{"match": "*.w2", "recipe": "current"}]}},
+                              {"precision": {**TAO, "rules": [{"match": "*.w2", "recipe": "rowwise"}]}}),
+    "PRECISION-RULE-MODE": ({"precision": {**TAO, "rules": [{"match": "*.w2", "mode": "fp32"}]}},
+                            {"precision": {**TAO, "rules": [{"match": "*.w2", "mode": "bf16"}]}}),
+    "PRECISION-RULE-UNMATCHED": ({"precision": {**TAO, "rules": [{"match": "layers.*.mlp.w2", "mode": "bf16"}]}},
+                                 {"precision": {**TAO, "rules": [{"match": "layers.*.feed_forward.w2", "mode": "bf16"}]}}),
+})
+
+
+def test_a_rule_recipe_must_be_one_of_torchaos():
+    bad = {"precision": {**TAO, "rules": [{"match": "*", "recipe": "delayed"}]}}
+    assert "PRECISION-RULE-RECIPE" in fired(bad)
+
+
 PLAN_CASES["MONITOR-BLOCK"] = ({"precision": MX, "monitor": {"fp8_stats_every": 10}}, {"precision": TAO, "monitor": {"fp8_stats_every": 10}})
 
 # -- tensor parallel (issue 15): each rule on its bad combination and on its fixed twin ----------

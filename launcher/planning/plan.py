@@ -59,6 +59,17 @@ class MsampConfig:
 
 
 @frozen
+class PrecisionRule:
+    """One `[[precision.rules]]` entry: the Linears whose name matches `match` keep `mode` or run `recipe`."""
+
+    match: str
+    mode: str | None = None
+    """bf16 | fp16 | fp32: kept in this precision."""
+    recipe: str | None = None
+    """Another recipe of precision.backend."""
+
+
+@frozen
 class PrecisionConfig:
     mode: str
     """fp32 | fp16 | bf16 | fp8"""
@@ -71,6 +82,8 @@ class PrecisionConfig:
     """Transformer blocks at the start whose Linears stay in high precision."""
     keep_last_blocks: int
     """Transformer blocks at the end whose Linears stay in high precision."""
+    rules: tuple[PrecisionRule, ...]
+    """Per-module precision, first match wins (before keep, keep_first_last and the kept blocks)."""
     keep: tuple[str, ...]
     """fnmatch globs of module FQNs kept in high precision."""
     torchao: TorchaoConfig
@@ -287,7 +300,8 @@ def _build(cls, data: dict):
         if dataclasses.is_dataclass(hint):
             value = _build(hint, value)
         elif typing.get_origin(hint) is tuple:
-            value = tuple(value)
+            item = typing.get_args(hint)[0]
+            value = tuple(_build(item, v) if dataclasses.is_dataclass(item) else v for v in value)
         elif hint is int and isinstance(value, float):
             value = int(value)
         elif hint is float and isinstance(value, int):

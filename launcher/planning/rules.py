@@ -601,6 +601,46 @@ def _block(f: Facts) -> str | None:
     return recipe if _fp8(f, "torchao") and recipe in BLOCK_RECIPES else None
 
 
+def _bad_rule_recipe(f: Facts) -> str:
+    """What is wrong with the first [[precision.rules]] recipe, or ""."""
+    from launcher.planning.read import recipes
+
+    p = f.plan.precision
+    for r in p.rules:
+        if r.recipe is None:
+            continue
+        if p.backend != "torchao":
+            return f"precision.rules entry {r.match!r} sets recipe {r.recipe!r}, and backend {p.backend} cannot mix recipes per module."
+        if r.recipe not in recipes("torchao"):
+            return f"precision.rules entry {r.match!r} sets recipe {r.recipe!r}, which is not a torchao recipe."
+    return ""
+
+
+def _bad_rule_mode(f: Facts) -> str:
+    p = f.plan.precision
+    for r in p.rules:
+        if r.mode is not None and r.mode != p.compute_dtype:
+            return (f"precision.rules entry {r.match!r} keeps its layers in {r.mode}, but kept layers run in this run's "
+                    f"high precision, {p.compute_dtype}.")
+    return ""
+
+
+def _unmatched_rules(f: Facts) -> list[str]:
+    """The match globs of [[precision.rules]] that name no Linear of the model (empty when the names are unknown)."""
+    import fnmatch
+
+    from launcher.planning.predict.shapes import model_shape
+
+    rules = f.plan.precision.rules
+    if not rules:
+        return []
+    shape, _ = model_shape(f.plan.train.model, f.plan.spec_dir)
+    if shape is None:
+        return []
+    names = [s.name.format(i=i) for s in shape.linears for i in range(s.count)]
+    return [r.match for r in rules if not any(fnmatch.fnmatchcase(n, r.match) for n in names)]
+
+
 def _gpu_cannot_run(f: Facts) -> str:
     """What an explicitly chosen launch.gpu lacks for the plan's precision ("" when it runs it, or for "auto"/AMD)."""
     from launcher.planning.gpus import PLAN_GPUS
@@ -666,6 +706,28 @@ RULES += (
          fix='set launch.gpu to a GPU that runs it (b200 for mxfp8 / nvfp4), "auto", or another precision.torchao.recipe / precision.te.recipe',
          condition=lambda f: bool(_gpu_cannot_run(f)),
          detail=lambda f: f"launch.gpu = {f.plan.launch.gpu!r} cannot run this spec's precision: {_gpu_cannot_run(f)}."),
+    Rule(id="PRECISION-RULE-RECIPE", severity="error", stage="plan",
+         when="a [[precision.rules]] recipe with backend te or msamp, or one that is not a recipe of torchao",
+         why="Transformer Engine applies one recipe to every swapped module (te.autocast(recipe=...)) and MS-AMP one opt level to the "
+             "model; torchao converts each Linear on its own, so only torchao can mix recipes per module.",
+         fix='set precision.backend = "torchao" with a torchao recipe (tensorwise, rowwise, rowwise_with_gw_hp, mxfp8, nvfp4), or give '
+             'the entry `mode` instead of `recipe`',
+         condition=lambda f: bool(_bad_rule_recipe(f)),
+         detail=lambda f: _bad_rule_recipe(f)),
+    Rule(id="PRECISION-RULE-MODE", severity="error", stage="plan",
+         when="a [[precision.rules]] mode other than precision.high_precision",
+         why="a kept Linear runs in the run's high precision (the autocast dtype, or FSDP2's / DeepSpeed's parameter dtype); "
+             "fp8launch does not yet give single modules a dtype of their own, so another mode would be silently ignored.",
+         fix="set the entry's mode to precision.high_precision (or use precision.keep globs)",
+         condition=lambda f: bool(_bad_rule_mode(f)),
+         detail=lambda f: _bad_rule_mode(f)),
+    Rule(id="PRECISION-RULE-UNMATCHED", severity="warning", stage="plan",
+         when="a [[precision.rules]] match glob that names no Linear of the model (builtin and hf: models, whose names are known)",
+         why="a rule that matches nothing changes nothing: usually a typo in the module name.",
+         fix="correct the entry's precision.rules match glob (`fp8launch plan --format json` lists the layers under prediction.layers), or remove it",
+         condition=lambda f: bool(_unmatched_rules(f)),
+         detail=lambda f: "precision.rules " + ", ".join(repr(m) for m in _unmatched_rules(f)) + " match no Linear of "
+             + f"{f.plan.train.model}."),
     Rule(id="MONITOR-BLOCK", severity="error", stage="plan",
          when="monitor.fp8_stats_every > 0 with torchao recipe mxfp8 or nvfp4",
          why="the FP8 monitor hooks the casts of torchao's Float8Linear and TE's modules; torchao's MX and NVFP4 training casts "

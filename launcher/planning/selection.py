@@ -2,7 +2,11 @@
 (launcher/train/precision/select.py, on the model's modules) and planning predicts with
 (launcher/planning/predict, on the model's shapes). Torch-free: names and shapes only.
 
-The first rule that applies names the reason a layer is kept in `precision.high_precision`:
+A layer first meets `[[precision.rules]]`: the first entry whose `match` glob fits its name decides it:
+`mode` keeps it in that precision, `recipe` runs it with that recipe of the backend (only that recipe's
+dimension constraint still applies; the size heuristic does not second-guess a rule).
+
+Otherwise the first rule that applies names the reason a layer is kept in `precision.high_precision`:
 1. `precision.keep` — fnmatch globs on the layer's name;
 2. `precision.keep_first_last` — the first and the last Linear in registration order
    (for a Llama: `layers.0.attention.wq` and the lm head `output`);
@@ -33,13 +37,6 @@ BLOCK_SIZE = {"mxfp8": 32, "nvfp4": 16}
 """Values that share one scale in the block-scaled recipes: every dimension a GEMM of the layer scales
 along (in and out features, and the tokens: rule TORCHAO-BLOCK-TOKENS) must be a multiple
 (torchao 0.18's MX cast asserts "the last dimension ... must be divisible by block_size 32")."""
-
-
-def block_size(plan: Plan) -> int | None:
-    """The block of the plan's block-scaled recipe; None for the per-tensor / per-row recipes."""
-    p = plan.precision
-    recipe = {"torchao": p.torchao.recipe, "te": p.te.recipe}.get(p.backend)
-    return BLOCK_SIZE.get(recipe)
 
 
 def dims_reason(block: int) -> str:
@@ -85,21 +82,51 @@ def name_reason(name: str, plan: Plan, first_last: Collection[str], block: int |
     return KEEP_FIRST_LAST if name in first_last else block_reason(block, n_blocks, plan)
 
 
-def shape_reason(in_features: int, out_features: int, plan: Plan) -> str | None:
-    """Rules 3-4: what the layer's shape keeps in high precision."""
+def default_recipe(plan: Plan) -> str:
+    """The recipe (MS-AMP: opt level) of the plan's backend."""
+    p = plan.precision
+    return {"torchao": p.torchao.recipe, "te": p.te.recipe, "msamp": p.msamp.opt_level}[p.backend]
+
+
+def shape_reason(in_features: int, out_features: int, plan: Plan, recipe: str | None = None, heuristic: bool = True) -> str | None:
+    """Rules 3-4: what the layer's shape keeps in high precision, for `recipe` (default: the plan's);
+    `heuristic=False` leaves torchao's size heuristic out (a `[[precision.rules]]` recipe asked for this layer)."""
     p = plan.precision
     torchao = p.backend == "torchao"
-    block = block_size(plan) if torchao else None
+    recipe = recipe or default_recipe(plan)
+    block = BLOCK_SIZE.get(recipe) if torchao else None
     if block is not None:
         return dims_reason(block) if in_features % block or out_features % block else None
     if not (torchao and p.torchao.pad_inner_dim) and (in_features % 16 or out_features % 16):
         return DIMS
-    if torchao and p.torchao.skip_small and too_small(p.torchao.recipe, in_features, out_features):
+    if heuristic and torchao and p.torchao.skip_small and too_small(recipe, in_features, out_features):
         return SMALL
     return None
+
+
+def matching_rule(name: str, plan: Plan):
+    """The first `[[precision.rules]]` entry whose `match` glob fits `name`, or None."""
+    return next((r for r in plan.precision.rules if fnmatch.fnmatchcase(name, r.match)), None)
+
+
+def rule_reason(rule) -> str:
+    return f"rule {rule.match!r}: {rule.mode}"
+
+
+def choose(name: str, in_features: int, out_features: int, plan: Plan, first_last: Collection[str],
+           block: int | None = None, n_blocks: int = 0) -> tuple[str | None, str | None]:
+    """(the recipe the layer runs, None), or (None, the reason it is kept in high precision)."""
+    rule = matching_rule(name, plan)
+    if rule is not None and rule.mode:
+        return None, rule_reason(rule)
+    if rule is not None:
+        why = shape_reason(in_features, out_features, plan, rule.recipe, heuristic=False)
+        return (None, why) if why else (rule.recipe, None)
+    why = name_reason(name, plan, first_last, block, n_blocks) or shape_reason(in_features, out_features, plan)
+    return (None, why) if why else (default_recipe(plan), None)
 
 
 def reason(name: str, in_features: int, out_features: int, plan: Plan, first_last: Collection[str],
            block: int | None = None, n_blocks: int = 0) -> str | None:
     """None when the layer runs in FP8, else the first rule that keeps it in high precision."""
-    return name_reason(name, plan, first_last, block, n_blocks) or shape_reason(in_features, out_features, plan)
+    return choose(name, in_features, out_features, plan, first_last, block, n_blocks)[1]

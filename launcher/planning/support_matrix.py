@@ -102,6 +102,7 @@ ELSEWHERE: dict[str, str] = {
     "name": "names the output folder",
     "precision.high_precision": "tests/train/test_precision_amp.py, tests/e2e/test_runs.py (fp16 high precision)",
     "precision.keep_first_last": "tests/train/test_precision_select.py: which Linear layers are kept",
+    "precision.rules": "tests/train/test_precision_torchao.py (mixed recipes); tests/e2e/test_runs.py::test_precision_rules_train_each_layer_as_the_layers_map_shows; tests/test_rules.py (PRECISION-RULE-*)",
     "precision.keep_first_blocks": "tests/train/test_precision_select.py; tests/e2e/test_runs.py::test_kept_blocks_train_in_bf16_as_the_layers_map_shows",
     "precision.keep_last_blocks": "tests/train/test_precision_select.py; tests/e2e/test_runs.py::test_kept_blocks_train_in_bf16_as_the_layers_map_shows",
     "precision.keep": "tests/train/test_precision_select.py",

@@ -34,7 +34,7 @@ def _asdict(obj) -> dict:
         if dataclasses.is_dataclass(v):
             v = _asdict(v)
         elif isinstance(v, (tuple, frozenset)):
-            v = sorted(v) if isinstance(v, frozenset) else list(v)
+            v = sorted(v) if isinstance(v, frozenset) else [_asdict(x) if dataclasses.is_dataclass(x) else x for x in v]
         elif isinstance(v, dict):
             v = dict(sorted(v.items()))
         out[f.name] = v

@@ -175,7 +175,10 @@ def layer_precisions(model: nn.Module, precision: Precision) -> dict[str, str]:
 
 
 def fp8_module_ids(model: nn.Module, precision: Precision) -> set[int]:
-    return {id(m) for m in model.modules() if precision.fp8_label(m) is not None}
+    """The FP8 modules whose all-gather dtype the spec decides: with float8 all-gather, the tensorwise ones (a
+    `[[precision.rules]]` recipe other than tensorwise all-gathers in high precision), else every FP8 one."""
+    wanted = (lambda label: label == "fp8 tensorwise") if precision.fsdp_float8_all_gather else (lambda label: label is not None)
+    return {id(m) for m in model.modules() if wanted(precision.fp8_label(m))}
 
 
 # --- what the spec asked for -----------------------------------------------------------------------

@@ -129,7 +129,9 @@ def build_run(plan_path: str, *, stream=None):
     from launcher.train.materialize import Pending, needs_weights_before_precision
     from launcher.train.models import build_for_run
     from launcher.train.monitor import build_monitor, unwatched_note
-    from launcher.train.precision import apply_precision
+    from launcher.errors import with_fix
+    from launcher.planning.rules import RULES_BY_ID
+    from launcher.train.precision import apply_precision, select
     from launcher.train.tensor_parallel import tp_line, tp_report
 
     plan_dir = os.path.dirname(os.path.abspath(plan_path))
@@ -156,6 +158,8 @@ def build_run(plan_path: str, *, stream=None):
         if needs_weights_before_precision(plan):  # TE / MS-AMP copy weights while converting
             pending(model, env.device)
             pending = None
+    # planning warned already where it knows the names (builtin:, hf:); a py: model's are known from here on
+    unmatched = select.unmatched_rules(model, plan) if t.model.startswith("py:") else []
     precision = apply_precision(model, plan, env.device)
     blocks = prepare_blocks(model, plan, precision)
     engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks, pending=pending)
@@ -194,6 +198,10 @@ def build_run(plan_path: str, *, stream=None):
     if not resume and env.is_main:  # weights files that lack parameters, or hold tensors the model has no place for
         for note in getattr(initializer, "notes", ()):
             print(f"warning: {note}", file=sys.stderr, flush=True)
+    if unmatched and env.is_main:
+        rule = RULES_BY_ID["PRECISION-RULE-UNMATCHED"]
+        print(f"warning[{rule.id}]: " + with_fix(f"precision.rules {', '.join(map(repr, unmatched))} match no Linear of this model", rule.fix),
+              file=sys.stderr, flush=True)
     note = unwatched_note(plan, precision, monitor)
     if note and env.is_main:
         print(note, file=sys.stderr, flush=True)

@@ -165,3 +165,20 @@ def test_kept_blocks_train_in_bf16_as_the_layers_map_shows(tmp_path):
         block = int(fqn.split(".")[1]) if fqn.startswith("layers.") else None
         assert got == ("fp8 tensorwise" if block in (1, 2) else "bf16"), (fqn, got)
     assert recs.start["fp8_layers"] == 14 and "(keep_last_blocks)" in r.stdout
+
+
+def test_precision_rules_train_each_layer_as_the_layers_map_shows(tmp_path):
+    """[[precision.rules]] through `fp8launch run` on 2 processes (FSDP2): the feed-forward w2 rowwise, layer 1's
+    attention kept by a mode rule, the rest tensorwise; the start record's layers map says so. ~10 s."""
+    rules = [{"match": "layers.1.attention.*", "mode": "bf16"}, {"match": "*.feed_forward.w2", "recipe": "rowwise"}]
+    recs, r, _ = _run(tmp_path, "rules", **FP8, train__model="builtin:llama-debug?layers=2", train__steps=2,
+                      distributed__strategy="fsdp2", precision__rules=rules)
+    layers = recs.start["layers"]
+    expected = {}
+    for fqn in layers:
+        if fqn in ("output", "layers.0.attention.wq") or fqn.startswith("layers.1.attention."):
+            expected[fqn] = "bf16"
+        else:
+            expected[fqn] = "fp8 rowwise" if fqn.endswith("feed_forward.w2") else "fp8 tensorwise"
+    assert layers == expected and recs.start["fp8_layers"] == 9
+    assert "2 in rowwise by precision.rules" in r.stdout

@@ -187,3 +187,29 @@ def test_torchao_drops_a_precomputed_scale_when_fsdp2_copies_an_offloaded_shard(
     assert w._precomputed_scale is not None
     moved = w.to("cpu", copy=True)  # what .to(device) does for a shard on another device: aten._to_copy
     assert isinstance(moved, WeightWithDynamicFloat8CastTensor) and moved._precomputed_scale is None
+
+
+def test_precision_rules_mix_recipes_per_module_and_keep_by_mode_first_match_wins():
+    """torchao converts each Linear on its own: feed-forward w2 rowwise, layer 1's w1 in MXFP8 (emulated on CPU), the
+    attention of layer 1 kept by a mode rule, the rest tensorwise; the first matching entry decides a layer."""
+    rules = [{"match": "layers.1.attention.*", "mode": "bf16"}, {"match": "*.feed_forward.w2", "recipe": "rowwise"},
+             {"match": "layers.1.feed_forward.w1", "recipe": "mxfp8"}, {"match": "layers.1.*", "recipe": "rowwise_with_gw_hp"}]
+    model = TinyLlama()
+    p = apply_precision(model, fp8_plan(torchao={"skip_small": False}, rules=rules), torch.device("cpu"))
+    labels = {fqn: p.fp8_label(m) for fqn, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert labels == {
+        "layers.0.attention.wq": None,  # keep_first_last (no rule matches it)
+        "layers.0.attention.wk": "fp8 tensorwise", "layers.0.attention.wv": "fp8 tensorwise", "layers.0.attention.wo": "fp8 tensorwise",
+        "layers.0.feed_forward.w1": "fp8 tensorwise", "layers.0.feed_forward.w2": "fp8 rowwise", "layers.0.feed_forward.w3": "fp8 tensorwise",
+        "layers.1.attention.wq": None, "layers.1.attention.wk": None, "layers.1.attention.wv": None, "layers.1.attention.wo": None,
+        "layers.1.feed_forward.w1": "fp8 mxfp8", "layers.1.feed_forward.w2": "fp8 rowwise",
+        "layers.1.feed_forward.w3": "fp8 rowwise_with_gw_hp",
+        "output": None,  # keep_first_last
+    }
+    assert p.report.fp8_layers == 9 and "layers.1.attention.wk (rule 'layers.1.attention.*': bf16)" in p.report.kept
+    assert "2 in rowwise by precision.rules" in p.report.note and "1 in mxfp8 by precision.rules" in p.report.note
+    tokens = torch.randint(0, 256, (2, 33))
+    with p.autocast():
+        loss = lm_loss(model, tokens)
+    loss.backward()
+    assert all(mod.weight.grad is not None for fqn, mod in model.named_modules() if labels.get(fqn))

@@ -18,7 +18,7 @@ from launcher.planning.hardware import BLOCK_RECIPES, supports
 
 from . import cost
 from launcher.planning.predict.cost import Device, cast_s, gemm_s, stream_s
-from launcher.planning.selection import name_reason, shape_reason
+from launcher.planning.selection import choose, default_recipe, shape_reason
 from launcher.planning.predict.shapes import LinearShape, ModelShape, model_shape
 
 ELEMENTWISE = {True: (1.0, 12), False: (2.5, 40)}
@@ -175,24 +175,24 @@ def _unsupported(p, capability) -> str:
     return ""
 
 
-def _fp8_copies(plan, s: LinearShape, first_last: set[str]) -> tuple[int, str | None]:
-    """(copies of this Linear that run in FP8, the reason the others do not), by launcher/planning/selection.py's
-    rule, as the run decides it on the built model."""
-    whole = shape_reason(s.in_features, s.out_features, plan)
+def _fp8_copies(plan, s: LinearShape, first_last: set[str]) -> tuple[dict[str, int], str | None]:
+    """({recipe: copies of this Linear that run it}, the reason the others are kept), by
+    launcher/planning/selection.py's rule (`[[precision.rules]]` included), as the run decides it on the built model."""
     p = plan.precision
-    if not (p.keep or p.keep_first_blocks or p.keep_last_blocks):  # the common case: only the first and last Linear kept by name
+    if not (p.keep or p.keep_first_blocks or p.keep_last_blocks or p.rules):  # the common case: only the first and last kept by name
+        whole = shape_reason(s.in_features, s.out_features, plan)
         ends = {s.name.format(i=0), s.name.format(i=s.count - 1)} & first_last
-        if ends:
-            return (0 if whole else s.count - len(ends)), "keep_first_last"
-        return (0, whole) if whole else (s.count, None)
+        n = 0 if whole else s.count - len(ends)
+        return ({default_recipe(plan): n} if n else {}), ("keep_first_last" if ends else whole)
     in_blocks = "{i}" in s.name  # one copy per transformer block: copy i is in block i
-    kept, first = 0, None
+    counts: dict[str, int] = {}
+    first = None
     for i in range(s.count):
-        why = name_reason(s.name.format(i=i), plan, first_last, i if in_blocks else None, s.count) or whole
-        if why:
-            kept += 1
-            first = first or why
-    return s.count - kept, first
+        recipe, why = choose(s.name.format(i=i), s.in_features, s.out_features, plan, first_last, i if in_blocks else None, s.count)
+        if recipe is not None:
+            counts[recipe] = counts.get(recipe, 0) + 1
+        first = first or why
+    return counts, first
 
 
 def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str, float], list[LayerRow]]:
@@ -203,12 +203,14 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
     recompute = RECOMPUTE[plan.activation_checkpointing.mode]
     m = t.micro_batch_size * t.seq_len
     backend = p.backend
-    recipe = {"torchao": p.torchao.recipe, "te": p.te.recipe, "msamp": "delayed"}[backend]
     fp8_all_gather = fp8 and backend == "torchao" and p.torchao.fsdp_float8_all_gather and d.strategy == "fsdp2"
-    cast_of = cost.casts(backend, recipe, compiled) if fp8 else {}
-    in_fp8 = cost.fp8_gemms(backend, recipe)
-    seff = cost.scaled_gemm_eff(backend, recipe)
-    low = "fp4" if (fp8 and backend == "te" and recipe == "nvfp4" and "fp4" in dev.peak_tflops) else "fp8"
+
+    def costs_of(recipe: str):
+        """(casts, which GEMMs run low, scaled-GEMM efficiency, the low dtype, all-gathered in float8) of one recipe."""
+        cost_recipe = "delayed" if backend == "msamp" else recipe
+        low = "fp4" if (cost_recipe == "nvfp4" and "fp4" in dev.peak_tflops) else "fp8"
+        return (cost.casts(backend, cost_recipe, compiled), cost.fp8_gemms(backend, cost_recipe),
+                cost.scaled_gemm_eff(backend, cost_recipe), low, fp8_all_gather and recipe == "tensorwise")
 
     ends = shape.linears[0].name.format(i=0), shape.linears[-1].name.format(i=shape.linears[-1].count - 1)
     first_last = set(ends) if p.keep_first_last and shape.linears else set()
@@ -218,19 +220,24 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
         shapes3 = ((m, k, n), (m, n, k), (k, m, n))
         bf16_one = sum(gemm_s(dev, *g, "bf16") for g in shapes3)
         fwd_bf16 = gemm_s(dev, m, k, n, "bf16")
-        n_fp8, kept = _fp8_copies(plan, s, first_last) if fp8 else (0, None)
+        by_recipe, kept = _fp8_copies(plan, s, first_last) if fp8 else ({}, None)
+        n_fp8 = sum(by_recipe.values())
         fp8_one = cast_one = None
-        if n_fp8:
+        for recipe, copies in sorted(by_recipe.items(), key=lambda kv: kv[1]):  # the row shows the most used recipe
+            cast_of, in_fp8, seff, low, gathered = costs_of(recipe)
             g = sum(gemm_s(dev, *sh, low, seff) if on else gemm_s(dev, *sh, "bf16") for sh, on in zip(shapes3, in_fp8))
-            w_elems = k * n / (dp if fp8_all_gather else 1)
+            w_elems = k * n / (dp if gathered else 1)
             cast_one = cast_s(dev, cast_of["input"], m * k) + cast_s(dev, cast_of["weight"], w_elems) + cast_s(dev, cast_of["grad_output"], m * n)
             fp8_one = g + cast_one
             fwd_fp8 = gemm_s(dev, m, k, n, low, seff) + cast_s(dev, cast_of["input"], m * k) + cast_s(dev, cast_of["weight"], w_elems)
-            fp8_weight_params += n_fp8 * s.in_features * s.out_features
+            if gathered:
+                fp8_weight_params += copies * s.in_features * s.out_features
+            gemms += copies * g
+            casts += copies * cast_one
+            recomputed += recompute * copies * fwd_fp8
         n_bf16 = s.count - n_fp8
-        gemms += n_bf16 * bf16_one + (n_fp8 * (fp8_one - cast_one) if n_fp8 else 0.0)
-        casts += n_fp8 * cast_one if n_fp8 else 0.0
-        recomputed += recompute * (n_bf16 * fwd_bf16 + (n_fp8 * fwd_fp8 if n_fp8 else 0.0))
+        gemms += n_bf16 * bf16_one
+        recomputed += recompute * n_bf16 * fwd_bf16
         if fp8:
             rows.append(LayerRow(s.name.replace("{i}", "*"), s.count, n_fp8, kept if n_fp8 < s.count else None,
                                  m, k, n, bf16_one, fp8_one, cast_one))

@@ -11,7 +11,7 @@ from typing import Callable
 from torch import nn
 
 from launcher.errors import LauncherError, with_fix
-from launcher.planning.selection import reason
+from launcher.planning.selection import choose
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
@@ -34,8 +34,14 @@ def called_functionally(mod: nn.Module) -> bool:
 def _reason(fqn: str, mod: nn.Linear, plan: Plan, first_last: set[str], blocks: tuple[dict[str, int], int] = ({}, 0)) -> str | None:
     if called_functionally(mod):
         return FUNCTIONAL
+    return _choice(fqn, mod, plan, first_last, blocks)[1]
+
+
+def _choice(fqn: str, mod: nn.Linear, plan: Plan, first_last: set[str], blocks: tuple[dict[str, int], int] = ({}, 0)):
+    if called_functionally(mod):
+        return None, FUNCTIONAL
     of, n_blocks = blocks
-    return reason(fqn, mod.in_features, mod.out_features, plan, first_last, of.get(fqn), n_blocks)
+    return choose(fqn, mod.in_features, mod.out_features, plan, first_last, of.get(fqn), n_blocks)
 
 
 def block_of_linears(model: nn.Module, plan: Plan) -> tuple[dict[str, int], int]:
@@ -78,8 +84,17 @@ def classify(model: nn.Module, plan: Plan) -> dict[str, str | None]:
     return {fqn: _reason(fqn, mod, plan, first_last, blocks) for fqn, mod in linears(model)}
 
 
-def fp8_filter(plan: Plan, model: nn.Module | None = None) -> Callable[[nn.Module, str], bool]:
-    """A `module_filter_fn(module, fqn) -> bool` (torchao's convention: True = convert to FP8).
+def recipes(model: nn.Module, plan: Plan) -> dict[str, str]:
+    """{fqn: the recipe it runs} for every Linear that runs in low precision (the plan's recipe, or a
+    `[[precision.rules]]` entry's), in registration order."""
+    first_last, blocks = _first_last(model, plan), block_of_linears(model, plan)
+    chosen = {fqn: _choice(fqn, mod, plan, first_last, blocks)[0] for fqn, mod in linears(model)}
+    return {fqn: recipe for fqn, recipe in chosen.items() if recipe is not None}
+
+
+def fp8_filter(plan: Plan, model: nn.Module | None = None, recipe: str | None = None) -> Callable[[nn.Module, str], bool]:
+    """A `module_filter_fn(module, fqn) -> bool` (torchao's convention: True = convert to FP8); with
+    `recipe`, only the layers that run that recipe.
 
     keep_first_last needs to see every Linear, so it needs `model`; without a model and with
     keep_first_last on this raises rather than silently converting the first and last layers.
@@ -91,6 +106,17 @@ def fp8_filter(plan: Plan, model: nn.Module | None = None) -> Callable[[nn.Modul
     blocks = block_of_linears(model, plan) if model is not None else ({}, 0)
 
     def module_filter_fn(module: nn.Module, fqn: str) -> bool:
-        return isinstance(module, nn.Linear) and _reason(fqn, module, plan, first_last, blocks) is None
+        if not isinstance(module, nn.Linear):
+            return False
+        chosen = _choice(fqn, module, plan, first_last, blocks)[0]
+        return chosen is not None and (recipe is None or chosen == recipe)
 
     return module_filter_fn
+
+
+def unmatched_rules(model: nn.Module, plan: Plan) -> list[str]:
+    """The `[[precision.rules]]` match globs that name no Linear of the built model (a typo, usually)."""
+    import fnmatch
+
+    names = [fqn for fqn, _ in linears(model)]
+    return [r.match for r in plan.precision.rules if not any(fnmatch.fnmatchcase(n, r.match) for n in names)]

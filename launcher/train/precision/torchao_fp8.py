@@ -44,21 +44,23 @@ def _torchao():
     return Float8LinearConfig, convert_to_float8_training, precompute_float8_dynamic_scale_for_fsdp, Float8Linear
 
 
-def float8_config_kwargs(plan: Plan) -> dict:
-    """The fields fp8launch sets on top of Float8LinearConfig.from_recipe_name(recipe)."""
+def float8_config_kwargs(plan: Plan, recipe: str | None = None) -> dict:
+    """The fields fp8launch sets on top of Float8LinearConfig.from_recipe_name(recipe) (default: the plan's)."""
     t = plan.precision.torchao
+    recipe = recipe or t.recipe
     return {
-        # float8 all-gather is an FSDP2 feature; rules FP8-ALLGATHER-* stop other combinations at plan time
-        "enable_fsdp_float8_all_gather": bool(t.fsdp_float8_all_gather and plan.distributed.strategy == "fsdp2"),
+        # float8 all-gather is an FSDP2 feature for tensorwise scaling; rules FP8-ALLGATHER-* stop other plans,
+        # and a [[precision.rules]] recipe other than tensorwise all-gathers its layers in high precision
+        "enable_fsdp_float8_all_gather": bool(t.fsdp_float8_all_gather and plan.distributed.strategy == "fsdp2" and recipe == "tensorwise"),
         "pad_inner_dim": bool(t.pad_inner_dim),
     }
 
 
-def float8_config(plan: Plan):
-    """torchao's Float8LinearConfig for the plan."""
+def float8_config(plan: Plan, recipe: str | None = None):
+    """torchao's Float8LinearConfig for `recipe` (default: the plan's)."""
     Float8LinearConfig = _torchao()[0]
-    base = Float8LinearConfig.from_recipe_name(plan.precision.torchao.recipe)
-    return dataclasses.replace(base, **float8_config_kwargs(plan))
+    base = Float8LinearConfig.from_recipe_name(recipe or plan.precision.torchao.recipe)
+    return dataclasses.replace(base, **float8_config_kwargs(plan, recipe))
 
 
 def _follow_cpu_autocast(module: nn.Module, args: tuple) -> tuple | None:
@@ -153,45 +155,40 @@ def _emulated_mx_input(module: nn.Module, args: tuple) -> tuple | None:
     return None
 
 
-def _apply_block(model: nn.Module, plan: Plan, device: torch.device) -> TorchaoPrecision:
-    recipe = plan.precision.torchao.recipe
-    quantize_, config = _block_config(recipe, plan, device)
-    reasons = select.classify(model, plan)
-    quantize_(model, config, filter_fn=select.fp8_filter(plan, model))
-    if device.type != "cuda":
-        for m in model.modules():
-            if block_recipe_of(m) == "mxfp8":
-                m.register_forward_pre_hook(_emulated_mx_input)
-    report = count(model, backend="torchao", recipe=recipe, mode="fp8", high_precision=plan.precision.high_precision,
-                   is_fp8=lambda m: block_recipe_of(m) is not None, reasons=reasons)
-    s = amp_settings(plan, device)
-    return TorchaoPrecision(
-        report=report, device_type=device.type, autocast_dtype=s["autocast_dtype"], param_dtype=s["param_dtype"],
-        grad_scaler=s["grad_scaler"], fsdp_float8_all_gather=False, precompute_scale=False,
-    )
-
-
 def apply_torchao(model: nn.Module, plan: Plan, device: torch.device) -> TorchaoPrecision:
-    if plan.precision.torchao.recipe in BLOCK_RECIPES:
-        return _apply_block(model, plan, device)
-    _, convert, _, Float8Linear = _torchao()
-    config = float8_config(plan)
+    """Convert each chosen Linear with its recipe: the plan's, or a `[[precision.rules]]` entry's (one
+    conversion per recipe, each over its own layers)."""
     reasons = select.classify(model, plan)
-    convert(model, config=config, module_filter_fn=select.fp8_filter(plan, model))
-    if device.type == "cpu":
+    chosen = select.recipes(model, plan)
+    main = plan.precision.torchao.recipe
+    all_gather = False
+    for recipe in dict.fromkeys(chosen.values()):  # in the order the layers first use them
+        only = select.fp8_filter(plan, model, recipe)
+        if recipe in BLOCK_RECIPES:
+            quantize_, config = _block_config(recipe, plan, device)
+            quantize_(model, config, filter_fn=only)
+        else:
+            _, convert, _, _ = _torchao()
+            config = float8_config(plan, recipe)
+            all_gather = all_gather or config.enable_fsdp_float8_all_gather
+            convert(model, config=config, module_filter_fn=only)
+    if device.type == "cpu":  # (Float8Linear's autocast follows CUDA's only; emulated MX needs one operand dtype)
         for m in model.modules():
-            if isinstance(m, Float8Linear):
+            if isinstance(m, _torchao()[3]):
                 m.register_forward_pre_hook(_follow_cpu_autocast)
-    recipe = plan.precision.torchao.recipe
-    note = ", ".join(name for name, on in (("float8 all-gather", config.enable_fsdp_float8_all_gather),
-                                           ("pad_inner_dim", config.pad_inner_dim)) if on)
+            elif block_recipe_of(m) == "mxfp8":
+                m.register_forward_pre_hook(_emulated_mx_input)
+    others = {r: sum(1 for v in chosen.values() if v == r) for r in dict.fromkeys(chosen.values()) if r != main}
+    note = ", ".join([name for name, on in (("float8 all-gather", all_gather),
+                                            ("pad_inner_dim", plan.precision.torchao.pad_inner_dim and main not in BLOCK_RECIPES)) if on]
+                     + [f"{n} in {r} by precision.rules" for r, n in others.items()])
     report = count(
-        model, backend="torchao", recipe=recipe, mode="fp8", high_precision=plan.precision.high_precision,
-        is_fp8=lambda m: isinstance(m, Float8Linear), reasons=reasons, note=note,
+        model, backend="torchao", recipe=main, mode="fp8", high_precision=plan.precision.high_precision,
+        is_fp8=lambda m: isinstance(m, _torchao()[3]) or block_recipe_of(m) is not None, reasons=reasons, note=note,
     )
     s = amp_settings(plan, device)
     return TorchaoPrecision(
         report=report, device_type=device.type, autocast_dtype=s["autocast_dtype"], param_dtype=s["param_dtype"],
-        grad_scaler=s["grad_scaler"], fsdp_float8_all_gather=config.enable_fsdp_float8_all_gather,
+        grad_scaler=s["grad_scaler"], fsdp_float8_all_gather=all_gather,
         precompute_scale=plan.precision.torchao.precompute_scale,
     )
