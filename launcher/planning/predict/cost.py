@@ -73,7 +73,9 @@ def casts(backend: str, recipe: str, compiled: bool) -> dict[str, Cast | None]:
     bf16/fp32 intermediates: ~16 B in 6 kernels (why FP8-NO-COMPILE warns). rowwise: each operand is
     scaled along two different axes for its two GEMMs (rows for one, columns for the other): two
     reduce+cast passes, 8 B, 3 kernels (12 B, 8 kernels eager). rowwise_with_gw_hp: the weight-gradient
-    GEMM stays in bf16, so input and grad_output are cast along one axis only (3 B, 1 kernel).
+    GEMM stays in bf16, so input and grad_output are cast along one axis only (3 B, 1 kernel). torchao mxfp8 /
+    nvfp4: like rowwise, each operand is cast along both axes (a dim0 and a dim1 cast: torchao's MX README,
+    "to_mx cast across dim0 and dim1"), the block scales computed inside the cast.
     Transformer Engine fuses amax, cast and transpose in its own kernels (compile changes nothing):
     delayed scaling reads last steps' amax (cast_transpose: read 2, write 2: 4 B, 1 kernel); current
     scaling adds an amax pass (6 B, 2 kernels); block and MX scales are computed inside the cast kernel
@@ -85,7 +87,7 @@ def casts(backend: str, recipe: str, compiled: bool) -> dict[str, Cast | None]:
         one = Cast(6, 2) if compiled else Cast(16, 6)
         return {"input": one, "weight": one, "grad_output": one}
     two_axes = Cast(8, 3) if compiled else Cast(12, 8)
-    if recipe == "rowwise":
+    if recipe in ("rowwise", "mxfp8", "nvfp4"):  # MX / NVFP4: each operand quantized along dim0 and dim1 (torchao's MX README)
         return {"input": two_axes, "weight": two_axes, "grad_output": two_axes}
     one_axis = Cast(3, 1) if compiled else Cast(8, 4)
     return {"input": one_axis, "weight": two_axes, "grad_output": one_axis}
