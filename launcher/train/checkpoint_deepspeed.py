@@ -5,14 +5,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-_WRAPPER_NAMES = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
-"""Module names that wrappers (torch.compile, checkpoint_wrapper, FSDP1) insert into parameter names."""
+from launcher.train.fqn import clean_fqn
 
-
-def clean_fqn(name: str) -> str:
-    """A parameter name without the modules wrappers insert (`_orig_mod`, `_checkpoint_wrapped_module`,
-    `_fsdp_wrapped_module`): the name the parameter has in the model as the user built it."""
-    return ".".join(part for part in name.split(".") if part not in _WRAPPER_NAMES)
 
 
 # -- DeepSpeed ----------------------------------------------------------------------------

@@ -165,7 +165,7 @@ def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None
 def layer_precisions(model: nn.Module, precision: Precision) -> dict[str, str]:
     """Module name (as built: wrapper parts dropped) -> precision as built, for every Linear and every
     backend FP8 linear module: "fp8 <recipe>" (read from the module) or the high-precision dtype."""
-    from launcher.train.monitor.hooks import clean_fqn
+    from launcher.train.fqn import clean_fqn
 
     from .precision.report import linear_like
 

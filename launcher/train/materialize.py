@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from launcher.errors import LauncherError
+from launcher.train.fqn import clean_fqn
 
 Initializer = Callable[[str, nn.Module], None]
 """(clean module name, module) -> initialises the parameters and buffers the module holds itself
@@ -45,18 +46,9 @@ class WholeModelInit:
         self.fn = fn
 
 
-WRAPPER_PARTS = ("_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module")
-"""Name parts wrappers (activation checkpointing, torch.compile, FSDP1) add to a module's name."""
-
-
-def clean_name(fqn: str) -> str:
-    """A module's name as the model defines it, whatever wrappers were applied since."""
-    return ".".join(p for p in fqn.split(".") if p not in WRAPPER_PARTS)
-
-
 def module_seed(seed: int, fqn: str) -> int:
     """The seed one module is initialised under: the run's seed and the module's clean name."""
-    return (int(seed) * 1_000_003 + zlib.crc32(clean_name(fqn).encode())) % (2**63)
+    return (int(seed) * 1_000_003 + zlib.crc32(clean_fqn(fqn).encode())) % (2**63)
 
 
 def is_meta(model: nn.Module) -> bool:
@@ -225,11 +217,11 @@ def _initialise(module: nn.Module, fqn: str, own: list, initializer: Initializer
     clone = full_copy(module)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(module_seed(seed, fqn))
-        initializer(clean_name(fqn), clone)
+        initializer(clean_fqn(fqn), clone)
     for kind, name, t in own:
         full = (clone._parameters if kind == "param" else clone._buffers)[name]
         if kind == "param":
-            _check_initialised(f"{clean_name(fqn)}.{name}" if fqn else name, full, type(module))
+            _check_initialised(f"{clean_fqn(fqn)}.{name}" if fqn else name, full, type(module))
         where = local_slice(t)
         part = full if where is None else full[where]
         _local(t).copy_(part.to(dtype=t.dtype))

@@ -20,7 +20,7 @@ from ._precision import make_plan
 
 
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {mat.clean_name(k): v.detach().clone() for k, v in model.state_dict().items()}
+    return {mat.clean_fqn(k): v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def test_builtin_is_built_on_meta_and_initialised_per_module_whatever_wraps_it():

@@ -23,6 +23,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from launcher.train.fqn import clean_fqn
+
 from .stats import FIELDS, Scaling, cast_stats, format_name, torchao_scale
 
 OPERANDS = ("input", "weight", "grad_output")
@@ -43,13 +45,6 @@ class Target:
 
 # ----------------------------------------------------------------------------- targets per backend
 
-WRAPPER_PARTS = frozenset({"_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module"})
-"""Name parts that activation checkpointing and torch.compile wrappers add to FQNs."""
-
-
-def clean_fqn(fqn: str) -> str:
-    """The FQN as in the model as built (what the precision report and precision.keep name)."""
-    return ".".join(part for part in fqn.split(".") if part not in WRAPPER_PARTS)
 
 
 def torchao_targets(model: nn.Module) -> list[Target]:
