@@ -187,6 +187,30 @@ def test_a_rule_recipe_must_be_one_of_torchaos():
     assert "PRECISION-RULE-RECIPE" in fired(bad)
 
 
+BF16_TAIL = [{"at_step": 8, "mode": "bf16"}]
+PLAN_CASES.update({
+    "SCHEDULE-STEPS": ({"precision": {**TAO, "schedule": [{"at_step": 500, "mode": "bf16"}]}, "train": {"steps": 100}},
+                       {"precision": {**TAO, "schedule": [{"at_step": 90, "mode": "bf16"}]}, "train": {"steps": 100}}),
+    "SCHEDULE-DIRECTION": ({"precision": {**TAO, "schedule": [{"at_step": 8, "recipe": "rowwise"}]}},
+                           {"precision": {**TAO, "schedule": BF16_TAIL}}),
+    "SCHEDULE-SUPPORT": ({"precision": {**TAO, "torchao": {"fsdp_float8_all_gather": True}, "schedule": BF16_TAIL}},
+                         {"precision": {**TAO, "schedule": BF16_TAIL}}),
+})
+
+
+def test_schedule_only_moves_layers_to_high_precision():
+    def fired_for(schedule, **precision):
+        return "SCHEDULE-DIRECTION" in fired({"precision": {**TAO, **precision, "schedule": schedule}})
+
+    assert not fired_for([{"at_step": 4, "keep_last_blocks": 1}, {"at_step": 8, "mode": "bf16"}])
+    assert fired_for([{"at_step": 4, "keep_last_blocks": 1}, {"at_step": 8, "keep_last_blocks": 0}])  # would re-enter FP8
+    assert fired_for([{"at_step": 4, "mode": "fp32"}])  # not this run's high precision
+    assert fired_for([{"at_step": 4, "rules": []}], rules=[{"match": "*.w2", "mode": "bf16"}])  # drops a keeping rule
+    assert not fired_for([{"at_step": 4, "rules": [{"match": "*.w1", "mode": "bf16"}, {"match": "*.w2", "mode": "bf16"}]}],
+                         rules=[{"match": "*.w2", "mode": "bf16"}])
+    assert fired({"precision": {"mode": "bf16", "schedule": [{"at_step": 4, "mode": "fp8"}]}}) >= {"SCHEDULE-DIRECTION"}
+
+
 PLAN_CASES["MONITOR-BLOCK"] = ({"precision": MX, "monitor": {"fp8_stats_every": 10}}, {"precision": TAO, "monitor": {"fp8_stats_every": 10}})
 
 # -- tensor parallel (issue 15): each rule on its bad combination and on its fixed twin ----------

@@ -96,6 +96,7 @@ def plan_many(paths: list[str], out_dir: str, overrides: list[str] = (), strict:
 def plan_record(planned: Planned, changes: list, params: int | None = None) -> dict:
     """What `plan --format json` prints for one spec: the plan, the memory estimate (`total_bytes_per_gpu` is the
     text table's total: model states and activations), the files, the prediction, the warnings."""
+    from launcher.commands.plan_text import phase_records
     from launcher.planning.memory import estimate, model_params
 
     n_params = params or model_params(planned.plan.train.model)
@@ -112,4 +113,5 @@ def plan_record(planned: Planned, changes: list, params: int | None = None) -> d
                           "offloaded": r.offloaded} for r in memory.rows]},
             "files": [{"path": c.path, "status": c.status} for c in changes],
             "prediction": planned.prediction.to_json() if planned.prediction else None,
+            "phases": phase_records(planned.plan, params) if planned.plan.precision.schedule else None,
             "warnings": [{"rule": f.rule.id, "message": f.message, "fix": f.rule.fix} for f in planned.warnings]}

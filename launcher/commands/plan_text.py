@@ -40,7 +40,40 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
         lines.append(f"  model states per GPU: pass --params N to estimate them ({plan.train.model.split(':')[0]}: models are sized when built)")
     if prediction is not None:
         lines.append(f"  {prediction.line()}")
+    lines += phase_lines(plan, params)
     return "\n".join(lines)
+
+
+def phase_lines(plan: Plan, params: int | None) -> list[str]:
+    """The `[[precision.schedule]]` phases: steps, precision, peak memory and predicted speed of each."""
+    if not plan.precision.schedule:
+        return []
+    out = ["  precision phases:"]
+    for phase in phase_records(plan, params):
+        memory = f", peak {phase['peak_bytes_per_gpu'] / 2**30:.3g} GiB per GPU" if phase["peak_bytes_per_gpu"] else ""
+        speed = phase["fp8_vs_bf16"]
+        speed = f", predicted {speed:.2f}x bf16's tokens/s" if speed is not None else ""
+        out.append(f"    {phase['phase']}: steps {phase['first_step']}-{phase['last_step']}: {phase['precision']}{memory}{speed}")
+    return out
+
+
+def phase_records(plan: Plan, params: int | None = None) -> list[dict]:
+    """One record per precision phase (plan --format json's `phases`)."""
+    from launcher.planning.predict import predict
+    from launcher.planning.schedule import phases
+
+    params = params or model_params(plan.train.model)
+    all_phases = phases(plan)
+    out = []
+    for phase, following in zip(all_phases, all_phases[1:] + [None]):
+        p = phase.plan.precision
+        pr = predict(phase.plan, plan.spec_dir) if params else None
+        out.append({"phase": phase.index, "first_step": phase.first_step,
+                    "last_step": following.first_step - 1 if following else plan.train.steps,
+                    "precision": f"fp8 {p.backend}{_recipe(phase.plan)}" if p.fp8 else p.mode,
+                    "peak_bytes_per_gpu": int(estimate(phase.plan, params).peak_bytes) if params else None,
+                    "fp8_vs_bf16": pr.fp8_vs_bf16 if pr is not None and p.fp8 else (1.0 if params else None)})
+    return out
 
 
 def _recipe(plan: Plan) -> str:

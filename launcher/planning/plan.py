@@ -70,6 +70,19 @@ class PrecisionRule:
 
 
 @frozen
+class PrecisionPhase:
+    """One `[[precision.schedule]]` entry: from `at_step` (or `at_fraction` of train.steps) on, the fields it
+    sets (not None) replace the precision's."""
+
+    at_step: int | None = None
+    at_fraction: float | None = None
+    mode: str | None = None
+    recipe: str | None = None
+    keep_last_blocks: int | None = None
+    rules: tuple[PrecisionRule, ...] | None = None
+
+
+@frozen
 class PrecisionConfig:
     mode: str
     """fp32 | fp16 | bf16 | fp8"""
@@ -84,6 +97,8 @@ class PrecisionConfig:
     """Transformer blocks at the end whose Linears stay in high precision."""
     rules: tuple[PrecisionRule, ...]
     """Per-module precision, first match wins (before keep, keep_first_last and the kept blocks)."""
+    schedule: tuple[PrecisionPhase, ...]
+    """Later precision phases (launcher/planning/schedule.py)."""
     keep: tuple[str, ...]
     """fnmatch globs of module FQNs kept in high precision."""
     torchao: TorchaoConfig
@@ -289,6 +304,14 @@ def _hints(cls) -> dict:
     return typing.get_type_hints(cls)
 
 
+def _optional_tuple(hint):
+    """`tuple[X, ...]` when `hint` is `tuple[X, ...] | None`, else None."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        return next((a for a in args if typing.get_origin(a) is tuple), None)
+    return None
+
+
 def _build(cls, data: dict):
     """Construct dataclass `cls` from `data`, recursing into nested config classes."""
     hints = _hints(cls)
@@ -299,9 +322,10 @@ def _build(cls, data: dict):
         hint, value = hints[f.name], data[f.name]
         if dataclasses.is_dataclass(hint):
             value = _build(hint, value)
-        elif typing.get_origin(hint) is tuple:
+        elif typing.get_origin(hint) is tuple or _optional_tuple(hint):
+            hint = hint if typing.get_origin(hint) is tuple else _optional_tuple(hint)
             item = typing.get_args(hint)[0]
-            value = tuple(_build(item, v) if dataclasses.is_dataclass(item) else v for v in value)
+            value = None if value is None else tuple(_build(item, v) if dataclasses.is_dataclass(item) else v for v in value)
         elif hint is int and isinstance(value, float):
             value = int(value)
         elif hint is float and isinstance(value, int):

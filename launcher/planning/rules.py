@@ -641,6 +641,58 @@ def _unmatched_rules(f: Facts) -> list[str]:
     return [r.match for r in rules if not any(fnmatch.fnmatchcase(n, r.match) for n in names)]
 
 
+def _schedule_steps(f: Facts) -> str:
+    from launcher.planning.schedule import first_step
+
+    steps = f.plan.train.steps
+    starts = [first_step(e, steps) for e in f.plan.precision.schedule]
+    bad = [s for s in starts if s < 2 or s > steps]
+    if bad:
+        return f"precision.schedule starts a phase at step {bad[0]}, outside 2 .. train.steps = {steps}."
+    if len(set(starts)) != len(starts):
+        return f"precision.schedule starts two phases at step {sorted(s for s in starts if starts.count(s) > 1)[0]}."
+    return ""
+
+
+def _schedule_direction(f: Facts) -> str:
+    from launcher.planning.schedule import phases
+
+    for before, after in zip(phases(f.plan), phases(f.plan)[1:]):
+        a, b = before.plan.precision, after.plan.precision
+        at = f"the phase from step {after.first_step}"
+        if b.mode != a.mode and not (a.mode == "fp8" and b.mode == a.compute_dtype):
+            return f"{at} sets mode {b.mode!r} after {a.mode!r}; only fp8 -> {a.compute_dtype} (its high precision) is switched."
+        if (b.torchao, b.te) != (a.torchao, a.te):
+            return f"{at} changes the recipe; a running model keeps its recipe until it leaves FP8."
+        if b.keep_last_blocks < a.keep_last_blocks:
+            return f"{at} lowers keep_last_blocks from {a.keep_last_blocks} to {b.keep_last_blocks}, which would put kept blocks into FP8."
+        if any(r.recipe for r in b.rules) and b.rules != a.rules:
+            return f"{at} sets rules with a recipe; later phases may only add mode entries."
+        if not set(a.rules) <= set(b.rules):
+            return f"{at} drops rules of the phase before, which would put the layers they kept into FP8."
+    return ""
+
+
+def _schedule_unsupported(f: Facts) -> list[str]:
+    p, d = f.plan.precision, f.plan.distributed
+    if not p.schedule:
+        return []
+    out = []
+    if p.mode == "fp8" and p.backend != "torchao":
+        out.append(f"backend {p.backend}")
+    if p.mode == "fp8" and p.backend == "torchao" and p.torchao.recipe in BLOCK_RECIPES:
+        out.append(f"torchao recipe {p.torchao.recipe}")
+    if p.mode == "fp8" and p.backend == "torchao" and p.torchao.fsdp_float8_all_gather:
+        out.append("precision.torchao.fsdp_float8_all_gather")
+    if d.strategy == "deepspeed":
+        out.append("strategy deepspeed")
+    if d.tensor_parallel > 1:
+        out.append("distributed.tensor_parallel > 1")
+    if f.plan.monitor.fp8_stats_every > 0:
+        out.append("the FP8 monitor")
+    return out
+
+
 def _gpu_cannot_run(f: Facts) -> str:
     """What an explicitly chosen launch.gpu lacks for the plan's precision ("" when it runs it, or for "auto"/AMD)."""
     from launcher.planning.gpus import PLAN_GPUS
@@ -728,6 +780,29 @@ RULES += (
          condition=lambda f: bool(_unmatched_rules(f)),
          detail=lambda f: "precision.rules " + ", ".join(repr(m) for m in _unmatched_rules(f)) + " match no Linear of "
              + f"{f.plan.train.model}."),
+    Rule(id="SCHEDULE-STEPS", severity="error", stage="plan",
+         when="a [[precision.schedule]] entry starting at step 1, after train.steps, or at the same step as another",
+         why="each phase needs steps of its own: phase 0 (the spec's precision) trains from step 1, each entry from its first step on.",
+         fix="set each entry's at_step (2 .. train.steps) or at_fraction so that no two start at the same step",
+         condition=lambda f: bool(_schedule_steps(f)),
+         detail=lambda f: _schedule_steps(f)),
+    Rule(id="SCHEDULE-DIRECTION", severity="error", stage="plan",
+         when="a [[precision.schedule]] phase that would put a layer into FP8 or change its recipe",
+         why="the run converts the live model in place at the switch; for now it only takes FP8 layers back to high precision "
+             "(torchtitan's advice: higher precision before the learning-rate decay), which keeps every parameter and optimizer "
+             "state as it is. Turning FP8 on or changing recipes mid-run would need the weights re-wrapped under the engine.",
+         fix='give later phases only mode = precision.high_precision (e.g. "bf16"), a larger keep_last_blocks, or rules that add mode entries',
+         condition=lambda f: bool(_schedule_direction(f)),
+         detail=lambda f: _schedule_direction(f)),
+    Rule(id="SCHEDULE-SUPPORT", severity="error", stage="plan",
+         when="[[precision.schedule]] with something the in-place switch does not handle",
+         why="the switch turns torchao Float8Linear layers back into nn.Linear under DDP or FSDP2; float8 all-gather wraps the sharded "
+             "weights, tensor parallel wraps them in float8 TP styles, DeepSpeed flattens them, MX / NVFP4 and Transformer Engine / "
+             "MS-AMP hold them in their own classes, and the FP8 monitor hooks the layers: none of these is undone yet.",
+         fix='use precision.backend = "torchao" with tensorwise / rowwise / rowwise_with_gw_hp under ddp or fsdp2, without '
+             'fsdp_float8_all_gather, tensor_parallel or the monitor; or remove precision.schedule',
+         condition=lambda f: bool(_schedule_unsupported(f)),
+         detail=lambda f: "precision.schedule cannot switch a run with " + ", ".join(_schedule_unsupported(f)) + "."),
     Rule(id="MONITOR-BLOCK", severity="error", stage="plan",
          when="monitor.fp8_stats_every > 0 with torchao recipe mxfp8 or nvfp4",
          why="the FP8 monitor hooks the casts of torchao's Float8Linear and TE's modules; torchao's MX and NVFP4 training casts "

@@ -103,6 +103,7 @@ ELSEWHERE: dict[str, str] = {
     "precision.high_precision": "tests/train/test_precision_amp.py, tests/e2e/test_runs.py (fp16 high precision)",
     "precision.keep_first_last": "tests/train/test_precision_select.py: which Linear layers are kept",
     "precision.rules": "tests/train/test_precision_torchao.py (mixed recipes); tests/e2e/test_runs.py::test_precision_rules_train_each_layer_as_the_layers_map_shows; tests/test_rules.py (PRECISION-RULE-*)",
+    "precision.schedule": "tests/e2e/test_resume.py::test_a_precision_schedule_resumes_bit_identically_between_two_switches; tests/train/test_precision_switch.py; tests/test_schedule.py; tests/test_rules.py (SCHEDULE-*)",
     "precision.keep_first_blocks": "tests/train/test_precision_select.py; tests/e2e/test_runs.py::test_kept_blocks_train_in_bf16_as_the_layers_map_shows",
     "precision.keep_last_blocks": "tests/train/test_precision_select.py; tests/e2e/test_runs.py::test_kept_blocks_train_in_bf16_as_the_layers_map_shows",
     "precision.keep": "tests/train/test_precision_select.py",

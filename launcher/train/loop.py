@@ -63,6 +63,8 @@ class TrainState:
     """Steps whose update was skipped for a non-finite loss (train.on_nan = "skip")."""
     losses: list[float] = field(default_factory=list)
     """The global mean loss of each step of this process's run (for the summary)."""
+    precision_phase: int = 0
+    """The `[[precision.schedule]]` phase the last step trained in (0: the spec's precision)."""
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, data position and RNG states (the model and optimizer go through `engine.train_state()`)."""

@@ -131,7 +131,10 @@ def build_run(plan_path: str, *, stream=None):
     from launcher.train.monitor import build_monitor, unwatched_note
     from launcher.errors import with_fix
     from launcher.planning.rules import RULES_BY_ID
+    from launcher.planning.schedule import phases, plan_at
+    from launcher.train.checkpoint import read_marker
     from launcher.train.precision import apply_precision, select
+    from launcher.train.precision.switch import PrecisionSwitch, phase_label
     from launcher.train.tensor_parallel import tp_line, tp_report
 
     plan_dir = os.path.dirname(os.path.abspath(plan_path))
@@ -145,6 +148,9 @@ def build_run(plan_path: str, *, stream=None):
     # A torchrun restart of this job continues it: checkpoints there now are its own earlier attempt's
     # ("never" refused to start over another run's checkpoints at the first attempt).
     resume = checkpoints.resolve_resume("auto" if restart and t.resume == "never" else t.resume)  # before building anything
+    # [[precision.schedule]]: the model is built in the precision of the next step to train
+    marker = read_marker(resume) if resume else None  # (an unreadable one is reported when the checkpoint loads)
+    phase = plan_at(plan, (int(marker["step"]) if marker else 0) + 1)
 
     torch.manual_seed(t.seed)  # models that build with their weights (opt-outs) draw the same ones on every rank
     # Built on the meta device: no rank holds the whole model before it is sharded (launcher/train/materialize.py).
@@ -160,7 +166,7 @@ def build_run(plan_path: str, *, stream=None):
             pending = None
     # planning warned already where it knows the names (builtin:, hf:); a py: model's are known from here on
     unmatched = select.unmatched_rules(model, plan) if t.model.startswith("py:") else []
-    precision = apply_precision(model, plan, env.device)
+    precision = apply_precision(model, phase.plan, env.device)
     blocks = prepare_blocks(model, plan, precision)
     engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks, pending=pending)
     torch.manual_seed(t.seed + env.rank)
@@ -175,13 +181,16 @@ def build_run(plan_path: str, *, stream=None):
     monitor = build_monitor(plan, precision, model, is_main=env.is_main, start_step=state.step)  # None: monitor off, nothing hooked
     # What took effect, read from the live objects; a requested feature that did not stops here (exit 3).
     measured = effects.measure(engine, fp8_modules=effects.fp8_module_ids(engine.module, precision), monitor=monitor)
-    effects.check(plan, measured, engine.module, env.device)
+    effects.check(phase.plan, measured, engine.module, env.device)
     logger = MetricsLogger(output_dir=t.output_dir, enabled=env.is_main, total_steps=t.steps, start_step=state.step, stream=stream)
     record = start_record(plan, env, precision.report, throughput, parameters=parameters, start_step=state.step)
     record["effects"] = measured
     record["layers"] = effects.layer_precisions(engine.module, precision)
     record["resumed_from"] = loaded.path if loaded else None
     record["restart_count"] = restart
+    if plan.precision.schedule:
+        record["precision_phase"] = phase.index
+        record["precision_schedule"] = [{"phase": p.index, "first_step": p.first_step, "precision": phase_label(p)} for p in phases(plan)]
     line = precision.report.line() + "\n" + effects.effects_line(measured)
     tp = tp_report(engine.module, plan, async_tp=measured["async_tp"])
     record["tensor_parallel"] = tp
@@ -206,6 +215,8 @@ def build_run(plan_path: str, *, stream=None):
     if note and env.is_main:
         print(note, file=sys.stderr, flush=True)
     callbacks = [checkpoints.callback] + ([monitor] if monitor is not None else [])
+    if plan.precision.schedule:  # after the checkpoint: a checkpoint at a phase's last step holds that phase
+        callbacks.append(PrecisionSwitch(plan, engine.module, logger, start_step=state.step))
     trainer = Trainer(state, plan, device=env.device, logger=logger, throughput=throughput, callbacks=callbacks,
                       checkpoints=checkpoints, resumed_from=loaded.path if loaded else None)
     return trainer, logger

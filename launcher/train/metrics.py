@@ -133,6 +133,10 @@ class MetricsLogger:
     def step(self, record: dict[str, Any]) -> None:
         self._emit(record, step_line(record, self.total_steps))
 
+    def event(self, record: dict[str, Any], line: str) -> None:
+        """A record of something that happened between steps (e.g. a precision switch), and its line."""
+        self._emit(record, line)
+
     def advance(self, steps: int = 1) -> None:
         """Move the progress bar (every step, logged or not)."""
         if self._bar is not None:

@@ -250,6 +250,22 @@ def test_fsdp2_torchao_mxfp8_resume_is_bit_identical_and_saves_plain_weights(tmp
     assert assert_same_dcp_checkpoint(mx.checkpoint(20), out / "checkpoints" / "step-20", tmp_path) == 21
 
 
+def test_a_precision_schedule_resumes_bit_identically_between_two_switches(tmp_path):
+    """[[precision.schedule]]: the last block back to bf16 from step 6, everything from step 14 (compiled FSDP2). The run
+    resumed from step 10 is built in phase 1's precision, switches at 14 like the uninterrupted one, and matches
+    it bit for bit; both write the `precision` events. ~35 s."""
+    schedule = [{"at_step": 6, "keep_last_blocks": 1}, {"at_step": 14, "mode": "bf16"}]
+    ref = _reference(tmp_path, "scheduled", 20, distributed__strategy="fsdp2", compile__enabled=True,
+                     precision__schedule=schedule, **FP8)
+    events = [r for r in metrics(ref.out) if r["event"] == "precision"]
+    assert [(e["step"], e["phase"], e["fp8_layers"]) for e in events] == [(6, 1, 6), (14, 2, 0)]
+    records, _, r = resume_from_step_10(ref, 20)
+    (start,) = starts(records)
+    assert start["precision_phase"] == 1 and start["fp8_layers"] == 6
+    assert [(e["step"], e["phase"]) for e in records if e["event"] == "precision"] == [(14, 2)]
+    assert "precision: from step 14: bf16 (was fp8 torchao tensorwise)" in r.stdout
+
+
 def test_ddp_bf16_resume_is_bit_identical(ddp_ref, tmp_path):
     """DDP bf16 with 2 micro-batches per step: losses 11-30, final weights and optimizer state. ~15 s."""
     resume_from_step_10(ddp_ref, 30)

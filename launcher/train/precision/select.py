@@ -12,6 +12,7 @@ from torch import nn
 
 from launcher.errors import LauncherError, with_fix
 from launcher.planning.selection import choose
+from launcher.train.fqn import clean_fqn
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
@@ -41,7 +42,9 @@ def _choice(fqn: str, mod: nn.Linear, plan: Plan, first_last: set[str], blocks: 
     if called_functionally(mod):
         return None, FUNCTIONAL
     of, n_blocks = blocks
-    return choose(fqn, mod.in_features, mod.out_features, plan, first_last, of.get(fqn), n_blocks)
+    # keep / rules globs and keep_first_last name modules as the model defines them (compile and checkpointing
+    # wrappers add `_orig_mod` / `_checkpoint_wrapped_module` once the blocks are prepared)
+    return choose(clean_fqn(fqn), mod.in_features, mod.out_features, plan, {clean_fqn(n) for n in first_last}, of.get(fqn), n_blocks)
 
 
 def block_of_linears(model: nn.Module, plan: Plan) -> tuple[dict[str, int], int]:
