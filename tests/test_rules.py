@@ -211,7 +211,7 @@ def test_schedule_only_moves_layers_to_high_precision():
     assert fired({"precision": {"mode": "bf16", "schedule": [{"at_step": 4, "mode": "fp8"}]}}) >= {"SCHEDULE-DIRECTION"}
 
 
-PLAN_CASES["MONITOR-BLOCK"] = ({"precision": MX, "monitor": {"fp8_stats_every": 10}}, {"precision": TAO, "monitor": {"fp8_stats_every": 10}})
+PLAN_CASES["MONITOR-BLOCK"] = ({"precision": NVFP4, "monitor": {"fp8_stats_every": 10}}, {"precision": MX, "monitor": {"fp8_stats_every": 10}})
 
 # -- tensor parallel (issue 15): each rule on its bad combination and on its fixed twin ----------
 TP2 = {"strategy": "fsdp2", "procs_per_node": 4, "tensor_parallel": 2}

@@ -804,11 +804,11 @@ RULES += (
          condition=lambda f: bool(_schedule_unsupported(f)),
          detail=lambda f: "precision.schedule cannot switch a run with " + ", ".join(_schedule_unsupported(f)) + "."),
     Rule(id="MONITOR-BLOCK", severity="error", stage="plan",
-         when="monitor.fp8_stats_every > 0 with torchao recipe mxfp8 or nvfp4",
-         why="the FP8 monitor hooks the casts of torchao's Float8Linear and TE's modules; torchao's MX and NVFP4 training casts "
-             "inside its weight wrapper and NVFP4Linear, which it does not hook: the run would write no fp8_stats.jsonl.",
-         fix='set monitor.fp8_stats_every = 0, or precision.torchao.recipe = "tensorwise" (or "rowwise") to watch the casts',
-         condition=lambda f: bool(_block(f)) and _monitor(f)),
+         when="monitor.fp8_stats_every > 0 with torchao recipe nvfp4",
+         why="the FP8 monitor measures FP8 casts (torchao's Float8Linear and MXFP8 layers, TE's modules); NVFP4's 4-bit e2m1 "
+             "cast with its random Hadamard transform is not modelled, so the run would write no statistics for its layers.",
+         fix='set monitor.fp8_stats_every = 0, or precision.torchao.recipe = "mxfp8" (or a Float8Linear recipe) to watch the casts',
+         condition=lambda f: _block(f) == "nvfp4" and _monitor(f)),
     Rule(id="TORCHAO-MX-TORCH", severity="error", stage="run",
          when="torchao recipe mxfp8 with a torch that lacks what torchao's MXFP8 training asserts",
          why="torchao 0.18's MXFP8 training asserts DTensor's scaled_mm_single_dim_strategy and is_pinned_handler "

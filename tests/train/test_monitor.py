@@ -300,3 +300,28 @@ def test_a_monitor_with_nothing_to_watch_says_so(world, tmp_path):
     assert monitor is not None and monitor.targets == []
     assert unwatched_note(plan, precision, monitor) == (
         "note: monitor.fp8_stats_every = 5 but no layer runs in FP8: no fp8_stats.jsonl is written")
+
+
+def test_mxfp8_records_match_torchaos_own_mx_cast(world, tmp_path):
+    """torchao MXFP8 (emulated on CPU): the monitor watches its layers in 1 x 32 blocks, and the underflow share it
+    records for an input is the one torchao's own to_mx cast (RCEIL, the mode fp8launch's mxfp8 uses) produces."""
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.prototype.mx_formats.mx_tensor import to_mx
+
+    layer = "layers.1.feed_forward.w2"
+    trainer, monitor, model, precision, captured = _run(tmp_path, world, every=2, recipe="mxfp8", capture=layer,
+                                                        train__seq_len=32, train__micro_batch_size=2)
+    trainer.run()
+    trainer.logger.close()
+    records = _records(tmp_path)
+    assert len({t.layer for t in monitor.targets}) == precision.report.fp8_layers == 13
+    rec = next(r for r in records if r["step"] == 2 and r["layer"] == layer and r["tensor"] == "input")
+    assert rec["granularity"] == "block1x32" and rec["format"] == "e4m3"
+    x = captured[1].float().reshape(-1, captured[1].shape[-1]).contiguous()
+    _, data = to_mx(x, torch.float8_e4m3fn, 32, ScaleCalculationMode.RCEIL)
+    nonzero = x != 0
+    assert rec["underflow"] == pytest.approx(((data.float() == 0) & nonzero).sum().item() / nonzero.sum().item())
+    assert rec["nonzero"] == nonzero.sum().item() and rec["underflow"] > 0  # SwiGLU outputs: some small values do flush
+    weight = next(r for r in records if r["step"] == 2 and r["layer"] == layer and r["tensor"] == "weight")
+    w = model.get_submodule(layer).weight
+    assert weight["nonzero"] == getattr(w, "to_local", lambda: w)()._data.numel()  # the MX wrapper's high-precision weight

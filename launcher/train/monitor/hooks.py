@@ -47,13 +47,24 @@ class Target:
 
 
 
+MXFP8 = Scaling(fmt="e4m3", rowwise=True, block=32, power_of_2=True)
+"""torchao's MXFP8 training cast (RCEIL): one power-of-two scale per 32 values along the last dim, the largest
+that keeps the block's amax within e4m3's range (the monitor's power_of_2 rounds fp8_max / amax down)."""
+
+
 def torchao_targets(model: nn.Module) -> list[Target]:
-    """Every torchao Float8Linear, with its config's casts for the forward GEMM and grad_output."""
+    """Every torchao Float8Linear, with its config's casts for the forward GEMM and grad_output, and every
+    Linear torchao's MXFP8 training holds (its three operands cast in 1 x 32 blocks)."""
     from torchao.float8.config import ScalingGranularity, ScalingType
     from torchao.float8.float8_linear import Float8Linear
 
+    from launcher.train.precision.torchao_fp8 import block_recipe_of
+
     targets = []
     for fqn, m in model.named_modules():
+        if block_recipe_of(m) == "mxfp8":
+            targets.append(Target(layer=clean_fqn(fqn), module=m, operands={op: MXFP8 for op in OPERANDS}))
+            continue
         if not isinstance(m, Float8Linear):
             continue
         c = m.config
@@ -172,6 +183,8 @@ class Collector:
             if is_fp8_tensor(x):  # cast before it got here (tensor parallel: PrepareFloat8ModuleInput, before the all-gather)
                 return
         x = getattr(x, "_tensor", x)  # torchao's WeightWithDynamicFloat8CastTensor wraps the hp weight
+        if type(x).__name__.endswith("TrainingWeightWrapperTensor"):  # torchao's MX training weight: the hp weight in _data
+            x = x._data
         scale = t.scale_source(t.module, operand) if t.scale_source else None
         self.add(t.layer, operand, cast_stats(x, t.operands[operand], scale))
 
