@@ -175,11 +175,16 @@ def test_launch_gpu_precision_names_what_the_gpu_lacks_and_auto_never_fires():
 PLAN_CASES.update({
     "PRECISION-RULE-RECIPE": ({"precision": {**TE, "rules": [{"match": "*.w2", "recipe": "current"}]}},
                               {"precision": {**TAO, "rules": [{"match": "*.w2", "recipe": "rowwise"}]}}),
-    "PRECISION-RULE-MODE": ({"precision": {**TAO, "rules": [{"match": "*.w2", "mode": "fp32"}]}},
-                            {"precision": {**TAO, "rules": [{"match": "*.w2", "mode": "bf16"}]}}),
+    "PRECISION-RULE-MODE": ({"precision": {**TAO, "rules": [{"match": "*.w2", "mode": "fp32"}]}, "distributed": DS},
+                            {"precision": {**TAO, "rules": [{"match": "*.w2", "mode": "fp32"}]}, "distributed": {"strategy": "fsdp2"}}),
     "PRECISION-RULE-UNMATCHED": ({"precision": {**TAO, "rules": [{"match": "layers.*.mlp.w2", "mode": "bf16"}]}},
                                  {"precision": {**TAO, "rules": [{"match": "layers.*.feed_forward.w2", "mode": "bf16"}]}}),
 })
+
+
+def test_a_rule_mode_of_fp16_needs_an_fp16_run():
+    assert "PRECISION-RULE-MODE" in fired({"precision": {**TAO, "rules": [{"match": "*.w2", "mode": "fp16"}]}})
+    assert "PRECISION-RULE-MODE" not in fired({"precision": {"mode": "fp16", "rules": [{"match": "*.w2", "mode": "fp16"}]}})
 
 
 def test_a_rule_recipe_must_be_one_of_torchaos():

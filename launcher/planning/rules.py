@@ -617,11 +617,15 @@ def _bad_rule_recipe(f: Facts) -> str:
 
 
 def _bad_rule_mode(f: Facts) -> str:
-    p = f.plan.precision
+    p, strategy = f.plan.precision, f.plan.distributed.strategy
     for r in p.rules:
-        if r.mode is not None and r.mode != p.compute_dtype:
-            return (f"precision.rules entry {r.match!r} keeps its layers in {r.mode}, but kept layers run in this run's "
-                    f"high precision, {p.compute_dtype}.")
+        if r.mode is None or r.mode == p.compute_dtype:
+            continue
+        if strategy == "deepspeed" or (p.mode == "fp8" and p.backend == "msamp"):
+            return (f"precision.rules entry {r.match!r} asks for {r.mode} in a {p.compute_dtype} run under "
+                    f"{'DeepSpeed' if strategy == 'deepspeed' else 'MS-AMP'}, which keeps one dtype for every weight.")
+        if r.mode == "fp16":
+            return f"precision.rules entry {r.match!r} asks for fp16 in a {p.compute_dtype} run, which has no loss scaling."
     return ""
 
 
@@ -767,10 +771,11 @@ RULES += (
          condition=lambda f: bool(_bad_rule_recipe(f)),
          detail=lambda f: _bad_rule_recipe(f)),
     Rule(id="PRECISION-RULE-MODE", severity="error", stage="plan",
-         when="a [[precision.rules]] mode other than precision.high_precision",
-         why="a kept Linear runs in the run's high precision (the autocast dtype, or FSDP2's / DeepSpeed's parameter dtype); "
-             "fp8launch does not yet give single modules a dtype of their own, so another mode would be silently ignored.",
-         fix="set the entry's mode to precision.high_precision (or use precision.keep globs)",
+         when="a [[precision.rules]] mode other than the run's high precision under DeepSpeed or MS-AMP, or fp16 outside an fp16 run",
+         why="a rule's own dtype runs its Linears outside autocast in that dtype, in an FSDP2 unit of their own (DDP keeps fp32 "
+             "weights anyway); DeepSpeed keeps every weight in its one dtype and MS-AMP wraps the model, so the mode would be "
+             "silently ignored there, and an fp16 module in a run without loss scaling would underflow its gradients.",
+         fix='set the entry\'s mode to precision.high_precision, use strategy ddp or fsdp2 with backend torchao or te, or mode = "fp32"',
          condition=lambda f: bool(_bad_rule_mode(f)),
          detail=lambda f: _bad_rule_mode(f)),
     Rule(id="PRECISION-RULE-UNMATCHED", severity="warning", stage="plan",

@@ -169,8 +169,10 @@ def layer_precisions(model: nn.Module, precision: Precision) -> dict[str, str]:
 
     from .precision.report import linear_like
 
+    from .precision.module_dtype import dtype_of
+
     high = precision.report.high_precision
-    return {clean_fqn(fqn): precision.fp8_label(m) or high
+    return {clean_fqn(fqn): precision.fp8_label(m) or dtype_of(m) or high
             for fqn, m, _ in linear_like(model, lambda m: precision.fp8_label(m) is not None)}
 
 

@@ -168,17 +168,21 @@ def test_kept_blocks_train_in_bf16_as_the_layers_map_shows(tmp_path):
 
 
 def test_precision_rules_train_each_layer_as_the_layers_map_shows(tmp_path):
-    """[[precision.rules]] through `fp8launch run` on 2 processes (FSDP2): the feed-forward w2 rowwise, layer 1's
-    attention kept by a mode rule, the rest tensorwise; the start record's layers map says so. ~10 s."""
-    rules = [{"match": "layers.1.attention.*", "mode": "bf16"}, {"match": "*.feed_forward.w2", "recipe": "rowwise"}]
+    """[[precision.rules]] through `fp8launch run` on 2 processes (FSDP2): layer 0's w1 in fp32 (its own FSDP unit),
+    the feed-forward w2 rowwise, layer 1's attention kept in bf16, the rest tensorwise; the start record's layers map
+    says so. ~10 s."""
+    rules = [{"match": "layers.0.feed_forward.w1", "mode": "fp32"}, {"match": "layers.1.attention.*", "mode": "bf16"},
+             {"match": "*.feed_forward.w2", "recipe": "rowwise"}]
     recs, r, _ = _run(tmp_path, "rules", **FP8, train__model="builtin:llama-debug?layers=2", train__steps=2,
                       distributed__strategy="fsdp2", precision__rules=rules)
     layers = recs.start["layers"]
     expected = {}
     for fqn in layers:
-        if fqn in ("output", "layers.0.attention.wq") or fqn.startswith("layers.1.attention."):
+        if fqn == "layers.0.feed_forward.w1":
+            expected[fqn] = "fp32"
+        elif fqn in ("output", "layers.0.attention.wq") or fqn.startswith("layers.1.attention."):
             expected[fqn] = "bf16"
         else:
             expected[fqn] = "fp8 rowwise" if fqn.endswith("feed_forward.w2") else "fp8 tensorwise"
-    assert layers == expected and recs.start["fp8_layers"] == 9
+    assert layers == expected and recs.start["fp8_layers"] == 8
     assert "2 in rowwise by precision.rules" in r.stdout

@@ -109,6 +109,32 @@ def test_mxfp8_layers_are_named_as_built_and_fsdp2_all_gathers_their_weights_in_
         assert all(not torch.equal(p.detach(), before[n]) for n, p in engine.module.named_parameters() if n in before)
 
 
+def test_a_rules_own_dtype_is_its_own_fsdp2_unit_gathered_in_that_dtype(tmp_path):
+    """An fp32 rule under FSDP2 (bf16 params elsewhere): each matching Linear is an FSDP unit of its own whose
+    MixedPrecisionPolicy all-gathers fp32, so it computes on fp32 weights; the layers map says fp32; it trains."""
+    from torch.distributed.fsdp import FSDPModule
+
+    keys = dict(precision__mode="fp8", precision__torchao__skip_small=False, distributed__strategy="fsdp2",
+                precision__rules=[{"match": "*.feed_forward.w2", "mode": "fp32"}])
+    with world_of_one():
+        _, engine, precision = _wrapped(tmp_path, **keys)
+        model = engine.module
+        w2 = model.get_submodule("layers.1.feed_forward.w2")
+        assert isinstance(w2, FSDPModule) and w2._get_fsdp_state()._mp_policy.param_dtype == torch.float32
+        assert not isinstance(model.get_submodule("layers.1.feed_forward.w1"), FSDPModule)  # inside its block's unit
+        layers = effects.layer_precisions(model, precision)
+        assert [f for f, v in layers.items() if v == "fp32"] == ["layers.0.feed_forward.w2", "layers.1.feed_forward.w2"]
+        assert effects.measure(engine, fp8_modules=effects.fp8_module_ids(model, precision))["all_gather_dtype"] == "bfloat16"
+        seen = {}
+        w2.register_forward_hook(lambda m, a, out: seen.update(dtype=(a[0].dtype, out.dtype)) or None)
+        batch = token_batches(1)[0]
+        with engine.micro_batch(last=True):
+            logits = engine.forward(batch[:, :-1])
+            engine.backward(torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten()), last=True)
+        engine.step()
+        assert seen["dtype"][1] == torch.float32
+
+
 def test_deepspeed_offload_trains_with_deepspeeds_cpu_adam(tmp_path):
     """The defect: DeepSpeed refused our torch AdamW under ZeRO-Offload (ZeRORuntimeException); the
     optimizer section in deepspeed.json makes it build its DeepSpeedCPUAdam, and the effects say so."""

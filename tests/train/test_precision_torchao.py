@@ -213,3 +213,23 @@ def test_precision_rules_mix_recipes_per_module_and_keep_by_mode_first_match_win
         loss = lm_loss(model, tokens)
     loss.backward()
     assert all(mod.weight.grad is not None for fqn, mod in model.named_modules() if labels.get(fqn))
+
+
+def test_a_rule_mode_gives_layers_their_own_dtype_outside_autocast():
+    """{ match = "*.feed_forward.w2", mode = "fp32" } in a bf16 FP8 run: those Linears stay out of FP8 and compute in
+    fp32 (autocast would give bf16), their gradients flow; the others are unchanged."""
+    from launcher.train.precision.module_dtype import dtype_of
+
+    model = TinyLlama()
+    plan = fp8_plan(torchao={"skip_small": False}, rules=[{"match": "*.feed_forward.w2", "mode": "fp32"}])
+    p = apply_precision(model, plan, torch.device("cpu"))
+    w2, w1 = model.get_submodule("layers.1.feed_forward.w2"), model.get_submodule("layers.1.feed_forward.w1")
+    assert dtype_of(w2) == "fp32" and not isinstance(w2, Float8Linear) and isinstance(w1, Float8Linear)
+    assert p.report.fp8_layers == 11 and "layers.1.feed_forward.w2 (rule '*.feed_forward.w2': fp32)" in p.report.kept
+    outputs = {}
+    for name in ("layers.1.feed_forward.w2", "layers.1.feed_forward.w3"):
+        model.get_submodule(name).register_forward_hook(lambda m, a, out, name=name: outputs.__setitem__(name, out.dtype))
+    with p.autocast():
+        lm_loss(model, torch.randint(0, 256, (2, 33))).backward()
+    assert outputs == {"layers.1.feed_forward.w2": torch.float32, "layers.1.feed_forward.w3": torch.bfloat16}
+    assert w2.weight.grad is not None and w2.weight.grad.abs().sum() > 0

@@ -14,6 +14,7 @@ from torch import nn
 
 from launcher.errors import LauncherError
 from launcher.train.models import edge_units, transformer_blocks
+from launcher.train.precision.module_dtype import DTYPES, dtype_of
 from launcher.train.optim import build_optimizer, build_scheduler
 
 from .base import Engine
@@ -93,6 +94,12 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
     # The units fsdp2.json lists; a plan written before "embedding" and "output" were units keeps its two.
     units = config.get("units", ["transformer_block", "root"])
     embedding, head = edge_units(model) if {"embedding", "output"} & set(units) else (None, [])
+    for module in model.modules():  # Linears a precision rule gives a dtype of their own: their own units, in that dtype
+        if dtype_of(module) is not None:
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            own = MixedPrecisionPolicy(param_dtype=DTYPES[dtype_of(module)], reduce_dtype=torch.float32)
+            fully_shard(module, mesh=mesh, reshard_after_forward=reshard, **{**kwargs, "mp_policy": own})
     if embedding is not None and "embedding" in units:
         fully_shard(embedding, mesh=mesh, reshard_after_forward=reshard, **kwargs)
     for i, block in enumerate(blocks):

@@ -22,6 +22,7 @@ from launcher.errors import LauncherError
 from .amp import Precision, apply_amp
 from .checks import capability, raise_run_errors
 from .conv1d import foreign_matmuls, linearize
+from .module_dtype import apply_module_dtypes
 from .report import PrecisionReport
 
 if typing.TYPE_CHECKING:
@@ -41,7 +42,9 @@ def apply_precision(model: nn.Module, plan: Plan, device: torch.device) -> Preci
     device = torch.device(device)
     p = plan.precision
     if not p.fp8:
-        return apply_amp(model, plan, device)
+        precision = apply_amp(model, plan, device)
+        apply_module_dtypes(model, plan)
+        return precision
     raise_run_errors(plan, device, capability=capability(device))
     linearize(model)  # transformers' Conv1D (GPT-2) -> the equivalent nn.Linear, which every backend converts
     if p.backend == "torchao":
@@ -60,4 +63,5 @@ def apply_precision(model: nn.Module, plan: Plan, device: torch.device) -> Preci
         raise LauncherError(f"unknown precision.backend {p.backend!r} in the plan; fix: regenerate the plan with `fp8launch plan SPEC` (precision.backend is torchao, te or msamp)")
     fp8_layers = precision.report.fp8_layers
     raise_run_errors(plan, device, fp8_layers=fp8_layers, foreign_matmuls=tuple(foreign_matmuls(model)) if fp8_layers == 0 else ())
+    apply_module_dtypes(model, plan)  # the layers rules keep in a dtype of their own (not converted above: kept)
     return precision
