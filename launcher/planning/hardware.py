@@ -18,8 +18,12 @@ TORCHAO_RECIPE_CAPABILITY = {"mxfp8": ((10, 0), None), "nvfp4": ((10, 0), None)}
 """torchao's block-scaled recipes: its MX kernels and NVFP4 Triton kernels check `is_sm_at_least_100`
 (torchao/prototype/mx_formats/kernels.py, moe_training/nvfp4_training/quantize_2d_triton.py, 0.18.0)."""
 
-BLOCK_RECIPES = ("mxfp8", "nvfp4")
-"""The block-scaled recipes (torchao and Transformer Engine alike): a scale per block of 32 (MX) or 16 (NVFP4) values."""
+BLOCK_SIZE = {"mxfp8": 32, "nvfp4": 16}
+"""The block-scaled recipes (torchao and Transformer Engine alike) and the values that share one scale: every
+dimension a GEMM of the layer scales along (in and out features, and the tokens: rule TORCHAO-BLOCK-TOKENS)
+must be a multiple (torchao 0.18's MX cast asserts "the last dimension ... must be divisible by block_size 32")."""
+
+BLOCK_RECIPES = tuple(BLOCK_SIZE)
 
 BF16_MIN_CAPABILITY = (8, 0)
 """bf16 tensor cores start with Ampere; older GPUs train in fp16."""

@@ -14,7 +14,8 @@ from typing import Callable
 from launcher.errors import with_fix
 from launcher.planning.install import INSTALL
 from launcher.planning.hardware import BLOCK_RECIPES, FP8_MIN_CAPABILITY, capability_text, requirement, supports
-from launcher.planning.selection import BLOCK_SIZE
+from launcher.planning.hardware import BLOCK_SIZE
+from launcher.planning.selection import unmatched
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
@@ -631,8 +632,6 @@ def _bad_rule_mode(f: Facts) -> str:
 
 def _unmatched_rules(f: Facts) -> list[str]:
     """The match globs of [[precision.rules]] that name no Linear of the model (empty when the names are unknown)."""
-    import fnmatch
-
     from launcher.planning.predict.shapes import model_shape
 
     rules = f.plan.precision.rules
@@ -641,8 +640,7 @@ def _unmatched_rules(f: Facts) -> list[str]:
     shape, _ = model_shape(f.plan.train.model, f.plan.spec_dir)
     if shape is None:
         return []
-    names = [s.name.format(i=i) for s in shape.linears for i in range(s.count)]
-    return [r.match for r in rules if not any(fnmatch.fnmatchcase(n, r.match) for n in names)]
+    return unmatched(rules, [s.name.format(i=i) for s in shape.linears for i in range(s.count)])
 
 
 def _schedule_steps(f: Facts) -> str:

@@ -25,6 +25,8 @@ import fnmatch
 import typing
 from typing import Collection
 
+from launcher.planning.hardware import BLOCK_SIZE
+
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
 
@@ -33,10 +35,6 @@ KEEP_FIRST_BLOCKS = "keep_first_blocks"
 KEEP_LAST_BLOCKS = "keep_last_blocks"
 DIMS = "dims not multiples of 16"
 SMALL = "skip_small"
-BLOCK_SIZE = {"mxfp8": 32, "nvfp4": 16}
-"""Values that share one scale in the block-scaled recipes: every dimension a GEMM of the layer scales
-along (in and out features, and the tokens: rule TORCHAO-BLOCK-TOKENS) must be a multiple
-(torchao 0.18's MX cast asserts "the last dimension ... must be divisible by block_size 32")."""
 
 
 def dims_reason(block: int) -> str:
@@ -107,6 +105,11 @@ def shape_reason(in_features: int, out_features: int, plan: Plan, recipe: str | 
 def matching_rule(name: str, plan: Plan):
     """The first `[[precision.rules]]` entry whose `match` glob fits `name`, or None."""
     return next((r for r in plan.precision.rules if fnmatch.fnmatchcase(name, r.match)), None)
+
+
+def unmatched(rules, names: Collection[str]) -> list[str]:
+    """The match globs of `rules` that fit none of `names` (the model's Linear names)."""
+    return [r.match for r in rules if not any(fnmatch.fnmatchcase(n, r.match) for n in names)]
 
 
 def rule_reason(rule) -> str:

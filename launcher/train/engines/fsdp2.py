@@ -69,7 +69,7 @@ def fsdp2_kwargs(config: dict, precision: Precision, device: torch.device) -> di
 
 def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict, *, env: DistEnv,
                blocks: list[nn.Module] | None = None, pending: Pending | None = None) -> FSDP2Engine:
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from launcher.train.distributed import device_mesh
     from launcher.train.tensor_parallel import parallelize
@@ -96,8 +96,6 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
     embedding, head = edge_units(model) if {"embedding", "output"} & set(units) else (None, [])
     for module in model.modules():  # Linears a precision rule gives a dtype of their own: their own units, in that dtype
         if dtype_of(module) is not None:
-            from torch.distributed.fsdp import MixedPrecisionPolicy
-
             own = MixedPrecisionPolicy(param_dtype=DTYPES[dtype_of(module)], reduce_dtype=torch.float32)
             fully_shard(module, mesh=mesh, reshard_after_forward=reshard, **{**kwargs, "mp_policy": own})
     if embedding is not None and "embedding" in units:

@@ -11,7 +11,7 @@ from typing import Callable
 from torch import nn
 
 from launcher.errors import LauncherError, with_fix
-from launcher.planning.selection import choose
+from launcher.planning.selection import choose, unmatched
 from launcher.train.fqn import clean_fqn
 
 if typing.TYPE_CHECKING:
@@ -30,12 +30,6 @@ def called_functionally(mod: nn.Module) -> bool:
     F.multi_head_attention_forward: swapping the module would change nothing, so it never runs in
     FP8 and must not be counted as if it did. PyTorch marks it with this subclass."""
     return type(mod) is nn.modules.linear.NonDynamicallyQuantizableLinear
-
-
-def _reason(fqn: str, mod: nn.Linear, plan: Plan, first_last: set[str], blocks: tuple[dict[str, int], int] = ({}, 0)) -> str | None:
-    if called_functionally(mod):
-        return FUNCTIONAL
-    return _choice(fqn, mod, plan, first_last, blocks)[1]
 
 
 def _choice(fqn: str, mod: nn.Linear, plan: Plan, first_last: set[str], blocks: tuple[dict[str, int], int] = ({}, 0)):
@@ -80,24 +74,21 @@ def _first_last(model: nn.Module, plan: Plan) -> set[str]:
     return {names[0], names[-1]} if names else set()
 
 
+def choices(model: nn.Module, plan: Plan) -> dict[str, tuple[str | None, str | None]]:
+    """{fqn: (the recipe it runs, None) or (None, the reason it is kept in high precision)} for every nn.Linear,
+    in registration order (a `[[precision.rules]]` entry's recipe, or the plan's)."""
+    first_last, blocks = _first_last(model, plan), block_of_linears(model, plan)
+    return {fqn: _choice(fqn, mod, plan, first_last, blocks) for fqn, mod in linears(model)}
+
+
 def classify(model: nn.Module, plan: Plan) -> dict[str, str | None]:
     """{fqn: None (runs in FP8) or the reason it is kept in high precision} for every nn.Linear,
     in registration order."""
-    first_last, blocks = _first_last(model, plan), block_of_linears(model, plan)
-    return {fqn: _reason(fqn, mod, plan, first_last, blocks) for fqn, mod in linears(model)}
+    return {fqn: why for fqn, (_, why) in choices(model, plan).items()}
 
 
-def recipes(model: nn.Module, plan: Plan) -> dict[str, str]:
-    """{fqn: the recipe it runs} for every Linear that runs in low precision (the plan's recipe, or a
-    `[[precision.rules]]` entry's), in registration order."""
-    first_last, blocks = _first_last(model, plan), block_of_linears(model, plan)
-    chosen = {fqn: _choice(fqn, mod, plan, first_last, blocks)[0] for fqn, mod in linears(model)}
-    return {fqn: recipe for fqn, recipe in chosen.items() if recipe is not None}
-
-
-def fp8_filter(plan: Plan, model: nn.Module | None = None, recipe: str | None = None) -> Callable[[nn.Module, str], bool]:
-    """A `module_filter_fn(module, fqn) -> bool` (torchao's convention: True = convert to FP8); with
-    `recipe`, only the layers that run that recipe.
+def fp8_filter(plan: Plan, model: nn.Module | None = None) -> Callable[[nn.Module, str], bool]:
+    """A `module_filter_fn(module, fqn) -> bool` (torchao's convention: True = convert to FP8).
 
     keep_first_last needs to see every Linear, so it needs `model`; without a model and with
     keep_first_last on this raises rather than silently converting the first and last layers.
@@ -109,17 +100,11 @@ def fp8_filter(plan: Plan, model: nn.Module | None = None, recipe: str | None = 
     blocks = block_of_linears(model, plan) if model is not None else ({}, 0)
 
     def module_filter_fn(module: nn.Module, fqn: str) -> bool:
-        if not isinstance(module, nn.Linear):
-            return False
-        chosen = _choice(fqn, module, plan, first_last, blocks)[0]
-        return chosen is not None and (recipe is None or chosen == recipe)
+        return isinstance(module, nn.Linear) and _choice(fqn, module, plan, first_last, blocks)[0] is not None
 
     return module_filter_fn
 
 
 def unmatched_rules(model: nn.Module, plan: Plan) -> list[str]:
     """The `[[precision.rules]]` match globs that name no Linear of the built model (a typo, usually)."""
-    import fnmatch
-
-    names = [fqn for fqn, _ in linears(model)]
-    return [r.match for r in plan.precision.rules if not any(fnmatch.fnmatchcase(n, r.match) for n in names)]
+    return unmatched(plan.precision.rules, [clean_fqn(fqn) for fqn, _ in linears(model)])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections import Counter
 
 import torch
 from torch import nn
@@ -158,12 +159,16 @@ def _emulated_mx_input(module: nn.Module, args: tuple) -> tuple | None:
 def apply_torchao(model: nn.Module, plan: Plan, device: torch.device) -> TorchaoPrecision:
     """Convert each chosen Linear with its recipe: the plan's, or a `[[precision.rules]]` entry's (one
     conversion per recipe, each over its own layers)."""
-    reasons = select.classify(model, plan)
-    chosen = select.recipes(model, plan)
+    choices = select.choices(model, plan)
+    reasons = {fqn: why for fqn, (_, why) in choices.items()}
+    chosen = Counter(recipe for recipe, _ in choices.values() if recipe is not None)  # in the order layers first use them
     main = plan.precision.torchao.recipe
     all_gather = False
-    for recipe in dict.fromkeys(chosen.values()):  # in the order the layers first use them
-        only = select.fp8_filter(plan, model, recipe)
+    for recipe in chosen:
+
+        def only(module: nn.Module, fqn: str, recipe=recipe) -> bool:
+            return choices.get(fqn, (None,))[0] == recipe
+
         if recipe in BLOCK_RECIPES:
             quantize_, config = _block_config(recipe, plan, device)
             quantize_(model, config, filter_fn=only)
@@ -178,7 +183,7 @@ def apply_torchao(model: nn.Module, plan: Plan, device: torch.device) -> Torchao
                 m.register_forward_pre_hook(_follow_cpu_autocast)
             elif block_recipe_of(m) == "mxfp8":
                 m.register_forward_pre_hook(_emulated_mx_input)
-    others = {r: sum(1 for v in chosen.values() if v == r) for r in dict.fromkeys(chosen.values()) if r != main}
+    others = {r: n for r, n in chosen.items() if r != main}
     note = ", ".join([name for name, on in (("float8 all-gather", all_gather),
                                             ("pad_inner_dim", plan.precision.torchao.pad_inner_dim and main not in BLOCK_RECIPES)) if on]
                      + [f"{n} in {r} by precision.rules" for r, n in others.items()])
