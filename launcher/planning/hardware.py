@@ -30,6 +30,13 @@ BF16_MIN_CAPABILITY = (8, 0)
 
 
 
+def precision_key(precision) -> tuple[str, str | None, str | None]:
+    """(mode, backend, recipe) of a plan's PrecisionConfig, as `supports` and `requirement` take them."""
+    if precision.mode != "fp8":
+        return precision.mode, None, None
+    return "fp8", precision.backend, {"torchao": precision.torchao.recipe, "te": precision.te.recipe}.get(precision.backend)
+
+
 def capability_range(mode: str, backend: str | None = None, recipe: str | None = None) -> tuple[tuple[int, int], tuple[int, int] | None]:
     """(lowest compute capability that runs this precision, first one that does not again or None)."""
     if mode == "fp8":

@@ -13,7 +13,7 @@ from typing import Callable
 
 from launcher.errors import with_fix
 from launcher.planning.install import INSTALL
-from launcher.planning.hardware import BLOCK_RECIPES, FP8_MIN_CAPABILITY, capability_text, requirement, supports
+from launcher.planning.hardware import BLOCK_RECIPES, FP8_MIN_CAPABILITY, capability_text, precision_key, requirement, supports
 from launcher.planning.hardware import BLOCK_SIZE
 from launcher.planning.selection import unmatched
 
@@ -702,8 +702,7 @@ def _gpu_cannot_run(f: Facts) -> str:
     p, choice = f.plan.precision, f.plan.launch.gpu
     if choice == "auto" or f.plan.launch.device == "cpu" or PLAN_GPUS[choice].capability is None:
         return ""
-    recipe = {"torchao": p.torchao.recipe, "te": p.te.recipe}.get(p.backend) if p.mode == "fp8" else None
-    mode, backend = ("fp8", p.backend) if p.mode == "fp8" else (p.compute_dtype, None)
+    mode, backend, recipe = precision_key(p)
     cc = PLAN_GPUS[choice].capability
     if supports(cc, mode, backend, recipe):
         return ""

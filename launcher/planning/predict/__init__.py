@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from launcher.planning.gpus import plan_gpu, plan_gpu_name
-from launcher.planning.hardware import BLOCK_RECIPES, supports
+from launcher.planning.hardware import BLOCK_RECIPES, precision_key, supports
 
 from . import cost
 from launcher.planning.predict.cost import Device, cast_s, gemm_s, stream_s
@@ -122,18 +122,10 @@ def _precision_label(plan) -> str:
     return f"fp8 {p.backend} " + {"torchao": p.torchao.recipe, "te": p.te.recipe, "msamp": p.msamp.opt_level}[p.backend]
 
 
-def _precision_key(plan) -> tuple[str, str | None, str | None]:
-    """(mode, backend, recipe) as planning/hardware.py's `supports` takes them."""
-    p = plan.precision
-    if not p.fp8:
-        return p.mode, None, None
-    return "fp8", p.backend, {"torchao": p.torchao.recipe, "te": p.te.recipe}.get(p.backend)
-
-
 def predict(plan, spec_dir: str = ".") -> Prediction:
     """The prediction for `plan` on its `launch.gpu` (auto: h100, or b200 for a precision that needs Blackwell);
     spec_dir resolves a relative hf: path."""
-    gpu = plan_gpu_name(plan.launch.gpu, *_precision_key(plan))
+    gpu = plan_gpu_name(plan.launch.gpu, *precision_key(plan.precision))
     spec = plan_gpu(gpu)
     label = _precision_label(plan)
     base = dict(gpu=gpu, gpus=plan.world_size, precision=label, tokens_per_step=plan.tokens_per_step)
@@ -165,7 +157,7 @@ def _peaks(spec) -> dict[str, float]:
 
 
 def _unsupported(p, capability) -> str:
-    recipe = {"torchao": p.torchao.recipe, "te": p.te.recipe}.get(p.backend)
+    _, _, recipe = precision_key(p)
     if capability is None:  # AMD: torchao's FP8 runs (MI300X e4m3fnuz); TE/MS-AMP are CUDA builds
         if p.backend == "torchao" and recipe in BLOCK_RECIPES:
             return f"torchao {recipe} on AMD GPUs is not modelled"
