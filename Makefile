@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-EXTRAS := torchao,deepspeed,hf,bench,accelerate,dev
+EXTRAS := torchao,deepspeed,hf,bench,accelerate,tensorboard,wandb,mlflow,data,dev
 
 .PHONY: setup test test-fast smoke plan-check support-matrix dist bench clean
 

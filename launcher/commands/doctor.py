@@ -258,6 +258,12 @@ def packages_needed(plan: Plan) -> list[str]:
         out.append("deepspeed")
     if plan.train.model.startswith("hf:"):
         out.append("transformers")
+    sources = (plan.train.data, plan.eval.data)
+    if any(s.startswith("hf-dataset:") for s in sources):
+        out.append("datasets")
+    if plan.train.tokenizer or any(s.startswith("hf-dataset:") for s in sources):
+        out.append("tokenizers")
+    out += list(plan.log.trackers)  # the import names are the tracker names: tensorboard, wandb, mlflow
     return list(dict.fromkeys(out))
 
 

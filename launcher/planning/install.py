@@ -13,10 +13,11 @@ import re
 from functools import cache
 
 EXTRA = {"torchao": "torchao", "transformer_engine": "te", "deepspeed": "deepspeed", "transformers": "hf",
-         "tokenizers": "hf", "accelerate": "accelerate", "matplotlib": "bench"}
+         "tokenizers": "hf", "accelerate": "accelerate", "matplotlib": "bench", "tensorboard": "tensorboard",
+         "wandb": "wandb", "mlflow": "mlflow", "datasets": "data"}
 """Import name -> the fp8launch extra that installs it."""
 
-DISTRIBUTION = {"transformer_engine": "transformer-engine", "tokenizers": "transformers"}
+DISTRIBUTION = {"transformer_engine": "transformer-engine", "tokenizers": "transformers", "mlflow": "mlflow-skinny"}
 """Import name -> the distribution that provides it, where they differ (tokenizers comes with transformers)."""
 
 FROM_CLONE = 'pip install -e ".[{extras}]"'

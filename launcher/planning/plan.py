@@ -223,6 +223,8 @@ class LaunchConfig:
 class TrainConfig:
     model: str
     data: str
+    tokenizer: str
+    """A tokenizer.json or a folder holding one; "" = none."""
     seq_len: int
     micro_batch_size: int
     grad_accum_steps: int
@@ -255,6 +257,50 @@ class MonitorConfig:
 
 
 @frozen
+class EvalConfig:
+    data: str
+    """Held-out data in the forms of train.data; "" = no evaluation."""
+    every: int
+    """Steps between evaluations; 0 = once after the last step."""
+    steps: int
+    """Batches per evaluation."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.data)
+
+    def due(self, step: int, total_steps: int) -> bool:
+        """Whether an evaluation follows optimizer step `step`."""
+        if not self.data:
+            return False
+        return step == total_steps or (self.every > 0 and step % self.every == 0)
+
+
+WANDB_DEFAULTS = {"enabled": False, "project": "", "entity": "", "mode": "online"}
+
+
+@frozen
+class LogConfig:
+    tensorboard: bool
+    wandb: dict
+    """{"enabled", "project", "entity", "mode"}: the spec's `true` / `false` / [log.wandb] table, normalized."""
+    mlflow: bool
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """The trackers this run writes to, in a fixed order."""
+        on = {"tensorboard": self.tensorboard, "wandb": self.wandb["enabled"], "mlflow": self.mlflow}
+        return tuple(name for name, enabled in on.items() if enabled)
+
+
+def normalize_wandb(value) -> dict:
+    """log.wandb as written (a bool, or a table that turns it on) -> the one dict form plan.json keeps."""
+    if isinstance(value, dict):
+        return {**WANDB_DEFAULTS, "enabled": True, **value} if "enabled" not in value else {**WANDB_DEFAULTS, **value}
+    return {**WANDB_DEFAULTS, "enabled": bool(value)}
+
+
+@frozen
 class ExportConfig:
     accelerate: bool
     """Also write accelerate.yaml."""
@@ -273,6 +319,8 @@ class Plan:
     launch: LaunchConfig
     train: TrainConfig
     monitor: MonitorConfig
+    eval: EvalConfig
+    log: LogConfig
     export: ExportConfig
     spec_sha256: str = ""
     """sha256 of the spec file's bytes (before --set overrides)."""
@@ -354,6 +402,7 @@ def resolve(source: SpecSource) -> Plan:
         dp = d["nodes"] * d["procs_per_node"] // max(1, d["tensor_parallel"])
         d["global_batch_size"] = t["micro_batch_size"] * t["grad_accum_steps"] * max(1, dp)
     t["output_dir"] = t["output_dir"].replace("{name}", data["name"])
+    data["log"]["wandb"] = normalize_wandb(data["log"]["wandb"])
     plan = _build(Plan, data)
     return dataclasses.replace(
         plan,

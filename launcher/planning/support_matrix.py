@@ -158,6 +158,13 @@ ELSEWHERE: dict[str, str] = {
     "monitor.underflow_warn": "tests/train/test_monitor.py",
     "monitor.overflow_warn": "tests/train/test_monitor.py",
     "export.accelerate": "tests/test_accelerate_export.py",
+    "train.tokenizer": "tests/train/test_data_formats.py (hf-dataset:, megatron:'s EOS, text:), tests/e2e/test_run_to_model.py",
+    "eval.data": "tests/train/test_eval.py; tests/e2e/test_run_to_model.py (held-out loss in metrics.jsonl, bench's gate)",
+    "eval.every": "tests/train/test_eval.py",
+    "eval.steps": "tests/train/test_eval.py",
+    "log.tensorboard": "tests/train/test_trackers.py (TensorBoard's EventAccumulator reads the scalars); tests/e2e/test_run_to_model.py",
+    "log.wandb": "tests/train/test_trackers.py (the offline run file holds the history; resume continues the run id)",
+    "log.mlflow": "tests/train/test_trackers.py (MLflow's client reads the metrics)",
 }
 """Schema keys that are not options of a matrix, with where they are tested instead."""
 
