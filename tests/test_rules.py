@@ -53,6 +53,8 @@ PLAN_CASES = {
                        {"distributed": {"procs_per_node": 4, "global_batch_size": 8}, "train": {"micro_batch_size": 2}}),
     "SECTION-UNUSED": ({"precision": {"mode": "bf16", "torchao": {"recipe": "rowwise"}}},
                        {"precision": {**TAO, "torchao": {"recipe": "rowwise"}}}),
+    "EVAL-NOT-HELD-OUT": ({"train": {"data": "tokens:a.npy"}, "eval": {"data": "tokens:a.npy"}},
+                          {"train": {"data": "tokens:a.npy"}, "eval": {"data": "tokens:held-out.npy"}}),
     "DS-OFFLOAD-PARAM-STAGE": ({"distributed": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 2, "offload_param": "cpu"}}},
                                {"distributed": {"strategy": "deepspeed", "deepspeed": {"zero_stage": 3, "offload_param": "cpu"}}}),
     "ACCELERATE-UNSUPPORTED": ({"precision": {**TE, "te": {"recipe": "current"}}, "export": {"accelerate": True}},
@@ -196,24 +198,35 @@ BF16_TAIL = [{"at_step": 8, "mode": "bf16"}]
 PLAN_CASES.update({
     "SCHEDULE-STEPS": ({"precision": {**TAO, "schedule": [{"at_step": 500, "mode": "bf16"}]}, "train": {"steps": 100}},
                        {"precision": {**TAO, "schedule": [{"at_step": 90, "mode": "bf16"}]}, "train": {"steps": 100}}),
-    "SCHEDULE-DIRECTION": ({"precision": {**TAO, "schedule": [{"at_step": 8, "recipe": "rowwise"}]}},
+    "SCHEDULE-DIRECTION": ({"precision": {**TAO, "schedule": [{"at_step": 8, "mode": "fp32"}]}},
                            {"precision": {**TAO, "schedule": BF16_TAIL}}),
     "SCHEDULE-SUPPORT": ({"precision": {**TAO, "torchao": {"fsdp_float8_all_gather": True}, "schedule": BF16_TAIL}},
                          {"precision": {**TAO, "schedule": BF16_TAIL}}),
 })
 
 
-def test_schedule_only_moves_layers_to_high_precision():
+def test_schedule_moves_layers_between_fp8_recipes_and_high_precision_but_not_the_high_precision_itself():
     def fired_for(schedule, **precision):
         return "SCHEDULE-DIRECTION" in fired({"precision": {**TAO, **precision, "schedule": schedule}})
 
     assert not fired_for([{"at_step": 4, "keep_last_blocks": 1}, {"at_step": 8, "mode": "bf16"}])
-    assert fired_for([{"at_step": 4, "keep_last_blocks": 1}, {"at_step": 8, "keep_last_blocks": 0}])  # would re-enter FP8
+    assert not fired_for([{"at_step": 4, "keep_last_blocks": 1}, {"at_step": 8, "keep_last_blocks": 0}])  # back into FP8
+    assert not fired_for([{"at_step": 4, "recipe": "rowwise"}])  # a recipe change
+    assert not fired_for([{"at_step": 4, "rules": []}], rules=[{"match": "*.w2", "mode": "bf16"}])  # w2 back into FP8
     assert fired_for([{"at_step": 4, "mode": "fp32"}])  # not this run's high precision
-    assert fired_for([{"at_step": 4, "rules": []}], rules=[{"match": "*.w2", "mode": "bf16"}])  # drops a keeping rule
-    assert not fired_for([{"at_step": 4, "rules": [{"match": "*.w1", "mode": "bf16"}, {"match": "*.w2", "mode": "bf16"}]}],
-                         rules=[{"match": "*.w2", "mode": "bf16"}])
-    assert fired({"precision": {"mode": "bf16", "schedule": [{"at_step": 4, "mode": "fp8"}]}}) >= {"SCHEDULE-DIRECTION"}
+    assert fired_for([{"at_step": 4, "rules": []}], rules=[{"match": "*.w2", "mode": "fp32"}])  # a layer's own dtype
+    assert not fired({"precision": {"mode": "bf16", "schedule": [{"at_step": 4, "mode": "fp8"}]}}) & {"SCHEDULE-DIRECTION", "SCHEDULE-SUPPORT"}
+
+
+def test_a_later_phase_is_held_to_the_error_rules_of_its_own_precision():
+    """bf16 first, then FP8 with a block recipe on a run the switch cannot convert: refused for that phase."""
+    found = fired({"precision": {"mode": "bf16", "torchao": {"recipe": "mxfp8"}, "schedule": [{"at_step": 4, "mode": "fp8"}]}})
+    assert "SCHEDULE-SUPPORT" in found
+    spec = {"precision": {"mode": "bf16", "schedule": [{"at_step": 4, "mode": "fp8"}]}, "distributed": {"strategy": "ddp"}, **COMPILED}
+    assert "FP8-DDP-COMPILE" in fired(spec)  # the rule of the FP8 phase, though phase 0 is bf16
+    plan = plan_from({"version": 1, "name": "t", **spec})
+    texts = [str(f) for f in check(Facts(plan=plan, rendered=render(plan)))]
+    assert any(s.startswith("error[FP8-DDP-COMPILE]: in the precision phase from step 4: ") for s in texts)
 
 
 PLAN_CASES["MONITOR-BLOCK"] = ({"precision": NVFP4, "monitor": {"fp8_stats_every": 10}}, {"precision": MX, "monitor": {"fp8_stats_every": 10}})
@@ -289,7 +302,8 @@ def test_spec_contract_ids_are_all_present():
 
 
 def test_every_fix_names_a_spec_key_or_an_action():
-    keys = ("precision.", "distributed.", "compile.", "activation_checkpointing.", "train.", "launch.", "templates/", "install", "delete", "measure")
+    keys = ("precision.", "distributed.", "compile.", "activation_checkpointing.", "train.", "launch.", "eval.", "log.", "templates/",
+            "install", "delete", "measure")
     for r in RULES:
         assert any(k in r.fix for k in keys), r.id
 

@@ -250,8 +250,10 @@ def _recipe(plan: Plan) -> str:
 
 def packages_needed(plan: Plan) -> list[str]:
     """The optional packages a run of `plan` imports (torch itself is checked first)."""
+    from launcher.planning.schedule import phases
+
     p = plan.precision
-    out = [BACKEND_PACKAGE[p.backend]] if p.fp8 else []
+    out = [BACKEND_PACKAGE[q.plan.precision.backend] for q in phases(plan) if q.plan.precision.fp8]  # any phase that trains in FP8
     if p.fp8 and p.backend == "msamp" and p.msamp.use_te:
         out.append("transformer_engine")
     if plan.distributed.strategy == "deepspeed":

@@ -7,6 +7,7 @@ alone; "run": needs facts about the machine or the model), a condition, why it i
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import dataclass, field
 from typing import Callable
@@ -229,6 +230,12 @@ RULES: tuple[Rule, ...] = (
          fix="delete the section, or choose the backend/strategy/launcher that reads it",
          condition=lambda f: bool(_unused_sections(f)),
          detail=lambda f: "; ".join(f"[{s}] is ignored with this plan" for s in _unused_sections(f)) + "."),
+    Rule(id="EVAL-NOT-HELD-OUT", severity="warning", stage="plan",
+         when="eval.data names the same file or factory as train.data (synthetic excepted)",
+         why="an evaluation on the data the run trains on measures fit, not generalization: the FP8-vs-bf16 comparison [eval] "
+             "exists for needs batches neither trained on (eval.data = \"synthetic\" draws from streams no rank trains on).",
+         fix="point eval.data at a held-out split (another file, prefix or dataset folder)",
+         condition=lambda f: f.plan.eval.data not in ("", "synthetic") and f.plan.eval.data == f.plan.train.data),
     Rule(id="DS-OFFLOAD-PARAM-STAGE", severity="error", stage="plan",
          when="deepspeed offload_param != none with zero_stage != 3",
          why="DeepSpeed offloads parameters only under ZeRO stage 3.",
@@ -656,43 +663,50 @@ def _schedule_steps(f: Facts) -> str:
     return ""
 
 
+def _own_dtype_rules(p) -> set:
+    """The `[[precision.rules]]` entries that give layers a dtype of their own (a mode other than the run's high precision)."""
+    return {r for r in p.rules if r.mode is not None and r.mode != p.compute_dtype}
+
+
 def _schedule_direction(f: Facts) -> str:
     from launcher.planning.schedule import phases
 
     for before, after in zip(phases(f.plan), phases(f.plan)[1:]):
         a, b = before.plan.precision, after.plan.precision
         at = f"the phase from step {after.first_step}"
-        if b.mode != a.mode and not (a.mode == "fp8" and b.mode == a.compute_dtype):
-            return f"{at} sets mode {b.mode!r} after {a.mode!r}; only fp8 -> {a.compute_dtype} (its high precision) is switched."
-        if (b.torchao, b.te) != (a.torchao, a.te):
-            return f"{at} changes the recipe; a running model keeps its recipe until it leaves FP8."
-        if b.keep_last_blocks < a.keep_last_blocks:
-            return f"{at} lowers keep_last_blocks from {a.keep_last_blocks} to {b.keep_last_blocks}, which would put kept blocks into FP8."
-        if any(r.recipe for r in b.rules) and b.rules != a.rules:
-            return f"{at} sets rules with a recipe; later phases may only add mode entries."
-        if not set(a.rules) <= set(b.rules):
-            return f"{at} drops rules of the phase before, which would put the layers they kept into FP8."
+        if b.mode != a.mode and {a.mode, b.mode} != {"fp8", a.compute_dtype}:
+            return (f"{at} sets mode {b.mode!r} after {a.mode!r}; a switch moves layers between fp8 and the run's high precision "
+                    f"({a.compute_dtype}), it does not change the high precision itself (autocast, loss scaling).")
+        if b.high_precision != a.high_precision:
+            return f"{at} changes precision.high_precision; the autocast dtype and loss scaling stay those of the run."
+        if _own_dtype_rules(a) != _own_dtype_rules(b):
+            return (f"{at} changes the rules that give layers a dtype of their own (mode other than {a.compute_dtype}); those "
+                    "layers are FSDP units of their own with that dtype, fixed when the run starts.")
     return ""
 
 
 def _schedule_unsupported(f: Facts) -> list[str]:
+    from launcher.planning.schedule import phases
+
     p, d = f.plan.precision, f.plan.distributed
     if not p.schedule:
         return []
     out = []
-    if p.mode == "fp8" and p.backend != "torchao":
-        out.append(f"backend {p.backend}")
-    if p.mode == "fp8" and p.backend == "torchao" and p.torchao.recipe in BLOCK_RECIPES:
-        out.append(f"torchao recipe {p.torchao.recipe}")
-    if p.mode == "fp8" and p.backend == "torchao" and p.torchao.fsdp_float8_all_gather:
-        out.append("precision.torchao.fsdp_float8_all_gather")
+    for phase in phases(f.plan):
+        q = phase.plan.precision
+        if q.mode == "fp8" and q.backend != "torchao":
+            out.append(f"backend {q.backend}")
+        recipes = ({q.torchao.recipe} if q.mode == "fp8" and q.backend == "torchao" else set()) | {r.recipe for r in q.rules if r.recipe}
+        out += [f"torchao recipe {r}" for r in sorted(recipes & set(BLOCK_RECIPES))]
+        if q.mode == "fp8" and q.backend == "torchao" and q.torchao.fsdp_float8_all_gather:
+            out.append("precision.torchao.fsdp_float8_all_gather")
     if d.strategy == "deepspeed":
         out.append("strategy deepspeed")
     if d.tensor_parallel > 1:
         out.append("distributed.tensor_parallel > 1")
     if f.plan.monitor.fp8_stats_every > 0:
         out.append("the FP8 monitor")
-    return out
+    return list(dict.fromkeys(out))
 
 
 def _gpu_cannot_run(f: Facts) -> str:
@@ -789,18 +803,20 @@ RULES += (
          condition=lambda f: bool(_schedule_steps(f)),
          detail=lambda f: _schedule_steps(f)),
     Rule(id="SCHEDULE-DIRECTION", severity="error", stage="plan",
-         when="a [[precision.schedule]] phase that would put a layer into FP8 or change its recipe",
-         why="the run converts the live model in place at the switch; for now it only takes FP8 layers back to high precision "
-             "(torchtitan's advice: higher precision before the learning-rate decay), which keeps every parameter and optimizer "
-             "state as it is. Turning FP8 on or changing recipes mid-run would need the weights re-wrapped under the engine.",
-         fix='give later phases only mode = precision.high_precision (e.g. "bf16"), a larger keep_last_blocks, or rules that add mode entries',
+         when="a [[precision.schedule]] phase that changes the run's high precision, or the rules that give layers a dtype of their own",
+         why="the run converts the live model in place at the switch: each Linear moves between FP8 recipes and the run's high "
+             "precision, keeping its Parameters and optimizer state. The high precision itself (autocast dtype, loss scaling) and "
+             "the layers with a dtype of their own (their own FSDP units) are fixed when the run starts.",
+         fix='give later phases mode = "fp8" or precision.high_precision (e.g. "bf16"), another torchao recipe, keep_last_blocks or '
+             "rules, and keep the rules with another mode (fp32, fp16) the same in every phase",
          condition=lambda f: bool(_schedule_direction(f)),
          detail=lambda f: _schedule_direction(f)),
     Rule(id="SCHEDULE-SUPPORT", severity="error", stage="plan",
          when="[[precision.schedule]] with something the in-place switch does not handle",
-         why="the switch turns torchao Float8Linear layers back into nn.Linear under DDP or FSDP2; float8 all-gather wraps the sharded "
-             "weights, tensor parallel wraps them in float8 TP styles, DeepSpeed flattens them, MX / NVFP4 and Transformer Engine / "
-             "MS-AMP hold them in their own classes, and the FP8 monitor hooks the layers: none of these is undone yet.",
+         why="the switch turns nn.Linear and torchao Float8Linear layers into each other (and re-configures a Float8Linear's recipe) "
+             "under DDP or FSDP2; float8 all-gather wraps the sharded weights, tensor parallel wraps them in float8 TP styles, DeepSpeed "
+             "flattens them, MX / NVFP4 and Transformer Engine / MS-AMP hold them in their own classes, and the FP8 monitor hooks the "
+             "layers: none of these is switched yet.",
          fix='use precision.backend = "torchao" with tensorwise / rowwise / rowwise_with_gw_hp under ddp or fsdp2, without '
              'fsdp_float8_all_gather, tensor_parallel or the monitor; or remove precision.schedule',
          condition=lambda f: bool(_schedule_unsupported(f)),
@@ -823,8 +839,21 @@ RULES_BY_ID = {r.id: r for r in RULES}
 
 
 def check(facts: Facts, stage: str = "plan") -> list[Finding]:
-    """Every rule of `stage` whose condition holds for `facts`, errors first."""
+    """Every rule of `stage` whose condition holds for `facts`, errors first. With a `[[precision.schedule]]`, the
+    error rules also hold each later phase's precision to account (e.g. a phase that turns FP8 on where it cannot run)."""
     found = [Finding(r, r.detail(facts) if r.detail else r.why) for r in RULES if r.stage == stage and r.condition(facts)]
+    seen = {f.rule.id for f in found}
+    if facts.plan.precision.schedule:
+        from launcher.planning.schedule import phases
+
+        for phase in phases(facts.plan)[1:]:
+            later = dataclasses.replace(facts, plan=phase.plan, prediction=None)
+            for r in RULES:
+                if (r.stage == stage and r.severity == "error" and r.id not in seen and not r.id.startswith("SCHEDULE-")
+                        and r.condition(later)):
+                    seen.add(r.id)
+                    found.append(Finding(r, f"in the precision phase from step {phase.first_step}: "
+                                            + (r.detail(later) if r.detail else r.why)))
     return sorted(found, key=lambda f: not f.is_error)
 
 

@@ -251,19 +251,23 @@ def test_fsdp2_torchao_mxfp8_resume_is_bit_identical_and_saves_plain_weights(tmp
 
 
 def test_a_precision_schedule_resumes_bit_identically_between_two_switches(tmp_path):
-    """[[precision.schedule]]: the last block back to bf16 from step 6, everything from step 14 (compiled FSDP2). The run
-    resumed from step 10 is built in phase 1's precision, switches at 14 like the uninterrupted one, and matches
-    it bit for bit; both write the `precision` events. ~35 s."""
-    schedule = [{"at_step": 6, "keep_last_blocks": 1}, {"at_step": 14, "mode": "bf16"}]
+    """[[precision.schedule]] through every direction the switch takes (compiled FSDP2): the last block back to bf16
+    from step 6, FP8 rowwise everywhere from step 14 (the kept block back into FP8, the others to another recipe),
+    bf16 from step 18. The run resumed from step 10 is built in phase 1's precision, switches at 14 and 18 like the
+    uninterrupted one, and matches it bit for bit; both write the `precision` events. ~40 s."""
+    schedule = [{"at_step": 6, "keep_last_blocks": 1}, {"at_step": 14, "keep_last_blocks": 0, "recipe": "rowwise"},
+                {"at_step": 18, "mode": "bf16"}]
     ref = _reference(tmp_path, "scheduled", 20, distributed__strategy="fsdp2", compile__enabled=True,
                      precision__schedule=schedule, **FP8)
     events = [r for r in metrics(ref.out) if r["event"] == "precision"]
-    assert [(e["step"], e["phase"], e["fp8_layers"]) for e in events] == [(6, 1, 6), (14, 2, 0)]
+    assert [(e["step"], e["phase"], e["fp8_layers"]) for e in events] == [(6, 1, 6), (14, 2, 13), (18, 3, 0)]
+    assert set(events[1]["changed"].values()) == {"fp8 rowwise"} and len(events[1]["changed"]) == 13
     records, _, r = resume_from_step_10(ref, 20)
     (start,) = starts(records)
     assert start["precision_phase"] == 1 and start["fp8_layers"] == 6
-    assert [(e["step"], e["phase"]) for e in records if e["event"] == "precision"] == [(14, 2)]
-    assert "precision: from step 14: bf16 (was fp8 torchao tensorwise)" in r.stdout
+    assert [(e["step"], e["phase"]) for e in records if e["event"] == "precision"] == [(14, 2), (18, 3)]
+    assert "precision: from step 14: fp8 torchao rowwise (was fp8 torchao tensorwise)" in r.stdout
+    assert "precision: from step 18: bf16 (was fp8 torchao rowwise)" in r.stdout
 
 
 def test_ddp_bf16_resume_is_bit_identical(ddp_ref, tmp_path):
