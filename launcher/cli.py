@@ -222,19 +222,28 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict) -> N
 @click.option("--out", "out_dir", help="Where the runs, bench.json and bench.png go [default: next to train.output_dir].")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a spec key for both variants (repeatable).")
 @click.option("--no-plot", is_flag=True, help="Skip bench.png.")
+@click.option("--max-loss-gap", type=click.FloatRange(min=0), default=0.02, show_default=True,
+              help="With [eval] in the spec: exit 4 when SPEC's held-out eval loss is this much (relative) above the baseline's.")
 @_errors
-def bench(spec, vs, steps, repeats, warmup, out_dir, sets, no_plot) -> None:
+def bench(spec, vs, steps, repeats, warmup, out_dir, sets, no_plot, max_loss_gap) -> None:
     """Train SPEC and a baseline twin alternately; print tokens/s, step time, TFLOP/s, MFU, memory, loss and ratios."""
     import os
 
     from launcher.commands.bench import plot, run_bench, table
+    from launcher.errors import EXIT_DIVERGED
 
     record = run_bench(spec, vs=vs, steps=steps, repeats=repeats, warmup=warmup, out_dir=out_dir, overrides=list(sets),
-                       echo=lambda line: click.echo(line, err=True))
+                       max_loss_gap=max_loss_gap, echo=lambda line: click.echo(line, err=True))
     click.echo(table(record))
     click.echo(f"wrote {os.path.join(record['out_dir'], 'bench.json')}")
     if not no_plot:
         click.echo(f"wrote {plot(record, os.path.join(record['out_dir'], 'bench.png'))}")
+    gate = record["loss_gate"]
+    if gate["gated"] and not gate["passed"]:
+        click.echo(f"bench: the held-out eval loss of {spec} is {gate['gap']:+.2%} from the baseline's, over the "
+                   f"{gate['max_loss_gap']:.1%} gate; fix: keep more layers in high precision (precision.rules, keep_last_blocks), "
+                   "try another recipe (`fp8launch tune`), or raise --max-loss-gap", err=True)
+        sys.exit(EXIT_DIVERGED)
 
 
 @main.command(epilog=EXIT_CODES)
@@ -291,6 +300,40 @@ def report(run_dirs, out_path) -> None:
     from launcher.commands.report import report as draw_report
 
     click.echo(f"wrote {draw_report(list(run_dirs), out_path)}")
+
+
+@main.command(epilog=EXIT_CODES)
+@click.argument("run_dir", type=click.Path(path_type=str))
+@click.option("--step", type=click.IntRange(min=0), help="Export the complete checkpoint of this step [default: the newest].")
+@click.option("--format", "fmt", type=click.Choice(["hf", "torch"]), default="hf", show_default=True,
+              help="hf: a Hugging Face folder (config.json, model.safetensors shards + index, generation_config.json, the run's "
+                   "tokenizer files) that transformers' AutoModelForCausalLM.from_pretrained loads; builtin models become "
+                   "LlamaForCausalLM, hf: models their own class. torch: one model.pt (torch.save of {name: tensor}, the model's "
+                   "own names), for any model.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
+              help="dtype of the written weights (the checkpoint's high-precision weights; FP8 runs keep them too).")
+@click.option("--out", metavar="DIR", help="The folder to write [default: RUN_DIR/export/step-N-FORMAT]. It must not exist, be empty, or hold an "
+                            "earlier fp8launch export (which is replaced); nothing is left half-written.")
+@click.option("--max-shard-size", default="5GB", show_default=True, metavar="SIZE",
+              help="Largest safetensors shard (e.g. 500MB, 2GiB); a larger single tensor gets a shard of its own.")
+@click.option("--plan", "plan_path", metavar="PLAN_JSON",
+              help="The plan.json the run was started with [default: RUN_DIR/plan/plan.json, where fp8launch run writes it].")
+@_errors
+def export(run_dir, step, fmt, dtype, out, max_shard_size, plan_path) -> None:
+    """Write the weights of a run's checkpoint (the newest complete one, or --step N) for use outside fp8launch.
+
+    RUN_DIR is the run's train.output_dir. Works for every engine (DDP, FSDP2 with or without tensor
+    parallel, DeepSpeed ZeRO 0-3), in this one process, without GPUs. Load the result with
+    AutoModelForCausalLM.from_pretrained(OUT). See docs/export.md."""
+    from launcher.commands.export import run_export
+
+    done = run_export(run_dir, step=step, fmt=fmt, dtype=dtype, out=out, max_shard_size=max_shard_size, plan_path=plan_path,
+                      echo=lambda line: click.echo(line, err=True))
+    for note in done.notes:
+        click.echo(note, err=True)
+    what = f"{done.architecture}, " if done.architecture else ""
+    click.echo(f"wrote {done.out}: step {done.step}, {what}{done.tensors} tensors, {done.parameters:,} parameters, "
+               f"{len(done.files)} files in {done.seconds:.1f} s")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from launcher.commands.bench import table, variants
 
 
@@ -56,3 +58,37 @@ def test_a_previous_bench_folder_loses_only_what_that_bench_wrote(tmp_path):
     empty.mkdir()
     prepare_out(str(empty), ["spec-1"])  # an empty folder is used as it is
     assert sorted(p.name for p in empty.iterdir()) == [MARKER]
+
+
+def _variant(label: str, final: float, eval_loss: float | None):
+    from launcher.commands.runs import Variant
+
+    v = Variant(label, "s.toml", [])
+    v.runs = [{"exit_code": 0, "figures": {"final_loss": final, "eval_loss": eval_loss}}]
+    return v
+
+
+def test_loss_gate_uses_the_held_out_eval_loss_where_both_evaluated():
+    from launcher.commands.bench import gate_line, loss_gate
+
+    gate = loss_gate(_variant("spec", 9.0, 2.06), _variant("bf16", 1.0, 2.0), 0.02)
+    assert gate["basis"] == "eval_loss" and gate["gap"] == pytest.approx(0.03) and gate["gated"] and gate["passed"] is False
+    assert gate_line(gate) == "loss gap +3.00% on the held-out eval loss: OVER the 2.0% gate"
+    assert loss_gate(_variant("spec", 9.0, 2.02), _variant("bf16", 1.0, 2.0), 0.02)["passed"] is True
+    # no [eval]: the final training loss, reported but not gated
+    plain = loss_gate(_variant("spec", 1.1, None), _variant("bf16", 1.0, None), 0.02)
+    assert plain["basis"] == "final_loss" and plain["gap"] == pytest.approx(0.1) and not plain["gated"] and plain["passed"] is None
+    assert "not gated" in gate_line(plain)
+
+
+def test_table_shows_the_eval_loss_row_and_the_gate_line():
+    fig = lambda loss: {"tokens_per_s": 1000.0, "step_time_s": 1.0, "tflops_per_device": 1.0, "mfu": None,  # noqa: E731
+                        "peak_mem_gib": 2.0, "final_loss": 2.0, "eval_loss": loss}
+    record = {"repeats": 1, "warmup_steps_excluded": 0, "environment": {},
+              "spec": {"label": "spec", "figures": fig(2.04)}, "baseline": {"label": "bf16", "figures": fig(2.0)},
+              "ratios": {"tokens_per_s": 1.0, "step_time_s": 1.0, "tflops_per_device": 1.0, "mfu": None, "peak_mem_gib": 1.0,
+                         "final_loss": 1.0, "eval_loss": 1.02},
+              "loss_gate": {"basis": "eval_loss", "gap": 0.02, "max_loss_gap": 0.01, "gated": True, "passed": False}}
+    lines = table(record).splitlines()
+    assert lines[7].split() == ["eval", "loss", "(held", "out)", "2.0400", "2.0000", "1.020"]
+    assert lines[8] == "loss gap +2.00% on the held-out eval loss: OVER the 1.0% gate"

@@ -74,3 +74,25 @@ def test_a_folder_with_no_run_exits_2_with_one_line(tmp_path, cli):
     assert not (good / "report.png").exists()  # nothing drawn when one folder is bad
     r = cli("report", str(tmp_path / "missing"))
     assert r.exit_code == 2 and "does not exist" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_eval_records_load_as_the_held_out_loss_series_and_draw_over_the_loss(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from launcher.commands.report import draw
+
+    folder = _write_run(tmp_path / "run", "demo", stats=False)
+    evals = [{"event": "eval", "step": s, "eval_loss": 6 - 0.1 * s, "eval_perplexity": 1.0} for s in (4, 8, 12)]
+    evals.append({"event": "eval", "step": 12, "eval_loss": 4.5})  # a resumed run's repeat: the last one written wins
+    with open(folder / "metrics.jsonl", "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in evals))
+    run = load_run(str(folder))
+    assert run.eval_series() == ([4, 8, 12], [pytest.approx(5.6), pytest.approx(5.2), 4.5])
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)  # keep the figure open to read its loss panel
+    draw([run], str(tmp_path / "r.png"))
+    loss_axes = kept[0].axes[0]
+    dashed = [line for line in loss_axes.get_lines() if line.get_label() == "demo (eval, held out)"]
+    assert len(dashed) == 1 and list(dashed[0].get_ydata()) == run.eval_series()[1] and dashed[0].get_linestyle() == "--"
+    monkeypatch.undo()
+    plt.close(kept[0])

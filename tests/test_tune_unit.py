@@ -127,3 +127,44 @@ def test_tune_where_no_fp8_recipe_runs_exits_3_before_any_run(tmp_path):
         run_tune(str(spec), out_dir=str(tmp_path / "t"), runs_here=lambda sets: False, echo=lambda line: None)
     assert e.value.exit_code == EXIT_ENVIRONMENT == 3 and "no FP8 recipe runs on this machine" in str(e.value)
     assert not (tmp_path / "t").exists()
+
+
+def test_the_gap_is_taken_on_the_held_out_eval_losses_where_the_baseline_evaluated():
+    from launcher.commands.runs import Variant
+    from launcher.commands.tune.record import Candidate, tune_record
+
+    def cand(label, losses, evals):
+        v = Variant(label, "s.toml", [])
+        v.runs = [{"exit_code": 0, "dir": f"/o/runs/{label}", "start": {}, "losses": losses, "evals": evals,
+                   "figures": {"tokens_per_s": 100.0, "step_time_s": 1.0, "peak_mem_gib": 1.0, "final_loss": 1.0, "eval_loss": None}}]
+        return Candidate(label, [], v)
+
+    # training losses 10% worse, held-out losses 1% worse: with evals the candidate passes a 2% gate
+    base, fp8 = cand("bf16", [[1, 2.0], [2, 1.0]], [[2, 3.0]]), cand("fp8", [[1, 2.2], [2, 1.1]], [[2, 3.03]])
+    record = tune_record("t", [base, fp8], max_loss_gap=0.02, warmup=0, repeats=1, steps=2, interrupted=False, user_overrides=[])
+    row = {r["name"]: r for r in record["candidates"]}["fp8"]
+    assert record["loss_basis"] == "eval" and row["loss_gap"] == pytest.approx(0.01) and row["status"] != "rejected"
+    base, fp8 = cand("bf16", [[1, 2.0], [2, 1.0]], []), cand("fp8", [[1, 2.2], [2, 1.1]], [])
+    record = tune_record("t", [base, fp8], max_loss_gap=0.02, warmup=0, repeats=1, steps=2, interrupted=False, user_overrides=[])
+    row = {r["name"]: r for r in record["candidates"]}["fp8"]
+    assert record["loss_basis"] == "train" and row["loss_gap"] == pytest.approx(0.1) and row["status"] == "rejected"
+
+
+def test_a_run_read_back_carries_its_eval_losses_and_the_last_one_as_a_figure(tmp_path):
+    from launcher.commands.runs import read_run
+
+    records = [{"event": "start"}] + [{"event": "step", "step": s, "loss": 3.0 - s, "step_time_s": 1.0, "tokens_per_s": 10.0}
+                                      for s in (1, 2)]
+    records += [{"event": "eval", "step": 1, "eval_loss": 2.5}, {"event": "eval", "step": 2, "eval_loss": 2.25}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = read_run(str(tmp_path), 0, warmup=0)
+    assert run["evals"] == [[1, 2.5], [2, 2.25]] and run["figures"]["eval_loss"] == 2.25 and run["figures"]["final_loss"] == 1.0
+
+
+def test_bench_and_tune_trials_write_to_no_experiment_tracker(tmp_path):
+    from launcher.commands.runs import Variant, plan_variant
+
+    spec = tmp_path / "s.toml"
+    spec.write_text('version = 1\nname = "s"\n[log]\ntensorboard = true\nmlflow = true\n[log.wandb]\nproject = "p"\n')
+    plan = plan_variant(Variant("spec", str(spec), []), None, 2).plan
+    assert plan.log.trackers == ()

@@ -29,8 +29,12 @@ def variants(spec: str, vs: str, overrides: list[str]) -> tuple[Variant, Variant
     return Variant("spec", spec, list(overrides)), Variant("baseline", vs, list(overrides))
 
 
+DEFAULT_MAX_LOSS_GAP = 0.02
+"""The gate on the held-out loss: the spec's eval loss at most 2% above its baseline's (as tune's default)."""
+
+
 def run_bench(spec: str, *, vs: str = "bf16", steps: int | None = None, repeats: int = 2, warmup: int = 2,
-              out_dir: str | None = None, overrides: list[str] = (), echo=print) -> dict:
+              out_dir: str | None = None, overrides: list[str] = (), max_loss_gap: float = DEFAULT_MAX_LOSS_GAP, echo=print) -> dict:
     """Train both variants `repeats` times, alternating; return the bench record (also bench.json in out_dir)."""
     a, b = variants(spec, vs, list(overrides))
     first = plan_variant(a, None, steps)
@@ -46,7 +50,7 @@ def run_bench(spec: str, *, vs: str = "bf16", steps: int | None = None, repeats:
             v.runs.append(read_run(run_dir, code, warmup))
             if code != 0:
                 raise TrainingFailed(f"bench: the {v.label} run exited with code {code}; see {run_dir}/train.log", code)
-    record = _record(a, b, warmup=warmup, repeats=repeats)
+    record = _record(a, b, warmup=warmup, repeats=repeats, max_loss_gap=max_loss_gap)
     write_atomic(os.path.join(out_dir, "bench.json"), json.dumps(record, indent=2, sort_keys=True) + "\n")
     record["out_dir"] = out_dir
     return record
@@ -88,7 +92,18 @@ def _precision(planned: Planned) -> str:
     return f"fp8 {p.backend}" if p.fp8 else p.mode
 
 
-def _record(a: Variant, b: Variant, *, warmup: int, repeats: int) -> dict:
+def loss_gate(a: Variant, b: Variant, max_loss_gap: float) -> dict:
+    """The spec's loss against its baseline's: (spec - baseline) / baseline of the held-out eval loss where both
+    evaluated ([eval]; the gate then applies), else of the final training loss (one batch: reported, not gated)."""
+    basis = "eval_loss" if a.figure("eval_loss") is not None and b.figure("eval_loss") is not None else "final_loss"
+    x, y = a.figure(basis), b.figure(basis)
+    gap = (x - y) / y if x is not None and y else None
+    gated = basis == "eval_loss" and gap is not None
+    return {"basis": basis, "gap": gap, "max_loss_gap": max_loss_gap, "gated": gated,
+            "passed": (gap <= max_loss_gap) if gated else None}
+
+
+def _record(a: Variant, b: Variant, *, warmup: int, repeats: int, max_loss_gap: float = DEFAULT_MAX_LOSS_GAP) -> dict:
     def side(v: Variant) -> dict:
         start = v.runs[0]["start"] if v.runs else {}
         return {"label": v.label, "spec": v.spec, "overrides": v.overrides, "precision": start.get("precision"),
@@ -105,7 +120,7 @@ def _record(a: Variant, b: Variant, *, warmup: int, repeats: int) -> dict:
                    "torch": start.get("torch_version"), **versions("torchao", "deepspeed", "transformer_engine", "fp8launch")}
     return {"warmup_steps_excluded": warmup, "repeats": repeats, "environment": environment,
             "mfu_peak": f"MFU of both variants is measured against the device's {start.get('mfu_peak') or MFU_BASIS} peak: {MFU_NOTE}",
-            "spec": side(a), "baseline": side(b), "ratios": ratios}
+            "spec": side(a), "baseline": side(b), "ratios": ratios, "loss_gate": loss_gate(a, b, max_loss_gap)}
 
 
 def _peak_name(record: dict) -> str:
@@ -118,17 +133,30 @@ def table(record: dict) -> str:
     rows = [("tokens/s", "tokens_per_s", "{:,.0f}"), ("step time (s)", "step_time_s", "{:.4f}"),
             ("TFLOP/s per device", "tflops_per_device", "{:.3g}"), (f"MFU vs {_peak_name(record)}", "mfu", "{:.1%}"),
             ("peak memory (GiB)", "peak_mem_gib", "{:.2f}"), ("final loss", "final_loss", "{:.4f}")]
+    if s.get("eval_loss") is not None or b.get("eval_loss") is not None:
+        rows.append(("eval loss (held out)", "eval_loss", "{:.4f}"))
     name_a, name_b = record["spec"]["label"], record["baseline"]["label"]
     width = max(20, len(f"MFU vs {_peak_name(record)}"))
     lines = [f"{'':<{width}} {name_a:>14} {name_b:>14} {'ratio':>8}"]
     for title, key, fmt in rows:
         cell = lambda v: "n/a" if v is None else fmt.format(v)  # noqa: E731
-        ratio = "n/a" if r[key] is None else f"{r[key]:.3f}"
+        ratio = "n/a" if r.get(key) is None else f"{r[key]:.3f}"
         lines.append(f"{title:<{width}} {cell(s[key]):>14} {cell(b[key]):>14} {ratio:>8}")
+    gate = record.get("loss_gate")
+    if gate and gate["gap"] is not None:
+        lines.append(gate_line(gate))
     env = record.get("environment", {})
     lines.append(f"(medians over {record['repeats']} alternating runs each; first {record['warmup_steps_excluded']} steps of each run excluded; "
                  f"{env.get('device_name')} x {env.get('world_size')}, torch {env.get('torch')}, torchao {env.get('torchao')})")
     return "\n".join(lines)
+
+
+def gate_line(gate: dict) -> str:
+    if not gate["gated"]:
+        return (f"loss gap {gate['gap']:+.2%} on the final training loss (one batch; not gated: add [eval] for a "
+                "held-out loss that bench gates on)")
+    verdict = "within" if gate["passed"] else "OVER"
+    return f"loss gap {gate['gap']:+.2%} on the held-out eval loss: {verdict} the {gate['max_loss_gap']:.1%} gate"
 
 
 def plot(record: dict, path: str) -> str:

@@ -1,7 +1,7 @@
 """`fp8launch report RUN_DIR [RUN_DIR2 ...]`: pictures of one run, or of several overlaid.
 
 Reads what a run wrote into its train.output_dir: metrics.jsonl (step records: loss, lr,
-tokens/s, peak memory) and, when the FP8 monitor was on, fp8_stats.jsonl. Draws into
+tokens/s, peak memory; eval records: the held-out loss, drawn dashed over the training loss) and, when the FP8 monitor was on, fp8_stats.jsonl. Draws into
 RUN_DIR/report.png (the first RUN_DIR): loss, learning rate, tokens/s and peak memory per
 step, one line per run; then, for each run with FP8 stats, a heatmap of the underflow share
 by layer and sampled step (the worst operand of each layer), its worst layers named in red.
@@ -37,6 +37,12 @@ class Run:
     """Step records by step (a resumed run's repeated steps: the last one written)."""
     stats: list[dict] = field(default_factory=list)
     """fp8_stats.jsonl records (empty without the monitor)."""
+    evals: list[dict] = field(default_factory=list)
+    """Eval records ([eval]) by step, the last one written for a step."""
+
+    def eval_series(self) -> tuple[list[int], list[float]]:
+        pts = [(r["step"], r["eval_loss"]) for r in self.evals if isinstance(r.get("eval_loss"), (int, float)) and math.isfinite(r["eval_loss"])]
+        return [p[0] for p in pts], [p[1] for p in pts]
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         pts = [(r["step"], r[key]) for r in self.steps if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
@@ -85,13 +91,15 @@ def load_run(folder: str) -> Run:
         raise UsageError(f"{folder} {why}; fix: pass a run's train.output_dir, where `fp8launch run` wrote {METRICS_FILE}")
     records = _jsonl(metrics)
     by_step = {r["step"]: r for r in records if r.get("event") == "step" and isinstance(r.get("step"), int)}
+    evals = {r["step"]: r for r in records if r.get("event") == "eval" and isinstance(r.get("step"), int)}
     if not by_step:
         raise UsageError(f"{metrics} has no step records yet; fix: report a run that has logged at least one step")
     starts = [r for r in records if r.get("event") == "start"]
     name = (starts[-1].get("name") if starts else None) or os.path.basename(os.path.normpath(folder))
     stats_path = os.path.join(folder, STATS_FILE)
     stats = [r for r in _jsonl(stats_path) if {"step", "layer", "tensor", "underflow"} <= r.keys()] if os.path.isfile(stats_path) else []
-    return Run(folder=folder, name=name, steps=[by_step[s] for s in sorted(by_step)], stats=stats)
+    return Run(folder=folder, name=name, steps=[by_step[s] for s in sorted(by_step)], stats=stats,
+               evals=[evals[s] for s in sorted(evals)])
 
 
 def _labels(runs: list[Run]) -> list[str]:
@@ -123,7 +131,10 @@ def draw(runs: list[Run], path: str) -> str:
         ax = fig.add_subplot(grid[i // 2, i % 2])
         for run, label in zip(runs, labels):
             xs, ys = run.series(key)
-            ax.plot(xs, ys, marker="." if len(xs) < 40 else None, label=label)
+            line, = ax.plot(xs, ys, marker="." if len(xs) < 40 else None, label=label)
+            if key == "loss" and run.evals:
+                ex, ey = run.eval_series()
+                ax.plot(ex, ey, linestyle="--", marker="s", color=line.get_color(), label=f"{label} (eval, held out)")
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.set_title(title)

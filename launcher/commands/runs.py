@@ -22,7 +22,7 @@ from launcher.commands.run import execute, launch_command, plan_for_run, write_p
 PROGRESS_EVERY_S = 5.0
 """At most one progress line per run this often (the last step is always shown)."""
 
-FIGURES = ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu", "peak_mem_gib", "final_loss")
+FIGURES = ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu", "peak_mem_gib", "final_loss", "eval_loss")
 
 
 @dataclass
@@ -40,8 +40,10 @@ class Variant:
 
 def plan_variant(v: Variant, run_dir: str | None, steps: int | None) -> Planned:
     """The variant planned for a measured run in `run_dir` (None: planning only): every step logged, no
-    checkpoint, never resuming."""
-    sets = list(v.overrides) + ["train.log_every=1", "train.resume=never", "train.checkpoint_at_end=false", "train.checkpoint_every=0"]
+    checkpoint, never resuming, no experiment tracker ([log]: each trial would become a tracked run of its own;
+    bench.json / tune.json hold what they measure)."""
+    sets = list(v.overrides) + ["train.log_every=1", "train.resume=never", "train.checkpoint_at_end=false", "train.checkpoint_every=0",
+                                "log.tensorboard=false", "log.wandb=false", "log.mlflow=false"]
     if steps:
         sets.append(f"train.steps={steps}")
     if run_dir is not None:
@@ -92,7 +94,8 @@ def _records(path: str) -> list[dict]:
 
 
 def read_run(run_dir: str, code: int, warmup: int) -> dict:
-    """A finished run's figures: medians over its steady steps (the first `warmup` left out), peak memory, final loss."""
+    """A finished run's figures: medians over its steady steps (the first `warmup` left out), peak memory, final loss,
+    and the last held-out eval loss where the spec has [eval]."""
     records = _records(os.path.join(run_dir, "metrics.jsonl"))
     steps = [r for r in records if r.get("event") == "step"]
     start = next((r for r in records if r.get("event") == "start"), {})
@@ -103,8 +106,11 @@ def read_run(run_dir: str, code: int, warmup: int) -> dict:
         figures[name] = statistics.median(values) if values else None
     figures["peak_mem_gib"] = max((r["peak_mem_gib"] for r in steps if r.get("peak_mem_gib") is not None), default=None)
     figures["final_loss"] = steps[-1]["loss"] if steps else None
+    evals = {r["step"]: r["eval_loss"] for r in records if r.get("event") == "eval" and r.get("eval_loss") is not None}
+    figures["eval_loss"] = evals[max(evals)] if evals else None  # the held-out loss after the last step ([eval])
     return {"dir": run_dir, "exit_code": code, "start": start, "figures": figures,
-            "losses": [[r["step"], r["loss"]] for r in steps], "step_times": [r["step_time_s"] for r in steps]}
+            "losses": [[r["step"], r["loss"]] for r in steps], "evals": [[s, evals[s]] for s in sorted(evals)],
+            "step_times": [r["step_time_s"] for r in steps]}
 
 
 def versions(*packages: str) -> dict[str, str | None]:

@@ -14,11 +14,12 @@ from functools import cache
 
 EXTRA = {"torchao": "torchao", "transformer_engine": "te", "deepspeed": "deepspeed", "transformers": "hf",
          "tokenizers": "hf", "accelerate": "accelerate", "matplotlib": "bench", "tensorboard": "tensorboard",
-         "wandb": "wandb", "mlflow": "mlflow", "datasets": "data"}
+         "wandb": "wandb", "mlflow": "mlflow", "datasets": "data", "safetensors": "hf"}
 """Import name -> the fp8launch extra that installs it."""
 
-DISTRIBUTION = {"transformer_engine": "transformer-engine", "tokenizers": "transformers", "mlflow": "mlflow-skinny"}
-"""Import name -> the distribution that provides it, where they differ (tokenizers comes with transformers)."""
+DISTRIBUTION = {"transformer_engine": "transformer-engine", "tokenizers": "transformers", "mlflow": "mlflow-skinny",
+                "safetensors": "transformers"}
+"""Import name -> the distribution that provides it, where they differ (tokenizers and safetensors come with transformers)."""
 
 FROM_CLONE = 'pip install -e ".[{extras}]"'
 """Installing fp8launch from a clone, in the clone's folder."""

@@ -338,7 +338,8 @@ class CheckpointManager:
         return self.save(state.step, **engine.train_state(), grad_scaler=engine.precision.grad_scaler,
                          data_state=state.data.state_dict() if hasattr(state.data, "state_dict") else None,
                          extra={"tokens_seen": state.tokens_seen, "skipped_steps": state.skipped_steps,
-                                "precision_phase": getattr(state, "precision_phase", 0)})
+                                "precision_phase": getattr(state, "precision_phase", 0),
+                                "tracker_ids": dict(getattr(state, "tracker_ids", {}))})
 
     def callback(self, state) -> None:
         """A Trainer callback: a checkpoint after every `every` steps and after the last one."""
@@ -366,6 +367,7 @@ class CheckpointManager:
         state.tokens_seen = int(loaded.extra.get("tokens_seen", 0))
         state.skipped_steps = int(loaded.extra.get("skipped_steps", 0))
         state.precision_phase = int(loaded.extra.get("precision_phase", 0))
+        state.tracker_ids = dict(loaded.extra.get("tracker_ids") or {})
         if loaded.data_state is not None and hasattr(state.data, "load_state_dict"):
             state.data.load_state_dict(loaded.data_state)
         return loaded

@@ -1,10 +1,17 @@
 """The token stream a plan names (`train.data`), one per rank, resumable to the exact batch.
 
     synthetic             a learnable random stream (a fixed cyclic pattern plus noise)
-    text:PATH             a local UTF-8 text file: bytes as tokens 0..255, or the ids of
-                          a tokenizer.json lying in the same folder (read with `tokenizers`)
+    text:PATH             a local UTF-8 text file: the ids of train.tokenizer when set, else of
+                          a tokenizer.json lying in the same folder, else bytes as tokens 0..255
     tokens:PATH           pre-tokenized ids, memory-mapped: .npy (any integer dtype),
                           .bin / .u16.bin (raw uint16), .u32.bin (raw uint32)
+    megatron:PREFIX[?eos=ID|none]
+                          a Megatron-Core indexed dataset (PREFIX.bin + PREFIX.idx), memory-mapped;
+                          documents joined by ?eos=ID, else train.tokenizer's EOS (none: as they are)
+    hf-dataset:PATH[?column=text]
+                          a local Hugging Face dataset (a save_to_disk folder, or a .parquet / .jsonl /
+                          .json / .arrow file), its column tokenized by train.tokenizer, documents
+                          joined by the tokenizer's EOS (data_formats.py reads these two)
     py:module:function    a user factory returning an iterable of int64 (batch, seq + 1)
 
 Every stream yields int64 tensors of shape (micro_batch_size, seq_len + 1) forever;
@@ -12,12 +19,13 @@ inputs are `[:, :-1]`, targets `[:, 1:]`. `state_dict()` records the position, a
 `load_state_dict()` on a freshly built stream with the same plan makes it yield exactly
 the batches the saved one would have yielded next.
 
-Files (text, tokens) are cut into windows of seq_len + 1 tokens that overlap by one
+Files (text, tokens, megatron, hf-dataset) are cut into windows of seq_len + 1 tokens that overlap by one
 (window i starts at token i * seq_len). Each epoch shuffles the windows with the seed (the
 same order on every rank), and rank r takes windows r, r + world_size, r + 2 * world_size,
 ... of that order: ranks never share a window within an epoch, and every rank gets the same
 number of windows per epoch (the remainder of n_windows / world_size is skipped that epoch).
 For the built-in kinds the state holds no rank, so every rank's state is the same.
+eval.data takes the same forms: `build_data(key="eval.data")` names that key in its errors.
 """
 
 from __future__ import annotations
@@ -28,10 +36,10 @@ import os
 import numpy as np
 import torch
 
-from launcher.errors import BackendMissing
-from launcher.planning.install import INSTALL
 from launcher.errors import InputError
+from launcher.train.data_formats import JoinedCorpus, hf_dataset_corpus, megatron_corpus
 from launcher.train.factory import load_factory, resolve_path
+from launcher.train.tokenizer import load_tokenizer
 
 KEY = "train.data"
 FULL_SCAN_LIMIT = 1 << 26
@@ -64,19 +72,19 @@ class TokenStream(abc.ABC):
             raise InputError(
                 "train.resume",
                 f"the checkpoint's data position does not fit this run's data stream ({diff})",
-                "resume with the same train.data, train.seq_len, train.micro_batch_size, train.seed and world size, "
+                "resume with the same train.data, train.tokenizer, train.seq_len, train.micro_batch_size, train.seed and world size, "
                 "or start a fresh run in a new train.output_dir",
             )
 
 
-def check_vocab(batch: np.ndarray | torch.Tensor, vocab_size: int, source: str) -> None:
-    """Raise naming train.data and train.model when a token id falls outside [0, vocab_size)."""
+def check_vocab(batch: np.ndarray | torch.Tensor, vocab_size: int, source: str, key: str = KEY) -> None:
+    """Raise naming `key` (train.data) and train.model when a token id falls outside [0, vocab_size)."""
     hi, lo = int(batch.max()), int(batch.min())
     if lo < 0:
-        raise InputError(KEY, f"{source} holds the negative token id {lo}", "token ids must be >= 0; re-tokenize the data")
+        raise InputError(key, f"{source} holds the negative token id {lo}", "token ids must be >= 0; re-tokenize the data")
     if hi >= vocab_size:
         raise InputError(
-            KEY,
+            key,
             f"{source} holds token id {hi}, but the model (train.model) has only {vocab_size} ids",
             f"use a model whose vocabulary has at least {hi + 1} ids (builtin models take ?vocab=N), "
             "or data tokenized for this model",
@@ -130,26 +138,31 @@ class SyntheticStream(TokenStream):
 
 
 class WindowStream(TokenStream):
-    """Shuffled, rank-disjoint windows of seq_len + 1 tokens over a 1-D corpus (see the module doc)."""
+    """Shuffled, rank-disjoint windows of seq_len + 1 tokens over a 1-D corpus (see the module doc).
+
+    The corpus is an array, or anything with len(), contiguous slices, min() and max() (a JoinedCorpus);
+    `identity` adds what else identifies it (the EOS, the documents, ...) to the resume fingerprint.
+    """
 
     def __init__(
-        self, corpus: np.ndarray, *, kind: str, source: str, seq_len: int, micro_batch_size: int,
-        vocab_size: int, rank: int, world_size: int, seed: int,
+        self, corpus: np.ndarray | JoinedCorpus, *, kind: str, source: str, seq_len: int, micro_batch_size: int,
+        vocab_size: int, rank: int, world_size: int, seed: int, key: str = KEY, identity: dict | None = None,
     ):
-        self.corpus, self.kind, self.source = corpus, kind, source
+        self.corpus, self.kind, self.source, self.key = corpus, kind, source, key
+        self.identity = dict(identity or {})
         self.seq_len, self.micro_batch_size, self.vocab_size = seq_len, micro_batch_size, vocab_size
         self.rank, self.world_size, self.seed = rank, world_size, seed % (1 << 64)
         self.n_windows = max(len(corpus) - 1, 0) // seq_len
         self.per_rank = self.n_windows // world_size
         if self.per_rank < 1:
             raise InputError(
-                KEY,
+                key,
                 f"{source} has {len(corpus)} tokens: {self.n_windows} windows of seq_len + 1 = {seq_len + 1} tokens, "
                 f"fewer than the {world_size} ranks need (one each at least)",
                 "use more data, or lower train.seq_len",
             )
         if len(corpus) <= FULL_SCAN_LIMIT:
-            check_vocab(corpus, vocab_size, source)
+            check_vocab(corpus, vocab_size, source, key)
         self.windows = 0
         """Windows this rank has taken so far, over all epochs."""
         self._epoch, self._order = -1, np.empty(0, dtype=np.int64)
@@ -165,13 +178,13 @@ class WindowStream(TokenStream):
         batch = np.stack([self._window(self.windows + i) for i in range(self.micro_batch_size)]).astype(np.int64)
         self.windows += self.micro_batch_size
         if len(self.corpus) > FULL_SCAN_LIMIT:
-            check_vocab(batch, self.vocab_size, self.source)
+            check_vocab(batch, self.vocab_size, self.source, self.key)
         return torch.from_numpy(batch)
 
     def _fingerprint(self) -> dict:
         return {
             "kind": self.kind, "tokens": len(self.corpus), "seq_len": self.seq_len,
-            "world_size": self.world_size, "seed": self.seed,
+            "world_size": self.world_size, "seed": self.seed, **self.identity,
         }
 
     def state_dict(self) -> dict:
@@ -192,12 +205,13 @@ class FactoryStream(TokenStream):
 
     kind = "py"
 
-    def __init__(self, iterable, *, ref: str, seq_len: int, micro_batch_size: int, vocab_size: int):
+    def __init__(self, iterable, *, ref: str, seq_len: int, micro_batch_size: int, vocab_size: int, key: str = KEY):
+        self.key = key
         try:
             self._it = iter(iterable)
         except TypeError:
             raise InputError(
-                KEY, f"factory {ref} returned a {type(iterable).__name__}, which is not iterable",
+                key, f"factory {ref} returned a {type(iterable).__name__}, which is not iterable",
                 "return an iterable of int64 (batch, seq_len + 1) tensors",
             ) from None
         self.iterable, self.ref = iterable, ref
@@ -216,7 +230,7 @@ class FactoryStream(TokenStream):
             except StopIteration:
                 if self._one_shot or restarted or self.batches == 0:
                     raise InputError(
-                        KEY,
+                        self.key,
                         f"the iterable from {self.ref} ended after {self.batches} batches",
                         "return something that can be iterated again (a list, a DataLoader) or an endless generator",
                     ) from None
@@ -227,17 +241,17 @@ class FactoryStream(TokenStream):
         try:
             batch = raw if isinstance(raw, torch.Tensor) else torch.as_tensor(np.asarray(raw))
         except (TypeError, ValueError, RuntimeError):
-            raise InputError(KEY, f"{self.ref} yielded a {type(raw).__name__}, not a tensor of token ids", "yield int64 tensors") from None
+            raise InputError(self.key, f"{self.ref} yielded a {type(raw).__name__}, not a tensor of token ids", "yield int64 tensors") from None
         if batch.is_floating_point() or batch.is_complex() or batch.dtype == torch.bool:
-            raise InputError(KEY, f"{self.ref} yielded a {batch.dtype} tensor", "yield integer token ids (int64)")
+            raise InputError(self.key, f"{self.ref} yielded a {batch.dtype} tensor", "yield integer token ids (int64)")
         if tuple(batch.shape) != self.shape:
             raise InputError(
-                KEY,
+                self.key,
                 f"{self.ref} yielded a batch of shape {tuple(batch.shape)}; this run needs "
                 f"(train.micro_batch_size, train.seq_len + 1) = {self.shape}",
                 "yield batches of that shape, or change train.micro_batch_size / train.seq_len",
             )
-        check_vocab(batch, self.vocab_size, self.ref)
+        check_vocab(batch, self.vocab_size, self.ref, self.key)
         self.batches += 1
         return batch.to(torch.int64)
 
@@ -263,41 +277,39 @@ class FactoryStream(TokenStream):
             next(self)
 
 
-def _text_corpus(path: str, vocab_size: int) -> tuple[np.ndarray, str]:
-    """A text file as token ids: a tokenizer.json beside it decides, else its bytes do."""
-    tokenizer_file = os.path.join(os.path.dirname(os.path.abspath(path)), "tokenizer.json")
-    if os.path.isfile(tokenizer_file):
-        try:
-            from tokenizers import Tokenizer
-        except ImportError as e:
-            raise BackendMissing("tokenizers", INSTALL["tokenizers"]) from e
+def _text_corpus(path: str, vocab_size: int, *, tokenizer: str, spec_dir: str, key: str) -> tuple[np.ndarray, str]:
+    """A text file as token ids: train.tokenizer decides, else a tokenizer.json beside it, else its bytes do."""
+    beside = os.path.join(os.path.dirname(os.path.abspath(path)), "tokenizer.json")
+    if tokenizer or os.path.isfile(beside):
+        tok = load_tokenizer(tokenizer, spec_dir) if tokenizer else load_tokenizer(beside, spec_dir, key=key)
         try:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
         except UnicodeDecodeError as e:
-            raise InputError(KEY, f"text file {path} is not valid UTF-8 ({e})", "convert it to UTF-8") from e
-        ids = Tokenizer.from_file(tokenizer_file).encode(text, add_special_tokens=False).ids
-        return np.asarray(ids, dtype=np.int64), f"text:{path} (tokenized by {tokenizer_file})"
+            raise InputError(key, f"text file {path} is not valid UTF-8 ({e})", "convert it to UTF-8") from e
+        ids = tok.tokenizer.encode(text, add_special_tokens=False).ids
+        return np.asarray(ids, dtype=np.int64), f"text:{path} (tokenized by {tok.file})"
     if vocab_size < 256:
         raise InputError(
-            KEY,
-            f"text:{path} is read as bytes (ids 0..255, no tokenizer.json beside it), but the model (train.model) has only {vocab_size} ids",
-            "use a model with vocab_size >= 256, or put the model's tokenizer.json next to the text file",
+            key,
+            f"text:{path} is read as bytes (ids 0..255: no train.tokenizer, no tokenizer.json beside it), "
+            f"but the model (train.model) has only {vocab_size} ids",
+            "use a model with vocab_size >= 256, or set train.tokenizer to the model's tokenizer.json",
         )
     return np.memmap(path, dtype=np.uint8, mode="r"), f"text:{path} (bytes)"
 
 
-def _token_corpus(path: str) -> np.ndarray:
+def _token_corpus(path: str, key: str) -> np.ndarray:
     """A memory-mapped 1-D array of the ids in a .npy, .bin/.u16.bin (uint16) or .u32.bin (uint32) file."""
     name = os.path.basename(path).lower()
     if name.endswith(".npy"):
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
         except ValueError as e:
-            raise InputError(KEY, f"cannot read {path} as a .npy array ({e})", "save the ids with numpy.save(path, ids)") from e
+            raise InputError(key, f"cannot read {path} as a .npy array ({e})", "save the ids with numpy.save(path, ids)") from e
         if not np.issubdtype(array.dtype, np.integer):
             raise InputError(
-                KEY, f"{path} holds {array.dtype} values, not integer token ids", "save integer ids (e.g. ids.astype(numpy.uint32))"
+                key, f"{path} holds {array.dtype} values, not integer token ids", "save integer ids (e.g. ids.astype(numpy.uint32))"
             )
         return array.reshape(-1)
     if name.endswith(".bin"):
@@ -305,39 +317,47 @@ def _token_corpus(path: str) -> np.ndarray:
         size = os.path.getsize(path)
         if size % dtype.itemsize:
             raise InputError(
-                KEY, f"{path} has {size} bytes, not a whole number of {dtype} ids",
+                key, f"{path} has {size} bytes, not a whole number of {dtype} ids",
                 "write raw uint16 ids to NAME.bin, or uint32 ids to NAME.u32.bin",
             )
         return np.memmap(path, dtype=dtype, mode="r")
     raise InputError(
-        KEY, f"cannot tell the format of {path} from its name", "name it *.npy, *.bin or *.u16.bin (raw uint16), or *.u32.bin (raw uint32)"
+        key, f"cannot tell the format of {path} from its name", "name it *.npy, *.bin or *.u16.bin (raw uint16), or *.u32.bin (raw uint32)"
     )
 
 
 def build_data(
-    spec: str, *, seq_len: int, micro_batch_size: int, vocab_size: int, rank: int, world_size: int, seed: int, spec_dir: str
+    spec: str, *, seq_len: int, micro_batch_size: int, vocab_size: int, rank: int, world_size: int, seed: int, spec_dir: str,
+    tokenizer: str = "", key: str = KEY,
 ) -> TokenStream:
-    """The stream of rank `rank` (of `world_size`) for `spec` (plan.train.data)."""
+    """The stream of rank `rank` (of `world_size`) for `spec` (plan.train.data, or plan.eval.data with
+    key="eval.data": the key its errors name); `tokenizer` is plan.train.tokenizer ("" = none)."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in [0, {world_size})")
     if spec == "synthetic":
         return SyntheticStream(seq_len=seq_len, micro_batch_size=micro_batch_size, vocab_size=vocab_size, rank=rank, seed=seed)
     if spec.startswith("py:"):
-        iterable = load_factory(spec, spec_dir, KEY)
-        return FactoryStream(iterable, ref=spec, seq_len=seq_len, micro_batch_size=micro_batch_size, vocab_size=vocab_size)
+        iterable = load_factory(spec, spec_dir, key)
+        return FactoryStream(iterable, ref=spec, seq_len=seq_len, micro_batch_size=micro_batch_size, vocab_size=vocab_size, key=key)
     kind, _, raw_path = spec.partition(":")
+    windows = dict(seq_len=seq_len, micro_batch_size=micro_batch_size, vocab_size=vocab_size, rank=rank,
+                   world_size=world_size, seed=seed, key=key)
+    if kind in ("megatron", "hf-dataset") and raw_path:
+        read = megatron_corpus if kind == "megatron" else hf_dataset_corpus
+        corpus, source, identity = read(raw_path, spec_dir=spec_dir, key=key, tokenizer=tokenizer)
+        if identity["eos"] is not None:  # checked now: a corpus too large to scan is checked batch by batch
+            check_vocab(np.array([identity["eos"]]), vocab_size, f"{source}: its EOS", key)
+        return WindowStream(corpus, kind=kind, source=source, identity=identity, **windows)
     if kind not in ("text", "tokens") or not raw_path:
-        raise InputError(KEY, f"'{spec}' is not a data source", "write synthetic, text:PATH, tokens:PATH or py:module:function")
-    path = resolve_path(raw_path, spec_dir, KEY)
+        raise InputError(key, f"'{spec}' is not a data source",
+                         "write synthetic, text:PATH, tokens:PATH, megatron:PREFIX, hf-dataset:PATH or py:module:function")
+    path = resolve_path(raw_path, spec_dir, key)
     if not os.path.isfile(path):
-        raise InputError(KEY, f"{path} is not a file", f"point {kind}: at a file")
+        raise InputError(key, f"{path} is not a file", f"point {kind}: at a file")
     if os.path.getsize(path) == 0:
-        raise InputError(KEY, f"{path} is empty", f"point {kind}: at a file with data in it")
+        raise InputError(key, f"{path} is empty", f"point {kind}: at a file with data in it")
     if kind == "text":
-        corpus, source = _text_corpus(path, vocab_size)
+        corpus, source = _text_corpus(path, vocab_size, tokenizer=tokenizer, spec_dir=spec_dir, key=key)
     else:
-        corpus, source = _token_corpus(path), f"tokens:{path}"
-    return WindowStream(
-        corpus, kind=kind, source=source, seq_len=seq_len, micro_batch_size=micro_batch_size,
-        vocab_size=vocab_size, rank=rank, world_size=world_size, seed=seed,
-    )
+        corpus, source = _token_corpus(path, key), f"tokens:{path}"
+    return WindowStream(corpus, kind=kind, source=source, **windows)

@@ -65,6 +65,8 @@ class TrainState:
     """The global mean loss of each step of this process's run (for the summary)."""
     precision_phase: int = 0
     """The `[[precision.schedule]]` phase the last step trained in (0: the spec's precision)."""
+    tracker_ids: dict[str, str] = field(default_factory=dict)
+    """The experiment trackers' run ids on rank 0 ({"wandb": ..., "mlflow": ...}): a resumed run continues those runs."""
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, data position and RNG states (the model and optimizer go through `engine.train_state()`)."""
@@ -246,6 +248,10 @@ class Trainer:
             if result.stop and self.state.step < self.plan.train.steps:
                 self._preempted(result.stop)
         summary = self.summary(steps_run=self.state.step - start_step, elapsed_s=time.perf_counter() - t0, times=times)
+        for callback in self.callbacks:  # callbacks with figures of their own for the end record (the evaluator's eval_loss)
+            fields = getattr(callback, "summary", None)
+            if fields is not None:
+                summary.update(fields())
         for callback in self.callbacks:  # callbacks with an end of their own (the FP8 monitor's summary)
             finish = getattr(callback, "finish", None)
             if finish is not None:

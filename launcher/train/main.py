@@ -40,6 +40,7 @@ again to continue. A user-facing error is printed once, as one line, without a t
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import typing
@@ -172,7 +173,14 @@ def build_run(plan_path: str, *, stream=None):
     torch.manual_seed(t.seed + env.rank)
     dp_rank, dp_size = distributed.data_rank(env, plan.distributed.tensor_parallel)  # a TP group reads the same batches
     data = build_data(t.data, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, vocab_size=model.vocab_size,
-                      rank=dp_rank, world_size=dp_size, seed=t.seed, spec_dir=spec_dir)
+                      rank=dp_rank, world_size=dp_size, seed=t.seed, spec_dir=spec_dir, tokenizer=t.tokenizer)
+    eval_data = first_eval = None
+    if plan.eval.enabled:
+        from launcher.train.evaluate import eval_stream
+
+        eval_data = functools.partial(eval_stream, plan, vocab_size=model.vocab_size, dp_rank=dp_rank, dp_size=dp_size,
+                                      spec_dir=spec_dir)
+        first_eval = eval_data()  # a bad eval.data stops the run here, before step 1, not at the first evaluation
     state = TrainState(engine=engine, data=data)
     # After the engine and the data exist, before the logger (it starts at the restored step); it sets the RNG last.
     loaded = checkpoints.restore_train_state(state, resume) if resume else None
@@ -182,7 +190,11 @@ def build_run(plan_path: str, *, stream=None):
     # What took effect, read from the live objects; a requested feature that did not stops here (exit 3).
     measured = effects.measure(engine, fp8_modules=effects.fp8_module_ids(engine.module, precision), monitor=monitor)
     effects.check(phase.plan, measured, engine.module, env.device)
-    logger = MetricsLogger(output_dir=t.output_dir, enabled=env.is_main, total_steps=t.steps, start_step=state.step, stream=stream)
+    # [log] trackers, rank 0 only, opened by logger.start: a resumed run continues the tracked runs its checkpoint names
+    from launcher.train.trackers import build_trackers
+
+    logger = MetricsLogger(output_dir=t.output_dir, enabled=env.is_main, total_steps=t.steps, start_step=state.step, stream=stream,
+                           trackers=build_trackers(plan, enabled=env.is_main), tracker_ids=state.tracker_ids)
     record = start_record(plan, env, precision.report, throughput, parameters=parameters, start_step=state.step)
     record["effects"] = measured
     record["layers"] = effects.layer_precisions(engine.module, precision)
@@ -201,6 +213,9 @@ def build_run(plan_path: str, *, stream=None):
         if restart:
             line += f" (torchrun restart {restart} of {plan.launch.max_restarts})"
     logger.start(record, line)
+    state.tracker_ids = logger.tracker_ids()  # into every checkpoint from here on
+    if monitor is not None:
+        monitor.sink = logger.track  # each sample's underflow / overflow summary to the trackers
     if loaded and env.is_main:
         for warning in loaded.warnings:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
@@ -214,7 +229,13 @@ def build_run(plan_path: str, *, stream=None):
     note = unwatched_note(plan, precision, monitor)
     if note and env.is_main:
         print(note, file=sys.stderr, flush=True)
-    callbacks = [checkpoints.callback] + ([monitor] if monitor is not None else [])
+    callbacks = [checkpoints.callback]
+    if eval_data is not None:  # before the monitor's callback, which arms its hooks for the next step (paused while evaluating)
+        from launcher.train.evaluate import Evaluator
+
+        callbacks.append(Evaluator(plan, engine, logger, device=env.device, world_size=env.world_size,
+                                   make_stream=eval_data, stream=first_eval, monitor=monitor))
+    callbacks += [monitor] if monitor is not None else []
     if plan.precision.schedule:  # after the checkpoint: a checkpoint at a phase's last step holds that phase
         callbacks.append(PrecisionSwitch(plan, engine.module, logger, start_step=state.step))
     trainer = Trainer(state, plan, device=env.device, logger=logger, throughput=throughput, callbacks=callbacks,

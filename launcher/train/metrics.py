@@ -1,6 +1,7 @@
 """What a run reports, on rank 0: a start record with the precision report (the honesty line),
 one record per `log_every` steps, and a final summary. Each goes to the terminal as one
-compact line and to `<output_dir>/metrics.jsonl` as one JSON object.
+compact line and to `<output_dir>/metrics.jsonl` as one JSON object, and to the `[log]`
+experiment trackers (launcher/train/trackers.py, docs/trackers.md).
 
 Every record has an "event": "start" | "step" | "end". Step records carry the contract's
 fields: step, loss, lr, tokens_per_s (global), tflops_per_device, mfu (null where the
@@ -21,7 +22,7 @@ import resource
 import sys
 import time
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Sequence
 
 import torch
 
@@ -98,19 +99,27 @@ def end_line(record: dict[str, Any]) -> str:
         return f"done: nothing to train, already at step {record['final_step']}"
     return (f"done: {record['steps_run']} steps in {record['elapsed_s']:.1f} s, loss {record['first_loss']:.4f} -> "
             f"{record['final_loss']:.4f}, median {record['median_tokens_per_s']:,.0f} tok/s, "
-            f"peak mem {record['peak_mem_gib']:.2f} GiB" + (f", {record['skipped_steps']} steps skipped" if record["skipped_steps"] else ""))
+            f"peak mem {record['peak_mem_gib']:.2f} GiB" + (f", {record['skipped_steps']} steps skipped" if record["skipped_steps"] else "")
+            + (f", eval loss {record['eval_loss']:.4f} (after step {record['eval_step']})" if record.get("eval_loss") is not None else ""))
 
 
 class MetricsLogger:
-    """Prints and writes the records on rank 0; does nothing on the other ranks."""
+    """Prints and writes the records on rank 0, and passes each to the experiment trackers
+    (launcher/train/trackers.py); does nothing on the other ranks.
+
+    `trackers` (not yet open) are opened by `start`, before the start record is written, continuing the
+    tracked runs whose ids `tracker_ids` holds (a resumed run's, from its checkpoint); `close` closes them."""
 
     def __init__(self, *, output_dir: str, enabled: bool, total_steps: int, start_step: int = 0,
-                 stream: IO[str] | None = None, progress: bool | None = None):
+                 stream: IO[str] | None = None, progress: bool | None = None, trackers: Sequence = (),
+                 tracker_ids: dict[str, str] | None = None):
         self.enabled = enabled
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
         self._file = None
         self._bar = None
+        self.trackers = list(trackers) if enabled else []
+        self._resume_ids = dict(tracker_ids or {})
         if not enabled:
             return
         os.makedirs(output_dir, exist_ok=True)
@@ -122,13 +131,37 @@ class MetricsLogger:
             self._bar = _progress_bar(total_steps, start_step)
 
     def start(self, record: dict[str, Any], line: str) -> None:
-        """The start record (precision report, shapes) and its line, with what MFU is measured against."""
+        """The start record (precision report, shapes) and its line, with what MFU is measured against.
+        Opens the trackers first: one that cannot start raises EnvironmentProblem, with nothing written."""
         if record.get("mfu_peak"):
             peak = record.get("peak_tflops")
             line += (f"\nMFU is measured against the device's {record['mfu_peak']} peak"
                      + (f" ({peak:g} TFLOP/s)" if peak else " (unknown here: MFU n/a)")
                      + (f": {MFU_NOTE}" if record.get("backend") else ""))
+        if self.trackers:
+            from launcher.train.trackers import open_trackers, trackers_line
+
+            try:
+                where = open_trackers(self.trackers, {"event": "start", **record}, self._resume_ids)
+            except BaseException:
+                self.close()
+                raise
+            record = {**record, "trackers": where}
+            line += "\n" + trackers_line(where)
         self._emit({"event": "start", **record}, line)
+
+    def track(self, record: dict[str, Any]) -> None:
+        """A record for the trackers only (the FP8 monitor's per-sample summary: fp8_stats.jsonl has the details)."""
+        if self.enabled:
+            for tracker in self.trackers:
+                tracker.log(record)
+
+    def tracker_ids(self) -> dict[str, str]:
+        """The tracked runs' ids (wandb, mlflow) for the checkpoint, over those the run resumed with."""
+        ids = dict(self._resume_ids)
+        for tracker in self.trackers:
+            ids.update(tracker.ids())
+        return ids
 
     def step(self, record: dict[str, Any]) -> None:
         self._emit(record, step_line(record, self.total_steps))
@@ -146,6 +179,10 @@ class MetricsLogger:
         self._emit({"event": "end", **record}, end_line(record))
 
     def close(self) -> None:
+        if self.trackers:  # each closes once; their ids stay readable
+            from launcher.train.trackers import close_trackers
+
+            close_trackers(self.trackers)
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -162,6 +199,8 @@ class MetricsLogger:
             self._bar.write(line, file=self.stream)
         else:
             print(line, file=self.stream, flush=True)
+        for tracker in self.trackers:
+            tracker.log(record)
 
 
 def _finite(record: dict[str, Any]) -> dict[str, Any]:

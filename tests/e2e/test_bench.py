@@ -36,6 +36,9 @@ micro_batch_size = 2
 steps = {steps}
 lr = 3e-3
 output_dir = "{out}/runs/{{name}}"
+[eval]
+data = "synthetic"
+steps = 2
 """
 
 
@@ -43,7 +46,7 @@ def test_bench_runs_both_variants_alternately_and_reports_ratios(tmp_path):
     spec = tmp_path / "bench.toml"
     spec.write_text(SPEC.format(steps=5, out=tmp_path))
     exe = os.path.join(os.path.dirname(sys.executable), "fp8launch")
-    r = subprocess.run([exe, "bench", str(spec), "--repeats", "2", "--warmup", "1", "--out", str(tmp_path / "b")],
+    r = subprocess.run([exe, "bench", str(spec), "--repeats", "2", "--warmup", "1", "--out", str(tmp_path / "b"), "--max-loss-gap", "0.25"],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     order = [l.split(":")[1].strip() for l in r.stderr.splitlines() if l.startswith("bench: ")]
@@ -66,6 +69,14 @@ def test_bench_runs_both_variants_alternately_and_reports_ratios(tmp_path):
         per_run = sorted(run["figures"][key] for run in spec_side["runs"])
         assert spec_side["figures"][key] == pytest.approx(sum(per_run) / 2)
         assert record["ratios"][key] == pytest.approx(spec_side["figures"][key] / base["figures"][key])
+    # [eval]: one held-out evaluation after the last step of every run; the gate compares the medians of those
+    for side in (spec_side, base):
+        assert all([s for s, _ in run["evals"]] == [5] for run in side["runs"])
+        assert side["figures"]["eval_loss"] == pytest.approx(sum(run["evals"][0][1] for run in side["runs"]) / 2)
+    gate = record["loss_gate"]
+    gap = spec_side["figures"]["eval_loss"] / base["figures"]["eval_loss"] - 1
+    assert gate["basis"] == "eval_loss" and gate["gated"] and gate["gap"] == pytest.approx(gap) and gate["passed"] == (gap <= 0.25)
+    assert f"loss gap {gap:+.2%} on the held-out eval loss: within the 25.0% gate" in r.stdout
     # same model, data and seed: the first losses agree closely; FP8 only perturbs the numerics
     first_fp8, first_bf16 = spec_side["runs"][0]["losses"][0][1], base["runs"][0]["losses"][0][1]
     assert abs(first_fp8 - first_bf16) / first_bf16 < 0.02

@@ -1,7 +1,9 @@
 """What `fp8launch tune` measured, as tune.json, the table a person reads and the winner as a spec.
 
 Per candidate: tokens/s (median over runs of each run's steady-state median), peak memory and the loss gap
-to bf16: the mean over the steps of (loss - bf16 loss) / bf16 loss, each step's loss the median over runs.
+to bf16: the mean over the steps of (loss - bf16 loss) / bf16 loss, each step's loss the median over runs. With
+[eval] in the spec the losses compared are the held-out eval losses at the evaluated steps (`loss_basis`:
+"eval"), the fair comparison; without it, the training losses of every step ("train").
 A candidate whose gap exceeds `max_loss_gap` is rejected; the rest, bf16 included, are ranked by tokens/s
 and the fastest wins."""
 
@@ -33,11 +35,17 @@ class Candidate:
     losses: list[list[float]] = field(default_factory=list)
 
 
-def _median_losses(variant: Variant) -> dict[int, float]:
+def loss_basis(runs: list[Candidate]) -> str:
+    """"evals" (the held-out loss of [eval]) where the bf16 baseline's runs evaluated, else "losses" (training)."""
+    ok = [r for r in runs[0].variant.runs if r["exit_code"] == 0]
+    return "evals" if ok and all(r.get("evals") for r in ok) else "losses"
+
+
+def _median_losses(variant: Variant, basis: str = "losses") -> dict[int, float]:
     by_step: dict[int, list[float]] = {}
     for run in variant.runs:
         if run["exit_code"] == 0:
-            for step, loss in run["losses"]:
+            for step, loss in run.get(basis) or []:
                 by_step.setdefault(step, []).append(loss)
     return {s: statistics.median(v) for s, v in sorted(by_step.items())}
 
@@ -56,14 +64,15 @@ def loss_gap(candidate: dict[int, float], baseline: dict[int, float]) -> float |
 def tune_record(name: str, runs: list[Candidate], *, max_loss_gap: float, warmup: int, repeats: int, steps: int | None,
             interrupted: bool, user_overrides: list[str]) -> dict:
     base = runs[0]
-    base_losses = _median_losses(base.variant)
+    basis = loss_basis(runs)
+    base_losses = _median_losses(base.variant, basis)
     base_tps = base.variant.figure("tokens_per_s")
     rows = []
     for c in runs:
         ok_runs = [r for r in c.variant.runs if r["exit_code"] == 0]
         if c.status == "pending":
             c.status = "measured" if ok_runs else ("interrupted" if interrupted else "failed")
-        losses = _median_losses(c.variant)
+        losses = _median_losses(c.variant, basis)
         gap = 0.0 if c is base else loss_gap(losses, base_losses)
         if c.status == "measured" and gap is not None and gap > max_loss_gap:
             c.status, c.note = "rejected", f"loss gap {gap:+.2%} > {max_loss_gap:.2%}"
@@ -93,7 +102,8 @@ def tune_record(name: str, runs: list[Candidate], *, max_loss_gap: float, warmup
             r["status"] = "winner"
     start = next((c.variant.runs[0]["start"] for c in runs if c.variant.runs), {})
     return {"name": name, "candidates": rows, "winner": winner, "ranking": [r["name"] for r in ranked],
-            "max_loss_gap": max_loss_gap, "warmup_steps_excluded": warmup, "repeats": repeats, "steps": steps,
+            "max_loss_gap": max_loss_gap, "loss_basis": "eval" if basis == "evals" else "train",
+            "warmup_steps_excluded": warmup, "repeats": repeats, "steps": steps,
             "interrupted": interrupted, "overrides": user_overrides,
             "environment": {"device_name": start.get("device_name"), "world_size": start.get("world_size"), "torch": start.get("torch_version"),
                             **versions("torchao", "transformer_engine", "deepspeed", "fp8launch")}}
@@ -143,6 +153,10 @@ def _gap(row: dict) -> str:
     return "n/a" if g is None else ("inf" if g == "inf" else f"{g:+.2%}")
 
 
+def _basis(record: dict) -> str:
+    return "held-out eval" if record.get("loss_basis") == "eval" else "training"
+
+
 # --- what a person reads --------------------------------------------------------------------------------
 
 
@@ -154,7 +168,7 @@ def table(record: dict) -> str:
                      + (f"  {r['note']}" if r["note"] else ""))
     env = record["environment"]
     lines.append(f"(medians over {record['repeats']} alternating runs each; first {record['warmup_steps_excluded']} steps of each run "
-                 f"excluded; rejected when the loss gap to bf16 exceeds {record['max_loss_gap']:.1%}; {env.get('device_name')} x "
+                 f"excluded; rejected when the {_basis(record)} loss gap to bf16 exceeds {record['max_loss_gap']:.1%}; {env.get('device_name')} x "
                  f"{env.get('world_size')}, torch {env.get('torch')}, torchao {env.get('torchao')})")
     lines.append(f"winner: {record['winner']}" if record["winner"] else "winner: none (interrupted or nothing measured)")
     return "\n".join(lines)

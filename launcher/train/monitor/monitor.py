@@ -12,18 +12,19 @@ hooks again. `finish()` at the end of the run prints the worst layers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import typing
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 from torch import nn
 
 from launcher.train.distributed import all_reduce_max, all_reduce_sum
 
 from .hooks import Collector, Target, te_targets, torchao_targets
-from .records import record, reduce_rows
+from .records import record, reduce_rows, sample_summary
 from .alerts import Warner
 
 if typing.TYPE_CHECKING:
@@ -48,6 +49,8 @@ class FP8Monitor:
         self.warner = Warner(underflow_warn=underflow_warn, overflow_warn=overflow_warn, backend=backend, recipe=recipe)
         self._scaling = {(t.layer, op): s for t in targets for op, s in t.operands.items()}
         self._file = None
+        self.sink: Callable[[dict[str, Any]], None] | None = None
+        """Gets each sample's summary record on rank 0 (the experiment trackers: `MetricsLogger.track`)."""
         self._prepare(start_step + 1)
 
     @property
@@ -64,6 +67,17 @@ class FP8Monitor:
             self.collector.disarm()
             self.write_sample(state.step)
         self._prepare(state.step + 1)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """No hook measures inside this block (an evaluation's forward passes are not training numerics)."""
+        armed = self.collector.armed
+        self.collector.disarm()
+        try:
+            yield
+        finally:
+            if armed:
+                self.collector.arm()
 
     def _prepare(self, step: int) -> None:
         if self.targets and self.sampled(step):
@@ -84,6 +98,9 @@ class FP8Monitor:
             self._file.flush()
             for line in lines:
                 print(line, file=self.stream, flush=True)
+            if self.sink is not None:
+                self.sink(sample_summary(records, underflow_warn=self.warner.underflow_warn,
+                                         overflow_warn=self.warner.overflow_warn))
         return records
 
     def finish(self, state=None) -> None:

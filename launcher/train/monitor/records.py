@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import torch
 
+from launcher.train.trackers import FP8_EVENT
+
 from .stats import Scaling
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -60,4 +62,20 @@ def record(step: int, layer: str, operand: str, scaling: Scaling, row: list[floa
         "format": scaling.fmt,
         "granularity": scaling.granularity,
         "nonzero": int(nonzero),
+    }
+
+
+def sample_summary(records: list[dict[str, Any]], *, underflow_warn: float, overflow_warn: float) -> dict[str, Any]:
+    """One sample's records in a few numbers for the experiment trackers: the largest and the mean underflow and
+    overflow share over every (layer, operand) cast, and how many layers cross monitor.underflow_warn / overflow_warn."""
+    n = len(records) or 1
+    over = {r["layer"] for r in records if r["overflow"] > overflow_warn or r["underflow"] > underflow_warn}
+    return {
+        "event": FP8_EVENT,
+        "step": records[0]["step"] if records else 0,
+        "fp8/underflow_max": max((r["underflow"] for r in records), default=0.0),
+        "fp8/underflow_mean": sum(r["underflow"] for r in records) / n,
+        "fp8/overflow_max": max((r["overflow"] for r in records), default=0.0),
+        "fp8/overflow_mean": sum(r["overflow"] for r in records) / n,
+        "fp8/layers_over_warn": len(over),
     }

@@ -1,0 +1,30 @@
+"""`fp8launch export`: a complete checkpoint of a run -> its high-precision weights, as a Hugging Face
+folder that `transformers.AutoModelForCausalLM.from_pretrained` loads, or as one torch.save file.
+
+    pipeline.py  which checkpoint; read it, map it, write it (`export`)
+    read.py      checkpoint (DCP of DDP/FSDP2, tensor parallel or not; DeepSpeed ZeRO 0-3) -> weights by name
+    hf.py        builtin Llama -> LlamaForCausalLM, hf: models -> their own class: config and names
+    write.py     safetensors shards + index (or model.pt), written beside the target and renamed onto it
+
+This module holds the names the others share and imports no torch (the CLI module imports it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+MARKER = "fp8launch-export.json"
+"""Written into every export: what it was made from. A folder holding it may be replaced by a new export."""
+DTYPES = ("bf16", "fp32")
+FORMATS = ("hf", "torch")
+KEY = "RUN_DIR"
+
+
+def is_export(folder: str) -> bool:
+    """Whether `folder` holds an export fp8launch wrote (its marker names a format)."""
+    try:
+        with open(os.path.join(folder, MARKER), encoding="utf-8") as f:
+            return json.load(f).get("format") in FORMATS
+    except (OSError, ValueError, AttributeError):
+        return False

@@ -1,0 +1,124 @@
+"""`fp8launch export`'s steps: find the checkpoint, read its weights, map them, write the folder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from launcher.errors import EnvironmentProblem, InputError
+
+from . import KEY, MARKER
+
+if typing.TYPE_CHECKING:
+    from launcher.planning.plan import Plan
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Exported:
+    out: str
+    step: int
+    checkpoint: str
+    files: tuple[str, ...]
+    tensors: int
+    parameters: int
+    architecture: str
+    """LlamaForCausalLM, ..., or "" for --format torch."""
+    seconds: float
+    notes: tuple[str, ...] = ()
+
+
+def find_checkpoint(run_dir: str, step: int | None) -> tuple[int, str]:
+    """(step, path) of the newest complete checkpoint of the run in `run_dir`, or of step `step`."""
+    from launcher.train.checkpoint import CHECKPOINTS, CheckpointManager
+
+    found = CheckpointManager(run_dir, keep=1, strategy="ddp", rank=0, world_size=1).complete()
+    folder = os.path.join(run_dir, CHECKPOINTS)
+    if not found:
+        raise InputError(KEY, f"{folder} holds no complete checkpoint (a step-N folder with COMPLETE.json)",
+                         "export a run that has written one (train.checkpoint_every, train.checkpoint_at_end)")
+    if step is None:
+        return found[-1]
+    for s, path in found:
+        if s == step:
+            return s, path
+    steps = ", ".join(str(s) for s, _ in found)
+    raise InputError("--step", f"{run_dir} has no complete checkpoint of step {step}", f"use one of the complete steps: {steps}")
+
+
+def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, dtype: str, out: str, max_shard_bytes: int,
+           echo: Callable[[str], None]) -> Exported:
+    """Write checkpoint `checkpoint` (step `step`) of the run `plan` describes into folder `out`."""
+    import time
+
+    import torch
+
+    from launcher import __version__
+
+    from . import hf, read, write
+    from .tokenizer import run_tokenizer
+
+    start = time.monotonic()
+    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    spec_dir = os.path.normpath(os.path.join(plan_dir, plan.spec_dir))
+    model = plan.train.model
+    weights = read.open_weights(checkpoint)
+    not_float = sorted(n for n, e in weights.entries.items() if not (e.dtype in read.FLOATS or not e.dtype.is_floating_point))
+    if not_float:
+        raise InputError("train.model", f"{checkpoint} stores {len(not_float)} weight(s) in a low-precision format ({not_float[0]}: "
+                         f"{weights.entries[not_float[0]].dtype}), not high-precision weights",
+                         "export a run that keeps high-precision weights (precision.te.fp8_params = false)")
+    notes: list[str] = []
+    target = None
+    if fmt == "hf":
+        tokenizer = run_tokenizer(plan, spec_dir)
+        notes.extend(tokenizer.notes)
+        if model.startswith("builtin:"):
+            target = hf.builtin_target(model, weights.entries, torch_dtype, eos=tokenizer.eos)
+        elif model.startswith("hf:"):
+            target = hf.hf_target(model[3:], spec_dir, weights.entries, torch_dtype)
+        else:
+            raise InputError("--format", f"train.model {model} is a user factory: fp8launch does not know which Hugging Face class "
+                             "it corresponds to", "export with --format torch (the model's own names), or train a builtin: or hf: model")
+        target.copies.extend(tokenizer.copies)
+        names = list(target.names)
+    else:
+        names = [n for n in weights.entries if not n.endswith(hf.RECOMPUTED)]
+        if model.startswith("builtin:"):
+            from launcher.train.models.llama import build_llama
+
+            with torch.device("meta"):
+                expected = {k: read.Entry(tuple(v.shape), v.dtype) for k, v in build_llama(model).state_dict().items()}
+            hf.check_names(expected, weights.entries, what=f"the model {model}")
+            names = list(expected)
+    echo(f"export: {checkpoint} (step {step}, {weights.kind}) -> {out} ({fmt}, {dtype}, {len(names)} tensors)")
+    try:
+        with write.staged(out) as tmp:
+            if target is not None:
+                files = write.write_safetensors(tmp, weights, target.names, torch_dtype, max_shard_bytes, echo)
+                target.config.save_pretrained(tmp)
+                files.append("config.json")
+                if target.generation_config is not None:
+                    target.generation_config.save_pretrained(tmp)
+                    files.append("generation_config.json")
+                for source, name in target.copies:
+                    shutil.copyfile(source, os.path.join(tmp, name))
+                    files.append(name)
+            else:
+                files = write.write_torch(tmp, weights, names, torch_dtype, max_shard_bytes, echo)
+            parameters = sum(weights.entries[n].numel for n in names)
+            files.append(MARKER)
+            write.write_json(os.path.join(tmp, MARKER), {
+                "format": fmt, "dtype": dtype, "step": step, "checkpoint": os.path.abspath(checkpoint), "model": model,
+                "architecture": target.architecture if target else "", "strategy": plan.distributed.strategy,
+                "checkpoint_format": weights.kind, "tensors": len(names), "parameters": parameters, "files": sorted(files),
+                "names": "Hugging Face" if target else "the model's own (train.model)", "fp8launch_version": __version__,
+                "dropped": sorted(target.dropped) if target else sorted(set(weights.entries) - set(names)),
+            })
+    except OSError as e:
+        raise EnvironmentProblem(f"cannot write the export into {out} ({e}); fix: check the free space and permissions there") from e
+    return Exported(out=out, step=step, checkpoint=checkpoint, files=tuple(sorted(files)), tensors=len(names),
+                    parameters=parameters, architecture=target.architecture if target else "",
+                    seconds=time.monotonic() - start, notes=tuple(notes))
