@@ -148,6 +148,8 @@ class DistributedConfig:
     """Tensor-parallel degree inside a node; FSDP2 shards over world_size / tensor_parallel."""
     async_tp: bool
     """torch's async tensor parallel (compile + CUDA)."""
+    expert_parallel: int
+    """MoE expert-parallel degree: divides the number of experts and the world size; 1 = off."""
     fsdp2: FSDP2Config
     deepspeed: DeepSpeedConfig
 

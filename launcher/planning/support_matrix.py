@@ -122,6 +122,7 @@ ELSEWHERE: dict[str, str] = {
     "precision.msamp.use_te": "tests/train/test_precision_msamp.py",
     "distributed.nodes": "tests/e2e/test_runs.py::test_two_nodes_on_loopback, tests/test_slurm.py (two SLURM nodes)",
     "distributed.procs_per_node": "every run (the CPU matrix uses 2)",
+    "distributed.expert_parallel": "tests/e2e/test_moe.py (builtin:moe-debug, expert_parallel = 2 on 2 processes; resume); rules MOE-*, EP-*",
     "distributed.global_batch_size": "rule BATCH-MISMATCH (tests/test_rules.py)",
     "distributed.deepspeed.nvme_path": "every run with offload \"nvme\" in the matrix; rule DS-NVME-PATH",
     "distributed.deepspeed.overlap_comm": "tests/test_render.py: DeepSpeed's own config parser",
