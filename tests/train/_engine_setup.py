@@ -42,22 +42,31 @@ def spawn_ranks(fn, world_size: int, *args) -> None:
 
 
 @contextmanager
-def gloo_world(rank: int = 0, world_size: int = 1, port: int | None = None):
-    """Join a gloo process group as `rank` of `world_size` (what torchrun's environment gives)."""
+def torchrun_env(rank: int = 0, world_size: int = 1, port: int | None = None):
+    """The environment torchrun gives `rank` of `world_size` (a free port), restored afterwards."""
     saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port or free_port()), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         yield
     finally:
-        dist.destroy_process_group()
-        _forget_deepspeed_groups()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextmanager
+def gloo_world(rank: int = 0, world_size: int = 1, port: int | None = None):
+    """Join a gloo process group as `rank` of `world_size` (what torchrun's environment gives)."""
+    with torchrun_env(rank, world_size, port):
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+            _forget_deepspeed_groups()
 
 
 def _forget_deepspeed_groups() -> None:
@@ -102,3 +111,22 @@ def tiny_model(seed: int = 0):
 def token_batches(n: int, *, batch: int = 2, seq_len: int = 16, vocab: int = 2048, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (batch, seq_len + 1), generator=g) for _ in range(n)]
+
+
+def train_in_process(plan_json: str, *, stream=None):
+    """What `fp8launch run` does for one process, in this one: a world of one (the environment torchrun gives),
+    build_run, train, close the logger, leave the process group. Returns the Trainer."""
+    from launcher.train import distributed
+    from launcher.train.main import build_run
+
+    with torchrun_env():
+        try:
+            trainer, logger = build_run(plan_json, stream=stream)
+            try:
+                trainer.run()
+            finally:
+                logger.close()
+            return trainer
+        finally:
+            distributed.destroy()
+            _forget_deepspeed_groups()

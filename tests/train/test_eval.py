@@ -16,7 +16,7 @@ from launcher.train.data import SyntheticStream
 from launcher.train.evaluate import HELD_OUT_STREAM, eval_record, eval_stream
 from launcher.train.loop import cross_entropy
 
-from ._engine_setup import make_plan
+from ._engine_setup import make_plan, train_in_process
 
 BASE = {"distributed.procs_per_node": 1, "train.model": "builtin:llama-debug?layers=1", "train.steps": 4,
         "train.micro_batch_size": 2, "train.checkpoint_at_end": False}
@@ -24,30 +24,18 @@ BASE = {"distributed.procs_per_node": 1, "train.model": "builtin:llama-debug?lay
 
 @pytest.fixture
 def one_rank(monkeypatch):
-    """The environment torchrun gives one process; the process group build_run joins is left after the test."""
+    """Leaves the process group a failed build_run may have joined (train_in_process leaves its own)."""
     from launcher.train import distributed
-    from tests.support import free_port
 
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1",
-                       "LOCAL_RANK": "0"}.items():
-        monkeypatch.setenv(key, value)
     yield
     distributed.destroy()
 
 
 def _run(tmp_path, name, **keys):
     """Plan and train in this process; the records of metrics.jsonl, the trainer."""
-    from launcher.train import distributed
-    from launcher.train.main import build_run
-
     out = tmp_path / name
     _, plan_dir = make_plan(tmp_path / f"plan-{name}", **{**BASE, "train.output_dir": str(out), **keys})
-    trainer, logger = build_run(f"{plan_dir}/plan.json", stream=io.StringIO())
-    try:
-        trainer.run()
-    finally:
-        logger.close()
-        distributed.destroy()
+    trainer = train_in_process(f"{plan_dir}/plan.json", stream=io.StringIO())
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()], trainer
 
 

@@ -384,27 +384,15 @@ def test_a_training_run_logs_to_all_three_and_checkpoints_their_ids(tmp_path, mo
     """builtin:llama-debug (1 layer) in FP8 with the monitor, 2 steps through the entrypoint's build_run in this
     process: each tracker's loss is metrics.jsonl's at each step, the monitor's summaries reach them, and the
     checkpoint holds the run ids."""
-    from launcher.train import distributed
-    from launcher.train.main import build_run
-    from tests.support import free_port
-    from tests.train._engine_setup import make_plan
+    from tests.train._engine_setup import make_plan, train_in_process
 
     out = tmp_path / "out"
     _, plan_dir = make_plan(tmp_path, **{"train.model": "builtin:llama-debug?layers=1", "train.steps": 2, "train.output_dir": str(out),
                                          "precision.mode": "fp8", "precision.backend": "torchao",
                                          "precision.torchao.skip_small": False, "monitor.fp8_stats_every": 1,
                                          "log.tensorboard": True, "log.mlflow": True, "log.wandb": {"mode": "offline"}})
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
-        monkeypatch.setenv(key, value)
     stream = io.StringIO()
-    try:
-        trainer, logger = build_run(f"{plan_dir}/plan.json", stream=stream)
-        try:
-            trainer.run()
-        finally:
-            logger.close()
-    finally:
-        distributed.destroy()
+    train_in_process(f"{plan_dir}/plan.json", stream=stream)
     records = _records(out)
     losses = {r["step"]: r["loss"] for r in records if r["event"] == "step"}
     assert sorted(losses) == [1, 2]
