@@ -231,6 +231,41 @@ def test_a_later_phase_is_held_to_the_error_rules_of_its_own_precision():
 
 PLAN_CASES["MONITOR-BLOCK"] = ({"precision": NVFP4, "monitor": {"fp8_stats_every": 10}}, {"precision": MX, "monitor": {"fp8_stats_every": 10}})
 
+# -- expert parallel (issue 21): each rule on its bad combination and on its fixed twin ----------
+EP2 = {"strategy": "fsdp2", "procs_per_node": 2, "expert_parallel": 2}
+MOE = {"model": "builtin:moe-debug"}  # 8 experts
+PLAN_CASES.update({
+    "EP-DIVIDES-WORLD": ({"distributed": {**EP2, "procs_per_node": 3}, "train": MOE}, {"distributed": {**EP2, "procs_per_node": 4}, "train": MOE}),
+    "EP-DIVIDES-EXPERTS": ({"distributed": {**EP2, "procs_per_node": 3, "expert_parallel": 3}, "train": MOE},
+                           {"distributed": {**EP2, "procs_per_node": 4, "expert_parallel": 4}, "train": MOE}),
+    "EP-DENSE-MODEL": ({"distributed": EP2, "train": {"model": "builtin:llama-debug"}}, {"distributed": EP2, "train": MOE}),
+    "EP-STRATEGY": ({"distributed": {**EP2, "strategy": "ddp"}, "train": MOE}, {"distributed": EP2, "train": MOE}),
+    "EP-TENSOR-PARALLEL": ({"distributed": {**EP2, "tensor_parallel": 2}, "train": MOE}, {"distributed": EP2, "train": MOE}),
+})
+
+# -- MoE (issue 21): each rule on its bad combination and on its fixed twin ----------------------
+MOE_MX = {**TAO, "torchao": {"recipe": "mxfp8"}}
+MOE_ROW = {**TAO, "torchao": {"recipe": "rowwise"}}
+PLAN_CASES.update({
+    "MOE-ROUTER-FP8": ({"precision": {**MOE_MX, "rules": [{"match": "layers.*.moe.*", "recipe": "mxfp8"}]}, "train": MOE},
+                       {"precision": {**MOE_MX, "rules": [{"match": "layers.*.moe.experts", "recipe": "mxfp8"}]}, "train": MOE}),
+    "MOE-ROWWISE-CPU": ({"precision": MOE_ROW, "train": MOE, "launch": {"device": "cpu"}},
+                        {"precision": MOE_MX, "train": MOE, "launch": {"device": "cpu"}}),
+    "MOE-EXPERTS-HP": ({"precision": TAO, "train": MOE}, {"precision": MOE_MX, "train": MOE}),
+    "MOE-ALLGATHER-EXPERTS": ({"precision": {**TAO, "torchao": {"fsdp_float8_all_gather": True}}, "distributed": {"strategy": "fsdp2"}, "train": MOE},
+                              {"precision": TAO, "distributed": {"strategy": "fsdp2"}, "train": MOE}),
+})
+RUN_CASES["MOE-ROWWISE-HARDWARE"] = ({"precision": MOE_ROW, "train": MOE, "launch": {"device": "cuda"}},
+                                     {"device": "cuda", "capability": (8, 9)}, {"device": "cuda", "capability": (9, 0)})
+
+
+def test_moe_router_rule_reads_hf_router_globs_and_leaves_dense_models_alone():
+    hf = {"precision": {**MOE_MX, "rules": [{"match": "*.mlp.gate", "recipe": "mxfp8"}]}, "train": {"model": "hf:some/qwen3-moe"}}
+    assert "MOE-ROUTER-FP8" in fired(hf)
+    dense = {"precision": {**MOE_MX, "rules": [{"match": "*", "recipe": "mxfp8"}]}, "train": {"model": "builtin:llama-debug"}}
+    assert "MOE-ROUTER-FP8" not in fired(dense) and "MOE-EXPERTS-HP" not in fired(dense)
+
+
 # -- tensor parallel (issue 15): each rule on its bad combination and on its fixed twin ----------
 TP2 = {"strategy": "fsdp2", "procs_per_node": 4, "tensor_parallel": 2}
 PLAN_CASES.update({

@@ -204,6 +204,13 @@ def block_activation_bytes_per_token(plan: Plan, cfg) -> float:
     c, r = _compute_bytes(plan), _residual_bytes(plan)
     p = plan.precision
     d, q, f, h = cfg.dim, cfg.n_heads * cfg.head_dim, cfg.ffn_dim, cfg.n_heads
+    moe = 0
+    if getattr(cfg, "moe_ffn_dim", 0):  # an MoE block (MoEConfig): the SwiGLU width a token meets (top-k routed +
+        f = cfg.moe_ffn_dim * (cfg.top_k + cfg.n_shared_experts)  # shared; the dense first blocks are counted alike)
+        # + router fp32 logits and scores (E each), top-k ids and scores, the routed copy of the input and the
+        # routed output (top_k rows of dim each); padding groups to 32 rows adds at most E * 31 rows per
+        # micro-batch (under a percent at any real batch) and is left out
+        moe = 8 * cfg.num_experts + 12 * cfg.top_k + 2 * _compute_bytes(plan) * cfg.top_k * d
     fp8_saved = p.fp8 and p.backend in ("te", "msamp")  # they save FP8 GEMM inputs; torchao saves the high-precision input
     lin = 1 if fp8_saved else c
     separate = r != c or fp8_saved  # each Linear casts (or quantizes) its own copy of a shared input
@@ -211,7 +218,7 @@ def block_activation_bytes_per_token(plan: Plan, cfg) -> float:
     linear_inputs = lin * ((3 if separate else 1) * d + (2 if separate else 1) * d + f) + (q if fp8_saved else 0)
     attention = 4 * c * q + 4 * h  # q, k, v (repeated to n_heads), output; fp32 log-sum-exp per head
     swiglu = 3 * c * f  # w1 x, silu(w1 x), w3 x
-    return float(norms + linear_inputs + attention + swiglu)
+    return float(norms + linear_inputs + attention + swiglu + moe)
 
 
 def outside_activation_bytes_per_token(plan: Plan, cfg) -> float:
@@ -263,7 +270,8 @@ def init_peak(plan: Plan, params: int, cfg=None) -> InitPeak:
     d, p = plan.distributed, plan.precision
     n = plan.world_size
     full = 4.0 * params
-    largest = 4.0 * max(cfg.vocab_size * cfg.dim, cfg.dim * cfg.ffn_dim) if cfg else 0.0
+    largest = 4.0 * max(cfg.vocab_size * cfg.dim, cfg.dim * cfg.ffn_dim,
+                        3 * cfg.dim * getattr(cfg, "moe_ffn_dim", 0) * getattr(cfg, "num_experts", 0)) if cfg else 0.0
     if p.fp8 and p.backend in ("te", "msamp"):
         return InitPeak(full, "on the GPU", f"whole fp32 model before {p.backend} converts it")
     if d.strategy == "fsdp2":

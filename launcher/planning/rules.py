@@ -130,6 +130,47 @@ def _accelerate_unsupported(f: Facts) -> str:
     return ""
 
 
+def _moe(f: Facts) -> bool:
+    """The plan trains a builtin MoE shape (hf:/py: models are only known at run time)."""
+    from launcher.errors import InputError
+    from launcher.planning.models import is_moe, parse_builtin
+
+    if not f.plan.train.model.startswith("builtin:"):
+        return False
+    try:
+        return is_moe(parse_builtin(f.plan.train.model))
+    except InputError:  # a bad name is reported by planning itself
+        return False
+
+
+EXPERTS_NAME = "layers.1.moe.experts"
+ROUTER_EXAMPLES = ("layers.0.moe.router.gate", "model.layers.0.mlp.gate", "model.layers.0.block_sparse_moe.gate")
+
+
+def _expert_recipe(f: Facts) -> str | None:
+    """The recipe the builtin MoE's experts get (a [[precision.rules]] entry first), None when kept by mode or no MoE."""
+    import fnmatch
+
+    if not _moe(f):
+        return None
+    p = f.plan.precision
+    rule = next((r for r in p.rules if fnmatch.fnmatchcase(EXPERTS_NAME, r.match)), None)
+    if rule is not None:
+        return rule.recipe or None
+    return p.torchao.recipe if p.backend == "torchao" else p.backend
+
+
+def _moe_router_rules(f: Facts) -> list[str]:
+    """The match globs of [[precision.rules]] recipe entries that name a router gate: the builtin MoE's
+    (for a builtin MoE model), or, for hf:/py: models, a glob that says gate or router."""
+    import fnmatch
+
+    model = f.plan.train.model
+    names = ROUTER_EXAMPLES[:1] if _moe(f) else ROUTER_EXAMPLES if not model.startswith("builtin:") else ()
+    return [r.match for r in f.plan.precision.rules if r.recipe and any(fnmatch.fnmatchcase(n, r.match) for n in names)
+            and (_moe(f) or "gate" in r.match or "router" in r.match)]
+
+
 def _derived_batch(f: Facts) -> int:
     t, d = f.plan.train, f.plan.distributed
     return t.micro_batch_size * t.grad_accum_steps * d.data_parallel
@@ -158,6 +199,34 @@ RULES: tuple[Rule, ...] = (
          why="torchao asserts that float8 all-gather needs tensorwise weight scaling.",
          fix='set precision.torchao.recipe = "tensorwise", or precision.torchao.fsdp_float8_all_gather = false',
          condition=lambda f: _fp8(f, "torchao") and f.plan.precision.torchao.fsdp_float8_all_gather and f.plan.precision.torchao.recipe != "tensorwise"),
+    Rule(id="MOE-ROUTER-FP8", severity="error", stage="plan",
+         when="a [[precision.rules]] entry with a recipe matches an MoE router gate (*.moe.router.gate, Hugging Face *.mlp.gate)",
+         why="the router's scores pick each token's experts: FP8 noise there flips the top-k choice, so torchtitan computes the gate in fp32 and fp8launch always keeps it in high precision; the rule would be ignored.",
+         fix='narrow that precision.rules entry\'s match so it leaves the router gate out (e.g. "*.moe.experts" or "*.attention.*")',
+         condition=lambda f: _fp8(f, "torchao") and bool(_moe_router_rules(f)),
+         detail=lambda f: f"[[precision.rules]] match = {_moe_router_rules(f)[0]!r} puts the MoE router gate into FP8."),
+    Rule(id="MOE-ROWWISE-CPU", severity="error", stage="plan",
+         when="rowwise FP8 for the grouped experts of an MoE model with launch.device = cpu",
+         why="torchao's FP8 rowwise grouped GEMM (Float8TrainingOpConfig) runs torch._scaled_grouped_mm, a CUDA kernel for sm90+; only MXFP8 has emulated grouped GEMMs for the CPU.",
+         fix='set precision.torchao.recipe = "mxfp8" (emulated grouped GEMMs on CPU), or launch.device = "cuda"',
+         condition=lambda f: _fp8(f, "torchao") and f.plan.launch.device == "cpu" and _expert_recipe(f) == "rowwise"),
+    Rule(id="MOE-ROWWISE-HARDWARE", severity="error", stage="run",
+         when="rowwise FP8 for the grouped experts of an MoE model on a GPU below compute capability 9.0",
+         why="torch._scaled_grouped_mm (torchao's FP8 rowwise grouped GEMM) has kernels for sm90 and sm100 only; an sm89 GPU runs FP8 Linears but not grouped FP8 GEMMs.",
+         fix='set precision.torchao.recipe = "tensorwise" (experts stay in bf16) or run on an H100 / B200',
+         condition=lambda f: _fp8(f, "torchao") and f.device == "cuda" and f.capability is not None and f.capability < (9, 0)
+         and _expert_recipe(f) == "rowwise"),
+    Rule(id="MOE-EXPERTS-HP", severity="warning", stage="plan",
+         when="fp8 with an MoE model whose experts' recipe has no grouped GEMM (torchao tensorwise / rowwise_with_gw_hp / nvfp4; te; msamp)",
+         why="the expert weights (most of an MoE's FLOPs) stay in bf16: torchao 0.18 has grouped FP8 GEMMs for rowwise and mxfp8 only; Transformer Engine and MS-AMP convert nn.Linear only.",
+         fix='set precision.backend = "torchao" and precision.torchao.recipe = "mxfp8" or "rowwise", or add [[precision.rules]] match = "*.moe.experts" recipe = "mxfp8"',
+         condition=lambda f: _fp8(f) and _moe(f) and _expert_recipe(f) not in (None, "rowwise", "mxfp8"),
+         detail=lambda f: f"the experts of {f.plan.train.model} stay in bf16 with {_expert_recipe(f) or f.plan.precision.backend}."),
+    Rule(id="MOE-ALLGATHER-EXPERTS", severity="warning", stage="plan",
+         when="precision.torchao.fsdp_float8_all_gather with an MoE model",
+         why="torchao's float8 all-gather applies to Float8Linear weights only; the 3D expert weights (torchao's MoE-training wrapper all-gathers them in the param dtype) and tensorwise experts (not converted) are all-gathered in bf16, so most of an MoE's all-gather bytes do not shrink.",
+         fix="set precision.torchao.fsdp_float8_all_gather = false, or keep it for the attention and shared-expert Linears knowing the experts gather in bf16",
+         condition=lambda f: _fp8(f, "torchao") and f.plan.precision.torchao.fsdp_float8_all_gather and _moe(f)),
     Rule(id="FP8-NO-COMPILE", severity="warning", stage="plan",
          when="fp8 + torchao without compile",
          why="without torch.compile, float8 casts are not fused: usually slower and more memory than bf16 (Axolotl docs, ao#2262).",
@@ -224,6 +293,41 @@ RULES: tuple[Rule, ...] = (
          fix="set distributed.global_batch_size = 0 (derive it), or change train.micro_batch_size / train.grad_accum_steps",
          condition=lambda f: f.plan.distributed.global_batch_size != _derived_batch(f),
          detail=lambda f: f"distributed.global_batch_size = {f.plan.distributed.global_batch_size} but micro_batch_size {f.plan.train.micro_batch_size} * grad_accum_steps {f.plan.train.grad_accum_steps} * {_batch_ranks(f)} = {_derived_batch(f)}."),
+    # -- expert parallelism (distributed.expert_parallel; launcher/train/expert_parallel.py) --
+    Rule(id="EP-DIVIDES-WORLD", severity="error", stage="plan",
+         when="distributed.expert_parallel does not divide the world size (nodes x procs_per_node)",
+         why="the EP mesh is (world_size / ep) x ep: every group of ep adjacent ranks shares the experts of each MoE layer.",
+         fix="set distributed.expert_parallel to a divisor of distributed.nodes x procs_per_node",
+         condition=lambda f: f.plan.distributed.expert_parallel > 1 and f.plan.world_size % f.plan.distributed.expert_parallel != 0,
+         detail=lambda f: f"distributed.expert_parallel = {f.plan.distributed.expert_parallel} does not divide the world size {f.plan.world_size}."),
+    Rule(id="EP-DIVIDES-EXPERTS", severity="error", stage="plan",
+         when="distributed.expert_parallel does not divide a builtin MoE model's number of experts (hf: / py: models: checked at run time)",
+         why="each EP rank holds num_experts / ep whole experts (their weights sharded Shard(0) on the expert dimension).",
+         fix="set distributed.expert_parallel to a divisor of the model's number of experts",
+         condition=lambda f, m=__import__("launcher.planning.models").planning.models: (
+             f.plan.distributed.expert_parallel > 1 and f.plan.train.model.startswith("builtin:")
+             and m.is_moe(m.parse_builtin(f.plan.train.model))
+             and m.parse_builtin(f.plan.train.model).num_experts % f.plan.distributed.expert_parallel != 0),
+         detail=lambda f, m=__import__("launcher.planning.models").planning.models: (
+             f"distributed.expert_parallel = {f.plan.distributed.expert_parallel} does not divide the "
+             f"{m.parse_builtin(f.plan.train.model).num_experts} experts of {f.plan.train.model}.")),
+    Rule(id="EP-DENSE-MODEL", severity="error", stage="plan",
+         when="distributed.expert_parallel > 1 with a dense builtin model (hf: / py: models: checked at run time)",
+         why="expert parallelism shards the experts of MoE layers; a dense model has none, and the ranks would only duplicate work.",
+         fix='set distributed.expert_parallel = 1, or train an MoE model (train.model = "builtin:moe-debug")',
+         condition=lambda f, m=__import__("launcher.planning.models").planning.models: (
+             f.plan.distributed.expert_parallel > 1 and f.plan.train.model.startswith("builtin:")
+             and not m.is_moe(m.parse_builtin(f.plan.train.model)))),
+    Rule(id="EP-STRATEGY", severity="error", stage="plan",
+         when="distributed.expert_parallel > 1 with strategy ddp or deepspeed",
+         why="fp8launch composes expert parallelism with FSDP2 only (experts sharded over the EP dimension, FSDP2 over world / ep for them and over all ranks for the dense parameters); DDP and DeepSpeed ZeRO do not handle DTensor experts.",
+         fix='set distributed.strategy = "fsdp2", or distributed.expert_parallel = 1',
+         condition=lambda f: f.plan.distributed.expert_parallel > 1 and _strategy(f) in ("ddp", "deepspeed")),
+    Rule(id="EP-TENSOR-PARALLEL", severity="error", stage="plan",
+         when="distributed.expert_parallel > 1 with distributed.tensor_parallel > 1",
+         why="fp8launch does not compose expert and tensor parallelism (a 3D mesh, and a TP plan for the MoE model, which has none).",
+         fix="set distributed.tensor_parallel = 1 or distributed.expert_parallel = 1",
+         condition=lambda f: f.plan.distributed.expert_parallel > 1 and f.plan.distributed.tensor_parallel > 1),
     Rule(id="SECTION-UNUSED", severity="warning", stage="plan",
          when="a backend/strategy/launcher section is present that the chosen one never reads",
          why="a section nothing reads is a silent no-op; that is how Accelerate configs go wrong (misnamed keys ignored).",

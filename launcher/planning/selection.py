@@ -119,6 +119,8 @@ def rule_reason(rule) -> str:
 def choose(name: str, in_features: int, out_features: int, plan: Plan, first_last: Collection[str],
            block: int | None = None, n_blocks: int = 0) -> tuple[str | None, str | None]:
     """(the recipe the layer runs, None), or (None, the reason it is kept in high precision)."""
+    if is_router(name):
+        return None, ROUTER
     rule = matching_rule(name, plan)
     if rule is not None and rule.mode:
         return None, rule_reason(rule)
@@ -127,6 +129,55 @@ def choose(name: str, in_features: int, out_features: int, plan: Plan, first_las
         return (None, why) if why else (rule.recipe, None)
     why = name_reason(name, plan, first_last, block, n_blocks) or shape_reason(in_features, out_features, plan)
     return (None, why) if why else (default_recipe(plan), None)
+
+
+# --- Mixture-of-Experts ---------------------------------------------------------------------------
+
+ROUTER = "MoE router gate (routing stays in fp32)"
+GROUPED_ALIGN = {"rowwise": 16, "mxfp8": 32}
+"""torchao 0.18's grouped-GEMM recipes for 3D expert weights and the row multiple each token group
+must have (torchao/prototype/moe_training: fp8_grouped_mm.py asserts dims % 16 and pads groups to 16,
+TOKEN_GROUP_ALIGN_SIZE_M; mxfp8_grouped_mm.py pads to the 32-value scaling block; torchtitan
+pad_multiple 16 / 32). `Float8TrainingOpConfig`'s grouped GEMM is rowwise only; NVFP4TrainingConfig
+converts nn.Linear only (NVFP4Linear)."""
+ROUTER_NAMES = ("*.router.gate", "*.mlp.gate", "*.block_sparse_moe.gate", "*.moe.gate")
+"""Globs of the router gates of the builtin MoE and of Hugging Face MoE models (Qwen3-MoE's mlp.gate,
+Mixtral's block_sparse_moe.gate)."""
+
+
+def is_router(name: str) -> bool:
+    """Whether the Linear named `name` scores experts: always kept in high precision (torchtitan
+    computes it in fp32; FP8 noise there flips the top-k choice)."""
+    return any(fnmatch.fnmatchcase(name, g) for g in ROUTER_NAMES)
+
+
+def no_grouped_reason(recipe: str) -> str:
+    if recipe == "nvfp4":
+        return "torchao 0.18 has no NVFP4 grouped GEMM training (NVFP4TrainingConfig converts nn.Linear only)"
+    return f"torchao 0.18 has no {recipe} grouped GEMM (Float8TrainingOpConfig is rowwise only)"
+
+
+def choose_experts(name: str, dim: int, hidden: int, plan: Plan, block: int | None = None, n_blocks: int = 0) -> tuple[str | None, str | None]:
+    """(the grouped recipe a GroupedExperts module runs, None) or (None, why it stays in high precision):
+    `[[precision.rules]]` first, then keep globs and kept blocks, then the recipe's grouped support and dims."""
+    rule = matching_rule(name, plan)
+    if rule is not None and rule.mode:
+        return None, rule_reason(rule)
+    if rule is not None:
+        recipe = rule.recipe
+    else:
+        why = name_reason(name, plan, (), block, n_blocks)
+        if why:
+            return None, why
+        recipe = default_recipe(plan)
+    if plan.precision.backend != "torchao":
+        return None, f"{plan.precision.backend} has no grouped-GEMM FP8 for 3D expert weights"
+    if recipe not in GROUPED_ALIGN:
+        return None, no_grouped_reason(recipe)
+    align = GROUPED_ALIGN[recipe]
+    if dim % align or hidden % align:
+        return None, dims_reason(align)
+    return recipe, None
 
 
 def reason(name: str, in_features: int, out_features: int, plan: Plan, first_last: Collection[str],

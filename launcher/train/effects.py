@@ -17,7 +17,8 @@ Each effect, and where it is read:
   offload_to_cpu and DeepSpeed's ZeRO optimizer;
 - tensor_parallel: the size of the "tp" dimension of the parameters' DTensor mesh (1 without);
 - async_tp: inductor's micro-pipeline TP pass on and symmetric memory enabled for that TP group;
-- expert_parallel: 1 (no expert-parallel model exists yet);
+- expert_parallel: total experts / experts each rank holds, read from the grouped experts' DTensor weights
+  (the size of the "ep" mesh dimension they are Shard(0) over; 1 without, or without grouped experts);
 - monitor_hooks: FP8 layers the FP8 monitor hooks on its sampled steps (0 with the monitor off).
 """
 
@@ -147,6 +148,7 @@ def tp_group(model: nn.Module):
 
 def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None) -> dict[str, Any]:
     """Every effect (EFFECT_KEYS) of the wrapped model, its optimizer and the monitor."""
+    from launcher.train.expert_parallel import expert_parallel_degree
     from launcher.train.tensor_parallel import async_tp_active
 
     group = tp_group(engine.module)
@@ -157,7 +159,7 @@ def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None
         "offload": offload(engine),
         "tensor_parallel": group.size() if group is not None else 1,
         "async_tp": async_tp_active(group.group_name) if group is not None else False,
-        "expert_parallel": 1,
+        "expert_parallel": expert_parallel_degree(engine.module),
         "monitor_hooks": len(monitor.targets) if monitor is not None else 0,
     }
 
@@ -221,6 +223,8 @@ def expected(plan: Plan, n_blocks: int) -> dict[str, tuple[str, Any]]:
         out["tensor_parallel"] = ("distributed.tensor_parallel", d.tensor_parallel)
     if d.async_tp:
         out["async_tp"] = ("distributed.async_tp", True)
+    if d.expert_parallel > 1:
+        out["expert_parallel"] = ("distributed.expert_parallel", d.expert_parallel)
     if plan.monitor.fp8_stats_every > 0 and p.fp8 and p.backend in ("torchao", "te"):
         out["monitor_hooks"] = ("monitor.fp8_stats_every", AT_LEAST_ONE)
     return out
@@ -277,6 +281,8 @@ def effects_line(effects: dict[str, Any]) -> str:
         parts.append(f"parameters on {off['parameters']}, optimizer states on {off['optimizer_states']}")
     if effects["tensor_parallel"] > 1:
         parts.append(f"tensor parallel {effects['tensor_parallel']}" + (" (async)" if effects["async_tp"] else ""))
+    if effects["expert_parallel"] > 1:
+        parts.append(f"expert parallel {effects['expert_parallel']}")
     if effects["monitor_hooks"]:
         parts.append(f"monitor hooks {effects['monitor_hooks']} FP8 layers")
     return "effects: " + ", ".join(parts)

@@ -8,7 +8,9 @@ multiply-add x (forward + two backward GEMMs). The second term is the attention 
 weighted sum (QK^T and AV: 2 GEMMs x 2 FLOPs x 3 passes, with d_attn = n_heads * head_dim),
 as in the PaLM paper appendix B and torchtitan. Causal masking is not discounted.
 
-For a builtin Llama (or a LlamaConfig) every number is exact. For another nn.Module:
+For a builtin Llama (or a LlamaConfig) every number is exact. For an MoE (MoEConfig, or a model
+with expert modules) N_linear counts the ACTIVE weights: the router gate, the top_k routed experts
+and the shared experts a token runs through, so MFU is on active parameters. For another nn.Module:
 N_linear sums its nn.Linear weights (and those of modules named *Linear that have
 in_features/out_features, as Transformer Engine's); n_layers and d_attn come from a Hugging
 Face style `config` (num_hidden_layers, num_attention_heads, head_dim or hidden_size), else
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import typing
 
-from launcher.planning.models import LlamaConfig, linear_params
+from launcher.planning.models import LlamaConfig, MoEConfig, linear_params, moe_linear_params
 
 if typing.TYPE_CHECKING:
     from torch import nn
@@ -33,6 +35,9 @@ def flops_per_token(model_or_cfg, seq_len: int) -> float:
     if isinstance(model_or_cfg, LlamaConfig):
         cfg = model_or_cfg
         return float(6 * linear_params(cfg) + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len)
+    if isinstance(model_or_cfg, MoEConfig):  # active parameters: router, top_k routed + shared experts
+        cfg = model_or_cfg
+        return float(6 * moe_linear_params(cfg, active=True) + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len)
     n_layers, d_attn = attention_shape(model_or_cfg)
     return float(6 * sum(linear_macs(model_or_cfg).values()) + 12 * n_layers * d_attn * seq_len)
 
@@ -44,7 +49,7 @@ def attention_shape(model: "nn.Module") -> tuple[int, int]:
     from launcher.train.models import transformer_blocks
 
     cfg = getattr(model, "config", None)
-    if isinstance(cfg, LlamaConfig):
+    if isinstance(cfg, (LlamaConfig, MoEConfig)):
         return cfg.n_layers, cfg.n_heads * cfg.head_dim
     layers = getattr(cfg, "num_hidden_layers", None)
     heads = getattr(cfg, "num_attention_heads", None)
@@ -70,7 +75,17 @@ def is_linear(module: "nn.Module") -> bool:
 
 
 def linear_macs(model: "nn.Module") -> dict[str, int]:
-    """Multiply-adds per token of each Linear layer (in_features * out_features), by FQN."""
-    return {name: m.in_features * m.out_features for name, m in model.named_modules() if is_linear(m)}
+    """Multiply-adds per token of each Linear layer (in_features * out_features), and of each MoE
+    expert module (3D w1/w2/w3: 3 * dim * hidden for each of the top_k experts a token runs through),
+    by FQN."""
+    from launcher.train.precision.torchao_moe import is_grouped_experts
+
+    out = {}
+    for name, m in model.named_modules():
+        if is_linear(m):
+            out[name] = m.in_features * m.out_features
+        elif is_grouped_experts(m):
+            out[name] = 3 * int(m.w1.shape[1]) * int(m.w1.shape[2]) * int(getattr(m, "top_k", 1))
+    return out
 
 

@@ -208,6 +208,11 @@ def build_run(plan_path: str, *, stream=None):
     record["tensor_parallel"] = tp
     if tp:
         line += "\n" + tp_line(tp)
+    from launcher.train.expert_parallel import ep_line, ep_report
+
+    record["expert_parallel"] = ep = ep_report(engine.module, plan.distributed.expert_parallel)
+    if ep:
+        line += "\n" + ep_line(ep)
     if loaded:
         line += f"\nresumed from {_shown(loaded.path)} at step {loaded.step}"
         if restart:

@@ -75,9 +75,19 @@ def _decoder(source: str, *, dim, n_layers, n_heads, kv_heads, head_dim, ffn_dim
 def builtin_shape(cfg: LlamaConfig, source: str) -> ModelShape:
     """The builtin Llama (launcher/train/models/llama.py): registration order wq, wk, wv, wo, w1, w2, w3, then output."""
     return _decoder(source, dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads, kv_heads=cfg.kv_heads,
-                    head_dim=cfg.head_dim, ffn_dim=cfg.ffn_dim, vocab=cfg.vocab_size, prefix="layers.{i}",
+                    head_dim=cfg.head_dim, ffn_dim=_active_ffn_dim(cfg), vocab=cfg.vocab_size, prefix="layers.{i}",
                     names=("attention.wq", "attention.wk", "attention.wv", "attention.wo",
                            "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"), head="output")
+
+
+def _active_ffn_dim(cfg) -> int:
+    """The feed-forward width a token meets: a builtin MoE shape (launcher/planning/models.py MoEConfig)
+    counts as the dense SwiGLU of its top_k routed experts plus its shared ones (the same GEMM FLOPs per
+    token; the grouped GEMMs and the EP all-to-all are not modelled separately here)."""
+    moe_ffn = getattr(cfg, "moe_ffn_dim", 0)
+    if not moe_ffn:
+        return cfg.ffn_dim
+    return moe_ffn * (cfg.top_k + cfg.n_shared_experts)
 
 
 HF_FUSED_QKV = {"phi3"}

@@ -62,10 +62,10 @@ class Engine:
             self.precision.grad_scaler.unscale_(self.optimizer)
         if self.precision.report.backend == "msamp":  # FP8 ScalingTensor gradients: MS-AMP's own clipping
             return self.precision.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-        total = torch.nn.utils.get_total_norm([p.grad for p in params])
-        total = _full(total)
+        total = _total_norm([p.grad for p in params])
         if max_norm > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+            for group in _by_mesh(params):
+                torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
 
     def step(self) -> None:
@@ -77,6 +77,7 @@ class Engine:
         else:
             self.optimizer.step()
         self.precision.after_optimizer_step(self.model)
+        balance_experts(self.model)
         self.scheduler.step()
 
     def skip_step(self) -> None:
@@ -98,6 +99,39 @@ class Engine:
     def train_state(self) -> dict[str, Any]:
         """The stateful objects a checkpoint saves and restores, by name."""
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
+
+
+def balance_experts(model: nn.Module) -> None:
+    """MoE auxiliary-loss-free load balancing after each optimizer step (torchtitan: an optimizer
+    step pre-hook): each MoE layer's expert_bias moves by its token counts, summed over all ranks so
+    that every rank routes with the same bias (sign(mean - count) is the same for any multiple of the
+    counts, so summing over tensor-parallel copies changes nothing). No MoE layers: nothing happens."""
+    from launcher.train.models.moe import moe_layers, update_expert_bias
+
+    if not moe_layers(model):
+        return
+    group = None
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        group = torch.distributed.group.WORLD
+    update_expert_bias(model, group)
+
+
+def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of all `grads`. DTensor gradients on different meshes (expert parallelism: the experts'
+    ("efsdp", "ep"), the dense parameters' flattened "dp_shard") cannot meet in one norm: one norm per mesh,
+    each reduced over its ranks, then the norm of those."""
+    groups = _by_mesh(grads)
+    if len(groups) <= 1:
+        return _full(torch.nn.utils.get_total_norm(grads))
+    return torch.linalg.vector_norm(torch.stack([_full(torch.nn.utils.get_total_norm(group)) for group in groups]))
+
+
+def _by_mesh(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """`tensors` grouped by their DTensor mesh (plain tensors together), in order of first appearance."""
+    groups: dict = {}
+    for t in tensors:
+        groups.setdefault(getattr(t, "device_mesh", None), []).append(t)
+    return list(groups.values())
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

@@ -50,6 +50,9 @@ class DeepSpeedEngine(Engine):
     def step(self) -> None:
         self.model.step()
         self.precision.after_optimizer_step(self.module)
+        from .base import balance_experts
+
+        balance_experts(self.module)
 
     def zero_grad(self) -> None:
         pass  # DeepSpeed zeroes gradients itself after its optimizer step

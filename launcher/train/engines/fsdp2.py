@@ -82,7 +82,16 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
             f"{f' and tensor_parallel {tp}' if tp > 1 else ''}; "
             "fix: regenerate the plan for this many nodes and processes (`fp8launch run` does it)"
         )
-    mesh = device_mesh(env, tp)
+    ep = plan.distributed.expert_parallel
+    if ep > 1 and tp > 1:
+        raise LauncherError(f"distributed.expert_parallel = {ep} with distributed.tensor_parallel = {tp}: fp8launch does not "
+                            "compose expert and tensor parallelism; fix: set one of them to 1", rule="EP-TENSOR-PARALLEL")
+    if ep > 1:  # launcher/train/expert_parallel.py: experts over ("efsdp", "ep"), dense parameters over both flattened
+        from launcher.train.expert_parallel import ep_mesh
+
+        emesh, mesh = ep_mesh(env, ep)
+    else:
+        mesh = device_mesh(env, tp)
     kwargs = fsdp2_kwargs(config, precision, env.device)
     if pending is None and not config["cpu_offload"]:
         model.to(env.device)
@@ -91,6 +100,10 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
         mesh = mesh["dp_shard"]
     blocks = transformer_blocks(model) if blocks is None else blocks
     reshard = bool(config["reshard_after_forward"])
+    if ep > 1:  # the experts' own FSDP2 units first, over the ranks holding the same experts
+        from launcher.train.expert_parallel import apply_expert_parallel, shard_experts
+
+        shard_experts(apply_expert_parallel(model, emesh["ep"]), emesh["efsdp"], env.world_size, reshard_after_forward=reshard, **kwargs)
     # The units fsdp2.json lists; a plan written before "embedding" and "output" were units keeps its two.
     units = config.get("units", ["transformer_block", "root"])
     embedding, head = edge_units(model) if {"embedding", "output"} & set(units) else (None, [])

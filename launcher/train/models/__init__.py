@@ -1,6 +1,7 @@
 """Build the model a plan names (`train.model`) and find its repeated blocks.
 
-    builtin:NAME[?layers=N&vocab=M]   the Llama-style decoder in a named size (see llama.SIZES)
+    builtin:NAME[?layers=N&vocab=M]   the Llama-style decoder in a named size (see llama.SIZES), or
+                                      the MoE decoder (moe.py; MOE_SIZES, also ?experts=E&top_k=K)
     hf:PATH                           a local Hugging Face causal LM folder or config.json
     py:module:function                a user factory, called with no arguments
 
@@ -53,10 +54,8 @@ def build_for_run(spec: str, spec_dir: str):
     from . import materialize_rules as rules
 
     if spec.startswith("builtin:"):
-        from .llama import build_llama
-
         with torch.device("meta"):
-            model = build_llama(spec)
+            model = _build_builtin(spec)
         return model, model.init_module
     if spec.startswith("hf:"):
         from .hf import build_hf, locate
@@ -84,9 +83,7 @@ def build_model(spec: str, spec_dir: str) -> "nn.Module":
     """The model `spec` (plan.train.model) names. `spec_dir` is the spec's folder, where
     relative hf: paths and py: modules are also looked for (after the current directory)."""
     if spec.startswith("builtin:"):
-        from .llama import build_llama
-
-        return build_llama(spec)
+        return _build_builtin(spec)
     if spec.startswith("hf:"):
         from .hf import build_hf
 
@@ -94,6 +91,19 @@ def build_model(spec: str, spec_dir: str) -> "nn.Module":
     if spec.startswith("py:"):
         return _checked_user_model(load_factory(spec, spec_dir, KEY), spec)
     raise InputError(KEY, f"'{spec}' starts with none of {', '.join(KINDS)}", "write builtin:NAME, hf:PATH or py:module:function")
+
+
+def _build_builtin(spec: str) -> "nn.Module":
+    """The Llama-style decoder, or the MoE decoder (launcher/train/models/moe.py) for an MoE shape."""
+    from launcher.planning.models import is_moe, parse_builtin
+
+    if is_moe(parse_builtin(spec)):
+        from .moe import build_moe
+
+        return build_moe(spec)
+    from .llama import build_llama
+
+    return build_llama(spec)
 
 
 def _checked_user_model(model, spec: str) -> "nn.Module":

@@ -32,6 +32,12 @@ class PrecisionReport:
     """dtype of everything that is not an FP8 GEMM."""
     note: str = ""
     """Anything else the start line must say (e.g. who casts the model)."""
+    expert_groups: int = 0
+    """MoE expert modules (3D w1/w2/w3 run as grouped GEMMs); not among the Linear layers."""
+    fp8_expert_groups: int = 0
+    """Expert modules whose grouped GEMMs run in FP8."""
+    experts: int = 0
+    """Experts in all expert modules together."""
 
     def line(self) -> str:
         """The one honest start line."""
@@ -39,7 +45,9 @@ class PrecisionReport:
             how = f"{self.mode} ({self.note})" if self.note else self.mode
             return f"precision: {how}, no FP8: {self.total_linear} Linear layers in {self.mode}"
         recipe = f"{self.recipe} ({self.note})" if self.note else self.recipe
-        text = (f"precision: fp8 {self.backend} {recipe}, {self.fp8_layers} of {self.total_linear} Linear layers "
+        groups = (f" and {self.fp8_expert_groups} of {self.expert_groups} expert groups ({self.experts} experts, grouped GEMMs)"
+                  if self.expert_groups else "")
+        text = (f"precision: fp8 {self.backend} {recipe}, {self.fp8_layers} of {self.total_linear} Linear layers{groups} "
                 f"in FP8 ({100 * self.fp8_flop_share:.1f}% of linear FLOPs)")
         if self.kept:
             shown = ", ".join(self.kept[:MAX_KEPT_IN_LINE])
@@ -51,15 +59,25 @@ class PrecisionReport:
 def linear_like(model: nn.Module, is_fp8: Callable[[nn.Module], bool]) -> list[tuple[str, nn.Module, bool]]:
     """(fqn, module, runs in FP8) for every nn.Linear and every backend FP8 linear module
     (some are not nn.Linear subclasses: te.Linear, MS-AMP's FP8Linear)."""
+    from .torchao_moe import is_grouped_experts, is_hf_experts
+
     out = []
     for fqn, m in model.named_modules():
         fp8 = is_fp8(m)
-        if fp8 or isinstance(m, nn.Linear):
+        if fp8 or isinstance(m, nn.Linear) or is_grouped_experts(m) or is_hf_experts(m):
             out.append((fqn, m, fp8))
     return out
 
 
 def _flops(m: nn.Module) -> int:
+    """Multiply-adds per token: in * out for a Linear; 3 * dim * hidden * top_k for an expert module
+    (the experts a token runs through)."""
+    w1 = m._parameters.get("w1") if hasattr(m, "_parameters") else None
+    if w1 is not None and w1.ndim == 3:
+        return 3 * int(w1.shape[1]) * int(w1.shape[2]) * int(getattr(m, "top_k", 1))
+    down = m._parameters.get("down_proj") if hasattr(m, "_parameters") else None
+    if down is not None and down.ndim == 3:  # transformers' fused experts: the top_k is the model config's
+        return 3 * int(down.shape[1]) * int(down.shape[2])
     return int(getattr(m, "in_features", 0)) * int(getattr(m, "out_features", 0))
 
 
@@ -77,7 +95,13 @@ def count(
     """Count the REAL FP8 modules of the converted `model`. `reasons` (from select.classify,
     computed before conversion) names why each kept layer was kept; a layer that was meant
     to be converted but is not says "not converted"."""
+    from .torchao_moe import is_grouped_experts, is_hf_experts
+
+    def grouped(m):
+        return is_grouped_experts(m) or is_hf_experts(m)
+
     layers = linear_like(model, is_fp8)
+    groups = [(m, fp8) for _, m, fp8 in layers if grouped(m)]
     total = sum(_flops(m) for _, m, _ in layers)
     fp8_flops = sum(_flops(m) for _, m, fp8 in layers if fp8)
     kept = () if mode != "fp8" else tuple(
@@ -85,8 +109,11 @@ def count(
     return PrecisionReport(
         backend=backend,
         recipe=recipe,
-        fp8_layers=sum(1 for _, _, fp8 in layers if fp8),
-        total_linear=len(layers),
+        expert_groups=len(groups),
+        fp8_expert_groups=sum(1 for _, fp8 in groups if fp8),
+        experts=sum(int(next(iter(m.parameters())).shape[0]) for m, _ in groups),
+        fp8_layers=sum(1 for _, m, fp8 in layers if fp8 and not grouped(m)),
+        total_linear=len(layers) - len(groups),
         fp8_flop_share=fp8_flops / total if total else 0.0,
         kept=kept,
         mode=mode,

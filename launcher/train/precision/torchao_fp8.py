@@ -22,6 +22,7 @@ from launcher.errors import BackendMissing
 from . import select
 from .amp import Precision, amp_settings
 from .report import count
+from .torchao_moe import convert_experts, grouped_label, grouped_recipe_of
 from launcher.planning.hardware import BLOCK_RECIPES
 from launcher.planning.install import INSTALL
 from launcher.planning.read import recipes
@@ -86,6 +87,9 @@ class TorchaoPrecision(Precision):
             _torchao()[2](model)
 
     def fp8_label(self, module: nn.Module) -> str | None:
+        grouped = grouped_label(module)
+        if grouped:
+            return grouped
         if isinstance(module, _torchao()[3]):
             return f"fp8 {recipe_of(module.config)}"
         block = block_recipe_of(module)
@@ -177,6 +181,7 @@ def apply_torchao(model: nn.Module, plan: Plan, device: torch.device) -> Torchao
             config = float8_config(plan, recipe)
             all_gather = all_gather or config.enable_fsdp_float8_all_gather
             convert(model, config=config, module_filter_fn=only)
+    reasons.update(convert_experts(model, plan, lambda: _block_config("mxfp8", plan, device)[1]))  # the MoE expert modules: grouped GEMMs
     if device.type == "cpu":  # (Float8Linear's autocast follows CUDA's only; emulated MX needs one operand dtype)
         for m in model.modules():
             if isinstance(m, _torchao()[3]):
@@ -189,7 +194,8 @@ def apply_torchao(model: nn.Module, plan: Plan, device: torch.device) -> Torchao
                      + [f"{n} in {r} by precision.rules" for r, n in others.items()])
     report = count(
         model, backend="torchao", recipe=main, mode="fp8", high_precision=plan.precision.high_precision,
-        is_fp8=lambda m: isinstance(m, _torchao()[3]) or block_recipe_of(m) is not None, reasons=reasons, note=note,
+        is_fp8=lambda m: isinstance(m, _torchao()[3]) or block_recipe_of(m) is not None or grouped_recipe_of(m) is not None,
+        reasons=reasons, note=note,
     )
     s = amp_settings(plan, device)
     return TorchaoPrecision(
