@@ -61,9 +61,6 @@ def test_mxfp8_with_expert_parallel_2_ends_within_5_percent_of_bf16(runs):
     assert abs(mx.end["final_loss"] - bf16.end["final_loss"]) <= 0.05 * bf16.end["final_loss"]
 
 
-@pytest.mark.xfail(strict=True, reason="builtin:moe-debug resumes equal at the first step after the checkpoint and differs "
-                   "from the second on, with expert_parallel = 1 as well (bf16, FSDP2, 2 ranks): state the MoE model keeps "
-                   "outside the checkpoint; remove this mark when that is fixed")
 def test_expert_parallel_checkpoint_resumes_bit_identically(runs, tmp_path):
     ref = runs / "runs" / "ep2-mxfp8"
     spec = runs / "ep2-mxfp8.toml"
@@ -80,3 +77,18 @@ def test_expert_parallel_checkpoint_resumes_bit_identically(runs, tmp_path):
     assert got == {s: expected[s] for s in got}, (got, expected)  # float equality: bit for bit
     n = assert_same_dcp_checkpoint(ref / "checkpoints" / f"step-{STEPS}", out / "checkpoints" / f"step-{STEPS}", tmp_path)
     assert n > 0
+
+
+def test_an_expert_parallel_checkpoint_reshards_into_a_run_without_it(runs, tmp_path):
+    """The EP = 2 checkpoint (experts Shard(0) over "ep") loaded by a run with expert_parallel = 1 (experts sharded by
+    FSDP2 over both ranks): DCP reshards every expert exactly, so the first step after it trains from the same weights
+    and optimizer state: its loss equals the EP run's to fp32 reduction-order tolerance."""
+    spec = runs / "ep2-mxfp8.toml"
+    r, _ = run(runs, "run", str(spec), "--set", "train.output_dir=runs/ep1-from-ep2", "--set", "distributed.expert_parallel=1",
+               "--set", f"train.resume=runs/ep2-mxfp8/checkpoints/step-{CHECKPOINT}", "--set", f"train.steps={CHECKPOINT + 1}")
+    assert r.returncode == 0, output_of(r)
+    recs = metrics(runs / "runs" / "ep1-from-ep2")
+    (start,) = starts(recs)
+    assert start["start_step"] == CHECKPOINT and start["effects"]["expert_parallel"] == 1
+    expected = losses(metrics(runs / "runs" / "ep2-mxfp8"))[CHECKPOINT + 1]
+    assert losses(recs)[CHECKPOINT + 1] == pytest.approx(expected, rel=1e-5)

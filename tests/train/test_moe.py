@@ -218,6 +218,20 @@ def test_meta_build_then_materialize_equals_a_seeded_build():
     assert abs(model.layers[0].moe.experts.w1.std().item() - 0.02) < 0.002
 
 
+def test_a_resumed_run_materializes_the_token_counts_as_zeros_without_initialising_anything():
+    """A resumed run gives storage and no initial values (the checkpoint sets every saved tensor); the per-step
+    expert counts are not saved, so they must come out of materialization as zeros, not as empty memory."""
+    from launcher.train.materialize import materialize
+    from launcher.train.models import build_for_run
+
+    for partition in (None, lambda module, params: None):
+        model, _ = build_for_run("builtin:moe-debug?layers=2", ".")
+        with torch.no_grad():  # garbage where torch.empty would leave it
+            torch.empty(1 << 20).fill_(7.0)
+        materialize(model, "cpu", None, seed=0, partition=partition)
+        assert all(torch.equal(m.tokens_per_expert, torch.zeros(8)) for m in (b.moe for b in model.layers))
+
+
 BASE = {"distributed.procs_per_node": 1, "train.model": "builtin:moe-debug", "train.steps": 4, "train.seq_len": 64,
         "train.micro_batch_size": 4, "train.checkpoint_at_end": False}
 

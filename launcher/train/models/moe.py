@@ -159,7 +159,9 @@ class MoE(nn.Module):
         self.shared_experts = FeedForward(cfg.dim, cfg.moe_ffn_dim * cfg.n_shared_experts) if cfg.n_shared_experts else None
         self.load_balance_coeff = cfg.load_balance_coeff
         self.register_buffer("expert_bias", torch.zeros(cfg.num_experts) if cfg.load_balance_coeff else None, persistent=True)
-        self.register_buffer("tokens_per_expert", torch.zeros(cfg.num_experts), persistent=False)
+        # Not in checkpoints: a count that starts at zero in every process, a resumed one too. Built with storage
+        # (also under torch.device("meta")) so that materialization keeps its zeros; a resumed run initialises nothing.
+        self.register_buffer("tokens_per_expert", torch.zeros(cfg.num_experts, device="cpu"), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bs, slen, dim = x.shape
