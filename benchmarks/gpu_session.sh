@@ -5,7 +5,7 @@
 #   ../shared/tools/gpu-wheelhouse 3.12 .whl          # on a machine with a registry (python3 -V on the GPU machine)
 #   bash benchmarks/gpu_session.sh .whl STAGE OUT       # on the GPU machine, from the repository root
 #
-# STAGE: matrix  the GPU support matrix (tests/gpu/test_support_matrix_gpu.py) and the TE/MS-AMP tests
+# STAGE: matrix  the GPU support matrix (tests/gpu/test_support_matrix_gpu.py), the TE/MS-AMP, block-format and MoE tests
 #        bench   benchmarks/gpu_bench.sh (FP8 vs bf16, the Llama-3-8B slice and the 1B model)
 #        specs   the committed specs cut to one GPU (tests/gpu/test_specs_gpu.py)
 set -uo pipefail
@@ -26,7 +26,7 @@ case "$stage" in
     fp8launch doctor 2>&1 | tee "$out/doctor.txt"
     FP8LAUNCH_MATRIX_RESULTS="$out/support_matrix_gpu.json" timeout "${BUDGET:-500}" python3 -m pytest -m gpu -q -n "${WORKERS:-6}" \
       -p no:cacheprovider --junitxml "$out/matrix.xml" tests/gpu/test_support_matrix_gpu.py tests/gpu/test_te_gpu.py \
-      tests/gpu/test_msamp_gpu.py tests/gpu/test_block_formats_gpu.py 2>&1 | tail -60 | tee "$out/matrix.txt" ;;
+      tests/gpu/test_msamp_gpu.py tests/gpu/test_block_formats_gpu.py tests/gpu/test_moe_gpu.py 2>&1 | tail -60 | tee "$out/matrix.txt" ;;
   bench)
     STEPS="${STEPS:-40}" timeout "${BUDGET:-540}" bash benchmarks/gpu_bench.sh "$out/bench" 2>&1 | tee "$out/bench.txt" \
       || for f in "$out"/bench/*/*/train.log; do echo "== $f"; grep -v '^\s*$' "$f" | tail -30; done

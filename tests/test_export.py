@@ -233,6 +233,27 @@ def test_torch_format_round_trips_into_our_model(cli, ddp_run):
     assert all(v.dtype == torch.bfloat16 for v in torch.load(bf16 / "model.pt", weights_only=True).values())
 
 
+def test_a_builtin_moe_run_exports_as_torch_and_its_hf_export_is_refused_with_the_reason(cli, tmp_path):
+    """fp8launch's MoE decoder: --format torch gives its own names (the grouped experts' 3D weights, the load-balance bias)
+    that load into build_model exactly; --format hf says which computation no transformers class repeats, writes nothing."""
+    from launcher.train.models import build_model
+
+    run = train_run(tmp_path, "moe", **{"distributed.strategy": "fsdp2", "train.model": "builtin:moe-debug?layers=1"})
+    out = run / "export" / "torch"
+    r = export(cli, run, "--format", "torch", "--dtype", "fp32", "--out", str(out))
+    assert r.exit_code == 0, r.stderr
+    state = torch.load(out / "model.pt", weights_only=True)
+    assert state["layers.0.moe.experts.w1"].shape == (8, 256, 128) and "layers.0.moe.expert_bias" in state
+    model = build_model("builtin:moe-debug?layers=1", ".")
+    model.load_state_dict(state, strict=True)
+    assert torch.equal(model.layers[0].moe.experts.w2, dcp_weights(run, 2)["layers.0.moe.experts.w2"])
+    refused = export(cli, run, "--out", str(run / "export" / "hf"))
+    assert refused.exit_code == EXIT_INVALID and "no transformers class repeats" in refused.stderr
+    assert refused.stderr.strip().endswith("fix: export with --format torch (the model's own names, loadable by "
+                                           "launcher.train.models.build_model)")
+    assert not (run / "export" / "hf").exists()
+
+
 def _meta_llama():
     from launcher.train.models.llama import build_llama
 

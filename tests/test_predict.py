@@ -212,3 +212,50 @@ def test_one_wording_of_mfu_everywhere():
     for path in ("launcher/commands/bench.py", "launcher/train/metrics.py"):
         text = (Path(__file__).parent.parent / path).read_text()
         assert "MFU_NOTE" in text and "torchtitan hides" not in text
+
+
+def _moe_plan(tmp_path, *sets: str, model: str = "builtin:deepseek-v3-16b"):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    spec = tmp_path / "moe.toml"
+    spec.write_text('version = 1\nname = "moe"\n[precision]\nmode = "fp8"\n[precision.torchao]\nrecipe = "mxfp8"\n'
+                    '[compile]\nenabled = true\n[launch]\ngpu = "b200"\n[distributed]\nstrategy = "fsdp2"\nprocs_per_node = 8\n'
+                    f'[train]\nmodel = "{model}"\nseq_len = 4096\nmicro_batch_size = 2\n')
+    return plan_one(str(spec), str(tmp_path / "out"), list(sets)).plan
+
+
+def test_moe_experts_are_costed_as_grouped_gemms_and_the_router_stays_in_high_precision(tmp_path):
+    from launcher.planning.predict import _step, device
+    from launcher.planning.predict.shapes import model_shape
+
+    plan = _moe_plan(tmp_path)
+    shape, _ = model_shape(plan.train.model)
+    assert (shape.experts.num_experts, shape.experts.top_k, shape.experts.count, shape.experts.first_block) == (64, 6, 26, 1)
+    assert shape.params == param_count(parse_builtin(plan.train.model))  # every routed expert counted once
+    _, rows = _step(plan, shape, device("b200"), fp8=True)
+    by_name = {r.layer.split(" ")[0]: r for r in rows}
+    router = by_name["layers.*.moe.router.gate"]
+    assert router.fp8_copies == 0 and "router" in router.kept
+    experts = by_name["layers.*.moe.experts"]
+    # balanced routing: 2 x 4096 tokens x top-6 over 64 experts = 768 rows each, all 64 experts on this rank
+    assert (experts.copies, experts.fp8_copies, experts.m, experts.k, experts.n) == (26, 26, 64 * 768, 2048, 3 * 1408)
+    _, ep_rows = _step(plan_one(str(tmp_path / "moe.toml"), str(tmp_path / "ep"), ["distributed.expert_parallel=8"]).plan, shape,
+                       device("b200"), fp8=True)
+    ep = {r.layer.split(" ")[0]: r for r in ep_rows}["layers.*.moe.experts"]
+    # 8 experts with 8x the rows each (every rank's tokens for them): the same GEMM work per rank
+    assert "grouped: 8 experts x 6144 rows" in ep.layer and ep.m == experts.m and ep.bf16_s == pytest.approx(experts.bf16_s)
+
+
+def test_expert_parallel_adds_the_all_to_all_and_takes_the_experts_out_of_the_fsdp_all_gather(tmp_path):
+    from launcher.planning.predict import all_to_all_s, device
+    from launcher.planning.predict import cost
+    from launcher.planning.predict.shapes import model_shape
+
+    plan = _moe_plan(tmp_path, "distributed.expert_parallel=8")
+    shape, _ = model_shape(plan.train.model)
+    dev, m = device("b200"), 2 * 4096
+    volume = 26 * 4 * 7 / 8 * m * 6 * 2048 * 2  # MoE blocks x (dispatch + combine, fwd + bwd) x leaving share x rows x dim x bf16
+    assert all_to_all_s(plan, shape, dev, m) == pytest.approx(volume / (dev.link_gbps * cost.LINK_EFF * 1e9) + 26 * 4 * cost.KERNEL_FIXED_S)
+    assert all_to_all_s(_moe_plan(tmp_path / "one"), shape, dev, m) == 0.0
+    with_ep, without = predict(plan), predict(_moe_plan(tmp_path / "no-ep"))
+    # the experts (15.3B of 15.8B parameters) are no longer all-gathered across the 8 ranks: far less exposed communication
+    assert with_ep.breakdown["bf16"]["exposed_comm"] < 0.6 * without.breakdown["bf16"]["exposed_comm"]

@@ -168,3 +168,15 @@ def test_bench_and_tune_trials_write_to_no_experiment_tracker(tmp_path):
     spec.write_text('version = 1\nname = "s"\n[log]\ntensorboard = true\nmlflow = true\n[log.wandb]\nproject = "p"\n')
     plan = plan_variant(Variant("spec", str(spec), []), None, 2).plan
     assert plan.log.trackers == ()
+
+
+def test_an_moe_model_on_this_cpu_gets_no_rowwise_candidate_and_keeps_mxfp8(tmp_path):
+    """Rowwise grouped GEMMs need CUDA (MOE-ROWWISE-CPU is about this machine, not the spec): not a candidate here;
+    MXFP8's emulated grouped GEMMs are."""
+    from launcher.commands.tune.candidates import doctor_says
+
+    spec = tmp_path / "moe.toml"
+    spec.write_text('version = 1\nname = "moe"\n[distributed]\nstrategy = "fsdp2"\nprocs_per_node = 2\n[launch]\ndevice = "cpu"\n'
+                    '[train]\nmodel = "builtin:moe-debug"\nseq_len = 64\n')
+    labels = [label for label, _ in candidate_overrides(plan_of(tmp_path, spec.read_text()), doctor_says(str(spec), []))]
+    assert "torchao-mxfp8" in labels and "torchao-rowwise" not in labels and "torchao-tensorwise" in labels

@@ -151,8 +151,20 @@ def wandb_records(path: Path):
             yield record
 
 
-def wandb_run(folder: Path) -> tuple[str, dict, dict[int, dict[str, float]]]:
-    """(run id, config, step -> {metric: value}) of one offline run folder."""
+def wandb_run(folder: Path, timeout_s: float = 20.0) -> tuple[str, dict, dict[int, dict[str, float]]]:
+    """(run id, config, step -> {metric: value}) of one offline run folder. wandb-core (its own process) may still be
+    writing the file when finish() has returned (seen under load): read it again until the run record is there."""
+    deadline, size = time.monotonic() + timeout_s, -1
+    while True:
+        now = sum(p.stat().st_size for p in folder.glob("run-*.wandb"))
+        run_id, config, history = _wandb_file(folder)
+        if (run_id is not None and now == size) or time.monotonic() > deadline:  # the run record there, the file settled
+            return run_id, config, history
+        size = now
+        time.sleep(0.3)
+
+
+def _wandb_file(folder: Path) -> tuple[str, dict, dict[int, dict[str, float]]]:
     (path,) = folder.glob("run-*.wandb")
     run_id, config, history = None, {}, {}
     for record in wandb_records(path):

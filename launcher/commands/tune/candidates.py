@@ -45,7 +45,8 @@ def select(available: list[tuple[str, list[str]]], wanted: list[str]) -> list[tu
     return [(n, known[n]) for n in names]
 
 
-MACHINE_RULES = frozenset({"CPU-BACKEND", "FP8-HARDWARE", "TE-RECIPE-HARDWARE", "BACKEND-MISSING"})
+MACHINE_RULES = frozenset({"CPU-BACKEND", "FP8-HARDWARE", "TE-RECIPE-HARDWARE", "BACKEND-MISSING", "MOE-ROWWISE-CPU",
+                           "MOE-ROWWISE-HARDWARE"})
 """Error rules that say this machine cannot run a candidate, rather than that the combination is invalid."""
 
 

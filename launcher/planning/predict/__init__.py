@@ -18,7 +18,7 @@ from launcher.planning.hardware import BLOCK_RECIPES, precision_key, supports
 
 from . import cost
 from launcher.planning.predict.cost import Device, cast_s, gemm_s, stream_s
-from launcher.planning.selection import choose, default_recipe, shape_reason
+from launcher.planning.selection import ROUTER, GROUPED_ALIGN, choose, choose_experts, default_recipe, is_router, shape_reason
 from launcher.planning.predict.shapes import LinearShape, ModelShape, model_shape
 
 ELEMENTWISE = {True: (1.0, 12), False: (2.5, 40)}
@@ -171,6 +171,8 @@ def _fp8_copies(plan, s: LinearShape, first_last: set[str]) -> tuple[dict[str, i
     """({recipe: copies of this Linear that run it}, the reason the others are kept), by
     launcher/planning/selection.py's rule (`[[precision.rules]]` included), as the run decides it on the built model."""
     p = plan.precision
+    if is_router(s.name.format(i=0)):  # an MoE router gate: always kept
+        return {}, ROUTER
     if not (p.keep or p.keep_first_blocks or p.keep_last_blocks or p.rules):  # the common case: only the first and last kept by name
         whole = shape_reason(s.in_features, s.out_features, plan)
         ends = {s.name.format(i=0), s.name.format(i=s.count - 1)} & first_last
@@ -234,6 +236,11 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
             rows.append(LayerRow(s.name.replace("{i}", "*"), s.count, n_fp8, kept if n_fp8 < s.count else None,
                                  m, k, n, bf16_one, fp8_one, cast_one))
 
+    if shape.experts is not None:
+        e_gemms, e_casts, e_recomputed, row = _experts(plan, shape, dev, m, fp8, costs_of, recompute)
+        gemms, casts, recomputed = gemms + e_gemms, casts + e_casts, recomputed + e_recomputed
+        rows += [row] if fp8 else []
+
     # attention (bf16 in every recipe): causal flash attention, forward 2*s^2*d FLOPs per sequence and block, backward 2.5x
     d_attn = shape.n_heads * shape.head_dim // tp
     attn_fwd = 2.0 * t.seq_len ** 2 * d_attn * t.micro_batch_size
@@ -260,6 +267,51 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
     return parts, rows
 
 
+def _experts(plan, shape: ModelShape, dev: Device, m: int, fp8: bool, costs_of, recompute: float):
+    """Seconds of the routed experts' grouped GEMMs per micro-batch and rank (gemms, casts, recomputed) and their
+    row. Routing is taken as balanced: each of the E experts gets m * top_k / E rows; expert parallelism gives a rank
+    E / ep experts with ep times the rows (the same work). A grouped GEMM is one kernel over all of a rank's experts:
+    costed as one GEMM of all their rows (M) against one expert's K x N, and its casts as one kernel over all rows and
+    all local experts' weights; in a low-precision recipe each group is first padded to the grouped GEMM's alignment
+    (GROUPED_ALIGN)."""
+    e, ep = shape.experts, max(1, plan.distributed.expert_parallel)
+    local = e.num_experts // ep
+    rows = max(1, round(m * e.top_k / e.num_experts)) * ep
+    weights = [(e.dim, e.hidden), (e.dim, e.hidden), (e.hidden, e.dim)]  # w1, w3, w2 (K, N)
+
+    def three(mm: int, k: int, n: int) -> tuple:
+        return (mm, k, n), (mm, n, k), (k, mm, n)
+
+    bf16 = sum(gemm_s(dev, *sh, "bf16") for k, n in weights for sh in three(local * rows, k, n))
+    fwd_bf16 = sum(gemm_s(dev, local * rows, k, n, "bf16") for k, n in weights)
+    recipe, kept = choose_experts(e.name.format(i=e.first_block), e.dim, e.hidden, plan) if fp8 else (None, None)
+    one, cast_one, fwd = bf16, None, fwd_bf16
+    if recipe is not None:
+        cast_of, in_fp8, seff, low, _ = costs_of(recipe)
+        mm = local * (-(-rows // GROUPED_ALIGN[recipe]) * GROUPED_ALIGN[recipe])
+        gemm = sum(gemm_s(dev, *sh, low, seff) if on else gemm_s(dev, *sh, "bf16") for k, n in weights for sh, on in zip(three(mm, k, n), in_fp8))
+        cast_one = sum(cast_s(dev, cast_of["input"], mm * k) + cast_s(dev, cast_of["weight"], local * k * n)
+                       + cast_s(dev, cast_of["grad_output"], mm * n) for k, n in weights)
+        one = gemm + cast_one
+        fwd = sum(gemm_s(dev, mm, k, n, low, seff) + cast_s(dev, cast_of["input"], mm * k) + cast_s(dev, cast_of["weight"], local * k * n)
+                  for k, n in weights)
+    row = LayerRow(e.name.replace("{i}", "*") + f" (grouped: {local} experts x {rows} rows)", e.count,
+                   e.count if recipe else 0, kept, local * rows, e.dim, 3 * e.hidden, bf16, one if recipe else None, cast_one)
+    return e.count * (one - (cast_one or 0.0)), e.count * (cast_one or 0.0), recompute * e.count * fwd, row
+
+
+def all_to_all_s(plan, shape: ModelShape, dev: Device, m: int) -> float:
+    """Expert parallelism's token exchange per micro-batch and rank: per MoE block a dispatch and a combine of
+    m * top_k rows of dim bf16 values (torchao's MX paths communicate in bf16 too), (ep - 1) / ep of them leaving
+    the rank, in forward and again in backward; not overlapped (the experts wait for their tokens)."""
+    e, ep = shape.experts, max(1, plan.distributed.expert_parallel)
+    if e is None or ep == 1:
+        return 0.0
+    gbps = (cost.INTER_NODE_GBPS if plan.distributed.nodes > 1 and ep > plan.distributed.procs_per_node else dev.link_gbps)
+    volume = e.count * 4 * (ep - 1) / ep * m * e.top_k * shape.dim * 2
+    return volume / (gbps * cost.LINK_EFF * 1e9) + e.count * 4 * cost.KERNEL_FIXED_S
+
+
 def _exposed_comm(plan, shape: ModelShape, dev: Device, compute: float, m: int, fp8_params: int) -> float:
     """Communication the engine cannot overlap with compute: what exceeds the compute, plus the first
     all-gather and the last reduce-scatter (one block's worth), plus tensor-parallel collectives."""
@@ -273,9 +325,16 @@ def _exposed_comm(plan, shape: ModelShape, dev: Device, compute: float, m: int, 
         volume = 0.0
     elif d.strategy == "fsdp2":
         gathers = 2 if d.fsdp2.reshard_after_forward else 1
-        weights = 2 * params - fp8_params / tp  # bf16, or 1 byte for the FP8 all-gathered weights
         reduce_bytes = 4 if d.fsdp2.reduce_dtype == "fp32" else 2
-        volume = accum * share * (gathers * weights + reduce_bytes * params)
+        # expert parallelism: each rank keeps its experts (E / ep of them), FSDP2 shards them over dp / ep ranks only
+        ep = max(1, d.expert_parallel) if shape.experts else 1
+        experts = shape.experts.params / ep if shape.experts and ep > 1 else 0.0
+        dense = params - (shape.experts.params if experts else 0.0)
+        weights = 2 * dense - fp8_params / tp  # bf16, or 1 byte for the FP8 all-gathered weights
+        volume = accum * share * (gathers * weights + reduce_bytes * dense)
+        efsdp = dp // ep
+        if experts and efsdp > 1:
+            volume += accum * (efsdp - 1) / efsdp * (gathers * 2 + reduce_bytes) * experts
     elif d.strategy == "ddp":
         volume = 2 * share * 4 * params
     else:
@@ -286,7 +345,7 @@ def _exposed_comm(plan, shape: ModelShape, dev: Device, compute: float, m: int, 
     if tp > 1:  # per block: all-gather + reduce-scatter of the activations in forward and in backward
         act = accum * shape.n_layers * 4 * 2 * (tp - 1) / tp * m * shape.dim * 2 / (dev.link_gbps * cost.LINK_EFF * 1e9)
         exposed += act * (0.3 if d.async_tp else 1.0)
-    return exposed
+    return exposed + accum * all_to_all_s(plan, shape, dev, m)
 
 
 def device(gpu: str) -> Device:

@@ -28,6 +28,26 @@ class LinearShape:
 
 
 @dataclass(frozen=True, slots=True)
+class ExpertShape:
+    """The routed experts of an MoE model: `count` GroupedExperts modules (one per MoE block), each E SwiGLU
+    experts (w1, w3: dim -> hidden; w2: hidden -> dim) run as grouped GEMMs over the tokens routed to them."""
+
+    name: str
+    """FQN of the first module, `{i}` the block index (e.g. `layers.{i}.moe.experts`)."""
+    dim: int
+    hidden: int
+    num_experts: int
+    top_k: int
+    count: int
+    first_block: int
+    """The block index of the first MoE block (DeepSeek's first blocks are dense)."""
+
+    @property
+    def params(self) -> int:
+        return 3 * self.dim * self.hidden * self.num_experts * self.count
+
+
+@dataclass(frozen=True, slots=True)
 class ModelShape:
     source: str
     """What the shapes were read from (builtin:NAME, a config.json path)."""
@@ -39,6 +59,8 @@ class ModelShape:
     ffn_dim: int
     vocab_size: int
     linears: tuple[LinearShape, ...]
+    experts: ExpertShape | None = None
+    """The routed experts of an MoE model (their grouped GEMMs are costed apart from the Linears)."""
 
     @property
     def linear_params(self) -> int:
@@ -46,8 +68,9 @@ class ModelShape:
 
     @property
     def params(self) -> int:
-        """Linear weights + the embedding + norms (2 per block and a final one)."""
-        return self.linear_params + self.vocab_size * self.dim + (2 * self.n_layers + 1) * self.dim
+        """Linear weights + routed experts + the embedding + norms (2 per block and a final one)."""
+        experts = self.experts.params if self.experts else 0
+        return self.linear_params + experts + self.vocab_size * self.dim + (2 * self.n_layers + 1) * self.dim
 
     @property
     def n_linears(self) -> int:
@@ -74,16 +97,41 @@ def _decoder(source: str, *, dim, n_layers, n_heads, kv_heads, head_dim, ffn_dim
 
 def builtin_shape(cfg: LlamaConfig, source: str) -> ModelShape:
     """The builtin Llama (launcher/train/models/llama.py): registration order wq, wk, wv, wo, w1, w2, w3, then output."""
+    if getattr(cfg, "moe_ffn_dim", 0):
+        return _moe_shape(cfg, source)
     return _decoder(source, dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads, kv_heads=cfg.kv_heads,
                     head_dim=cfg.head_dim, ffn_dim=_active_ffn_dim(cfg), vocab=cfg.vocab_size, prefix="layers.{i}",
                     names=("attention.wq", "attention.wk", "attention.wv", "attention.wo",
                            "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"), head="output")
 
 
+def _moe_shape(cfg, source: str) -> ModelShape:
+    """The builtin MoE decoder (launcher/train/models/moe.py): per block the attention projections; the dense
+    SwiGLU of the first n_dense_layers blocks; in every other block the router gate (kept in high precision),
+    the shared experts (one dense SwiGLU) and the routed experts (grouped GEMMs, `experts`); then the head."""
+    n, dense, moe = cfg.n_layers, cfg.n_dense_layers, cfg.n_layers - cfg.n_dense_layers
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    attn = [LinearShape("layers.{i}.attention.wq", cfg.dim, q, n, "column"), LinearShape("layers.{i}.attention.wk", cfg.dim, kv, n, "column"),
+            LinearShape("layers.{i}.attention.wv", cfg.dim, kv, n, "column"), LinearShape("layers.{i}.attention.wo", q, cfg.dim, n, "row")]
+    ffn = []
+    if dense:
+        ffn += [LinearShape("layers.{i}.feed_forward.w1", cfg.dim, cfg.dense_ffn_dim, dense, "column"),
+                LinearShape("layers.{i}.feed_forward.w2", cfg.dense_ffn_dim, cfg.dim, dense, "row"),
+                LinearShape("layers.{i}.feed_forward.w3", cfg.dim, cfg.dense_ffn_dim, dense, "column")]
+    ffn.append(LinearShape("layers.{i}.moe.router.gate", cfg.dim, cfg.num_experts, moe, "none"))
+    shared = cfg.moe_ffn_dim * cfg.n_shared_experts
+    if shared:
+        ffn += [LinearShape("layers.{i}.moe.shared_experts.w1", cfg.dim, shared, moe, "column"),
+                LinearShape("layers.{i}.moe.shared_experts.w2", shared, cfg.dim, moe, "row"),
+                LinearShape("layers.{i}.moe.shared_experts.w3", cfg.dim, shared, moe, "column")]
+    experts = ExpertShape("layers.{i}.moe.experts", cfg.dim, cfg.moe_ffn_dim, cfg.num_experts, cfg.top_k, moe, dense)
+    return ModelShape(source, cfg.dim, n, cfg.n_heads, cfg.kv_heads, cfg.head_dim, _active_ffn_dim(cfg), cfg.vocab_size,
+                      tuple(attn + ffn + [LinearShape("output", cfg.dim, cfg.vocab_size, 1, "column")]), experts)
+
+
 def _active_ffn_dim(cfg) -> int:
-    """The feed-forward width a token meets: a builtin MoE shape (launcher/planning/models.py MoEConfig)
-    counts as the dense SwiGLU of its top_k routed experts plus its shared ones (the same GEMM FLOPs per
-    token; the grouped GEMMs and the EP all-to-all are not modelled separately here)."""
+    """The feed-forward width a token meets (the elementwise SwiGLU work): for a builtin MoE shape
+    (launcher/planning/models.py MoEConfig), its top_k routed experts plus its shared ones."""
     moe_ffn = getattr(cfg, "moe_ffn_dim", 0)
     if not moe_ffn:
         return cfg.ffn_dim

@@ -82,6 +82,13 @@ def builtin_name(ours: str) -> str | None:
     return None
 
 
+def builtin_moe(spec: str) -> bool:
+    """Whether builtin model `spec` is the MoE decoder (launcher/train/models/moe.py)."""
+    from launcher.planning.models import is_moe, parse_builtin
+
+    return is_moe(parse_builtin(spec))
+
+
 def builtin_config(spec: str, dtype: torch.dtype, eos: int | None = None):
     """LlamaForCausalLM's config for builtin model `spec` (train.model); `eos`: the run's tokenizer's EOS id."""
     from launcher.planning.models import parse_builtin

@@ -75,6 +75,12 @@ def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, d
     if fmt == "hf":
         tokenizer = run_tokenizer(plan, spec_dir)
         notes.extend(tokenizer.notes)
+        if model.startswith("builtin:") and hf.builtin_moe(model):
+            raise InputError("--format", f"train.model {model} is fp8launch's MoE decoder, whose computation no transformers class "
+                             "repeats: experts chosen on scores plus the load-balance bias (expert_bias), a shared expert added "
+                             "ungated, grouped-query attention without q/k norms (Mixtral has no bias and no shared expert, "
+                             "Qwen2-MoE gates its shared expert, Qwen3-MoE normalises q and k, DeepSeek-V3 uses latent attention)",
+                             "export with --format torch (the model's own names, loadable by launcher.train.models.build_model)")
         if model.startswith("builtin:"):
             target = hf.builtin_target(model, weights.entries, torch_dtype, eos=tokenizer.eos)
         elif model.startswith("hf:"):
@@ -87,10 +93,10 @@ def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, d
     else:
         names = [n for n in weights.entries if not n.endswith(hf.RECOMPUTED)]
         if model.startswith("builtin:"):
-            from launcher.train.models.llama import build_llama
+            from launcher.train.models import build_model
 
-            with torch.device("meta"):
-                expected = {k: read.Entry(tuple(v.shape), v.dtype) for k, v in build_llama(model).state_dict().items()}
+            with torch.device("meta"):  # the builtin Llama or MoE decoder, as the run built it
+                expected = {k: read.Entry(tuple(v.shape), v.dtype) for k, v in build_model(model, ".").state_dict().items()}
             hf.check_names(expected, weights.entries, what=f"the model {model}")
             names = list(expected)
     echo(f"export: {checkpoint} (step {step}, {weights.kind}) -> {out} ({fmt}, {dtype}, {len(names)} tensors)")
