@@ -304,20 +304,15 @@ RULES: tuple[Rule, ...] = (
          when="distributed.expert_parallel does not divide a builtin MoE model's number of experts (hf: / py: models: checked at run time)",
          why="each EP rank holds num_experts / ep whole experts (their weights sharded Shard(0) on the expert dimension).",
          fix="set distributed.expert_parallel to a divisor of the model's number of experts",
-         condition=lambda f, m=__import__("launcher.planning.models").planning.models: (
-             f.plan.distributed.expert_parallel > 1 and f.plan.train.model.startswith("builtin:")
-             and m.is_moe(m.parse_builtin(f.plan.train.model))
-             and m.parse_builtin(f.plan.train.model).num_experts % f.plan.distributed.expert_parallel != 0),
-         detail=lambda f, m=__import__("launcher.planning.models").planning.models: (
-             f"distributed.expert_parallel = {f.plan.distributed.expert_parallel} does not divide the "
-             f"{m.parse_builtin(f.plan.train.model).num_experts} experts of {f.plan.train.model}.")),
+         condition=lambda f: f.plan.distributed.expert_parallel > 1 and bool(_builtin_experts(f))
+                             and _builtin_experts(f) % f.plan.distributed.expert_parallel != 0,
+         detail=lambda f: (f"distributed.expert_parallel = {f.plan.distributed.expert_parallel} does not divide the "
+                           f"{_builtin_experts(f)} experts of {f.plan.train.model}.")),
     Rule(id="EP-DENSE-MODEL", severity="error", stage="plan",
          when="distributed.expert_parallel > 1 with a dense builtin model (hf: / py: models: checked at run time)",
          why="expert parallelism shards the experts of MoE layers; a dense model has none, and the ranks would only duplicate work.",
          fix='set distributed.expert_parallel = 1, or train an MoE model (train.model = "builtin:moe-debug")',
-         condition=lambda f, m=__import__("launcher.planning.models").planning.models: (
-             f.plan.distributed.expert_parallel > 1 and f.plan.train.model.startswith("builtin:")
-             and not m.is_moe(m.parse_builtin(f.plan.train.model)))),
+         condition=lambda f: f.plan.distributed.expert_parallel > 1 and _builtin_experts(f) == 0),
     Rule(id="EP-STRATEGY", severity="error", stage="plan",
          when="distributed.expert_parallel > 1 with strategy ddp or deepspeed",
          why="fp8launch composes expert parallelism with FSDP2 only (experts sharded over the EP dimension, FSDP2 over world / ep for them and over all ranks for the dense parameters); DDP and DeepSpeed ZeRO do not handle DTensor experts.",
@@ -765,6 +760,16 @@ def _schedule_steps(f: Facts) -> str:
     if len(set(starts)) != len(starts):
         return f"precision.schedule starts two phases at step {sorted(s for s in starts if starts.count(s) > 1)[0]}."
     return ""
+
+
+def _builtin_experts(f: Facts) -> int | None:
+    """The routed experts per MoE layer of a builtin model (0: a dense one); None for hf: / py: models (known at run time)."""
+    from launcher.planning.models import is_moe, parse_builtin
+
+    if not f.plan.train.model.startswith("builtin:"):
+        return None
+    cfg = parse_builtin(f.plan.train.model)
+    return cfg.num_experts if is_moe(cfg) else 0
 
 
 def _own_dtype_rules(p) -> set:

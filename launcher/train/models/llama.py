@@ -120,8 +120,7 @@ class Llama(nn.Module):
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        if cfg.dim % cfg.n_heads or cfg.n_heads % cfg.kv_heads or cfg.head_dim % 2:
-            raise ValueError(f"inconsistent LlamaConfig: dim {cfg.dim}, n_heads {cfg.n_heads}, n_kv_heads {cfg.kv_heads}")
+        self.check_config(cfg)
         self.config = cfg
         self.vocab_size = cfg.vocab_size
         # Parameters are created on meta and materialised where the caller builds (the default
@@ -130,12 +129,22 @@ class Llama(nn.Module):
         device = torch.get_default_device()
         with torch.device("meta"):
             self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
-            self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
+            self.layers = nn.ModuleList(self.block(cfg, i) for i in range(cfg.n_layers))
             self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
             self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if device.type != "meta":
             self.to_empty(device=device)
             self.init_weights()
+
+    @staticmethod
+    def check_config(cfg: LlamaConfig) -> None:
+        if cfg.dim % cfg.n_heads or cfg.n_heads % cfg.kv_heads or cfg.head_dim % 2:
+            raise ValueError(f"inconsistent LlamaConfig: dim {cfg.dim}, n_heads {cfg.n_heads}, n_kv_heads {cfg.kv_heads}")
+
+    @staticmethod
+    def block(cfg: LlamaConfig, layer_id: int) -> nn.Module:
+        """Transformer block `layer_id` (the MoE decoder's subclass builds MoE blocks)."""
+        return TransformerBlock(cfg)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)

@@ -29,7 +29,6 @@ language-model loss alone and FP8 vs bf16 losses compare directly.
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
@@ -37,16 +36,12 @@ from torch import nn
 
 from launcher.planning.models import MOE_SIZES, MoEConfig, param_count, parse_builtin
 
-from .llama import INIT_STD, Attention, FeedForward, RMSNorm
+from .llama import INIT_STD, Attention, FeedForward, Llama, RMSNorm, residual_std
 
 __all__ = [
     "MOE_SIZES", "MoEConfig", "MoETransformer", "MoE", "GroupedExperts", "TokenChoiceTopKRouter", "MoEBlock",
     "param_count", "build_moe", "pad_token_groups", "unpad_token_groups", "update_expert_bias", "moe_layers",
 ]
-
-
-def residual_std(cfg: MoEConfig) -> float:
-    return INIT_STD / math.sqrt(2 * cfg.n_layers)
 
 
 def pad_token_groups(x: torch.Tensor, counts: torch.Tensor, align: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -203,37 +198,19 @@ class MoEBlock(nn.Module):
         return h + ffn(self.ffn_norm(h))
 
 
-class MoETransformer(nn.Module):
-    """Token ids (batch, seq) int64 -> logits (batch, seq, vocab_size); names as Llama's
-    (tok_embeddings, layers.N.attention.wq, ..., norm, output) plus layers.N.moe.{router.gate,
-    experts, shared_experts.w1/w2/w3}."""
+class MoETransformer(Llama):
+    """Token ids (batch, seq) int64 -> logits (batch, seq, vocab_size); Llama's structure, names and init
+    (tok_embeddings, layers.N.attention.wq, ..., norm, output) with MoE blocks: layers.N.moe.{router.gate,
+    experts, shared_experts.w1/w2/w3} (layers.N.feed_forward for the dense first blocks)."""
 
-    def __init__(self, cfg: MoEConfig):
-        super().__init__()
+    @staticmethod
+    def check_config(cfg: MoEConfig) -> None:
         if cfg.n_heads % cfg.kv_heads or cfg.head_dim % 2 or not 1 <= cfg.top_k <= cfg.num_experts:
             raise ValueError(f"inconsistent MoEConfig: n_heads {cfg.n_heads}, n_kv_heads {cfg.kv_heads}, top_k {cfg.top_k} of {cfg.num_experts}")
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        device = torch.get_default_device()
-        with torch.device("meta"):
-            self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
-            self.layers = nn.ModuleList(MoEBlock(cfg, i) for i in range(cfg.n_layers))
-            self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-            self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        if device.type != "meta":
-            self.to_empty(device=device)
-            self.init_weights()
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(tokens)
-        for layer in self.layers:
-            h = layer(h)
-        return self.output(self.norm(h))
-
-    @torch.no_grad()
-    def init_weights(self) -> None:
-        for name, module in self.named_modules():
-            self.init_module(name, module)
+    @staticmethod
+    def block(cfg: MoEConfig, layer_id: int) -> nn.Module:
+        return MoEBlock(cfg, layer_id)
 
     @torch.no_grad()
     def init_module(self, name: str, module: nn.Module) -> None:
@@ -250,16 +227,7 @@ class MoETransformer(nn.Module):
                 if buf is not None:
                     buf.zero_()
             return
-        weight = getattr(module, "weight", None)
-        if not isinstance(weight, torch.Tensor) or len(module._parameters) == 0:
-            return
-        last = name.rsplit(".", 1)[-1]
-        if isinstance(module, RMSNorm) or last.endswith("norm"):
-            nn.init.ones_(weight)
-        elif last in ("wo", "w2"):
-            nn.init.normal_(weight, std=residual_std(self.config))
-        else:  # tok_embeddings, wq, wk, wv, w1, w3, router gate, output
-            nn.init.normal_(weight, std=INIT_STD)
+        super().init_module(name, module)  # embeddings, attention, norms, router gate (N(0, 0.02)), shared experts, output
 
 
 def moe_layers(model: nn.Module) -> list[MoE]:
