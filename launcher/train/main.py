@@ -218,33 +218,37 @@ def build_run(plan_path: str, *, stream=None):
         if restart:
             line += f" (torchrun restart {restart} of {plan.launch.max_restarts})"
     logger.start(record, line)
-    state.tracker_ids = logger.tracker_ids()  # into every checkpoint from here on
-    if monitor is not None:
-        monitor.sink = logger.track  # each sample's underflow / overflow summary to the trackers
-    if loaded and env.is_main:
-        for warning in loaded.warnings:
-            print(f"warning: {warning}", file=sys.stderr, flush=True)
-    if not resume and env.is_main:  # weights files that lack parameters, or hold tensors the model has no place for
-        for note in getattr(initializer, "notes", ()):
-            print(f"warning: {note}", file=sys.stderr, flush=True)
-    if unmatched and env.is_main:
-        rule = RULES_BY_ID["PRECISION-RULE-UNMATCHED"]
-        print(f"warning[{rule.id}]: " + with_fix(f"precision.rules {', '.join(map(repr, unmatched))} match no Linear of this model", rule.fix),
-              file=sys.stderr, flush=True)
-    note = unwatched_note(plan, precision, monitor)
-    if note and env.is_main:
-        print(note, file=sys.stderr, flush=True)
-    callbacks = [checkpoints.callback]
-    if eval_data is not None:  # before the monitor's callback, which arms its hooks for the next step (paused while evaluating)
-        from launcher.train.evaluate import Evaluator
+    try:  # from here on the trackers are open: a failure before the Trainer exists closes them (the caller closes them after)
+        state.tracker_ids = logger.tracker_ids()  # into every checkpoint from here on
+        if monitor is not None:
+            monitor.sink = logger.track  # each sample's underflow / overflow summary to the trackers
+        if loaded and env.is_main:
+            for warning in loaded.warnings:
+                print(f"warning: {warning}", file=sys.stderr, flush=True)
+        if not resume and env.is_main:  # weights files that lack parameters, or hold tensors the model has no place for
+            for note in getattr(initializer, "notes", ()):
+                print(f"warning: {note}", file=sys.stderr, flush=True)
+        if unmatched and env.is_main:
+            rule = RULES_BY_ID["PRECISION-RULE-UNMATCHED"]
+            print(f"warning[{rule.id}]: " + with_fix(f"precision.rules {', '.join(map(repr, unmatched))} match no Linear of this model", rule.fix),
+                  file=sys.stderr, flush=True)
+        note = unwatched_note(plan, precision, monitor)
+        if note and env.is_main:
+            print(note, file=sys.stderr, flush=True)
+        callbacks = [checkpoints.callback]
+        if eval_data is not None:  # before the monitor's callback, which arms its hooks for the next step (paused while evaluating)
+            from launcher.train.evaluate import Evaluator
 
-        callbacks.append(Evaluator(plan, engine, logger, device=env.device, world_size=env.world_size,
-                                   make_stream=eval_data, stream=first_eval, monitor=monitor))
-    callbacks += [monitor] if monitor is not None else []
-    if plan.precision.schedule:  # after the checkpoint: a checkpoint at a phase's last step holds that phase
-        callbacks.append(PrecisionSwitch(plan, engine.module, logger, start_step=state.step))
-    trainer = Trainer(state, plan, device=env.device, logger=logger, throughput=throughput, callbacks=callbacks,
-                      checkpoints=checkpoints, resumed_from=loaded.path if loaded else None)
+            callbacks.append(Evaluator(plan, engine, logger, device=env.device, world_size=env.world_size,
+                                       make_stream=eval_data, stream=first_eval, monitor=monitor))
+        callbacks += [monitor] if monitor is not None else []
+        if plan.precision.schedule:  # after the checkpoint: a checkpoint at a phase's last step holds that phase
+            callbacks.append(PrecisionSwitch(plan, engine.module, logger, start_step=state.step))
+        trainer = Trainer(state, plan, device=env.device, logger=logger, throughput=throughput, callbacks=callbacks,
+                          checkpoints=checkpoints, resumed_from=loaded.path if loaded else None)
+    except BaseException:
+        logger.close()
+        raise
     return trainer, logger
 
 

@@ -423,3 +423,25 @@ def test_a_training_run_logs_to_all_three_and_checkpoints_their_ids(tmp_path, mo
     client = MlflowClient((out / "mlruns").resolve().as_uri())
     assert {m.step: m.value for m in client.get_metric_history(ids["mlflow"], "loss")} == losses
     assert client.get_run(ids["mlflow"]).info.status == "FINISHED"
+
+
+def test_a_failure_after_the_trackers_opened_but_before_training_closes_them(tmp_path, monkeypatch):
+    """build_run opens the trackers with the start record; if it fails after that (here: the monitor's note), the
+    MLflow run ends KILLED, not left RUNNING, and the error reaches the caller."""
+    from launcher.train import monitor as monitor_module
+    from tests.train._engine_setup import make_plan, train_in_process
+
+    out = tmp_path / "out"
+    _, plan_dir = make_plan(tmp_path, **{"train.model": "builtin:llama-debug?layers=1", "train.steps": 2, "train.output_dir": str(out),
+                                         "log.mlflow": True})
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("broken after the start record")
+
+    monkeypatch.setattr(monitor_module, "unwatched_note", broken)
+    with pytest.raises(RuntimeError, match="broken after the start record"):
+        train_in_process(f"{plan_dir}/plan.json", stream=io.StringIO())
+    client = MlflowClient((out / "mlruns").resolve().as_uri())
+    (experiment,) = [e for e in client.search_experiments() if e.name == "t"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "KILLED"
