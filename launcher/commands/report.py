@@ -41,12 +41,10 @@ class Run:
     """Eval records ([eval]) by step, the last one written for a step."""
 
     def eval_series(self) -> tuple[list[int], list[float]]:
-        pts = [(r["step"], r["eval_loss"]) for r in self.evals if isinstance(r.get("eval_loss"), (int, float)) and math.isfinite(r["eval_loss"])]
-        return [p[0] for p in pts], [p[1] for p in pts]
+        return _series(self.evals, "eval_loss")
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
-        pts = [(r["step"], r[key]) for r in self.steps if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
-        return [p[0] for p in pts], [p[1] for p in pts]
+        return _series(self.steps, key)
 
     def underflow_grid(self) -> tuple[list[str], list[int], list[list[float]]]:
         """(layers in model order, sampled steps, grid[layer][step]: the largest underflow share of its operands)."""
@@ -68,6 +66,12 @@ class Run:
                 best[r["layer"]] = (r["tensor"], r["underflow"])
         ranked = sorted(((layer, op, share) for layer, (op, share) in best.items() if share > 0), key=lambda t: -t[2])
         return ranked[:n]
+
+
+def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the records with a finite number under `key`."""
+    pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return [p[0] for p in pts], [p[1] for p in pts]
 
 
 def _jsonl(path: str) -> list[dict]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.planning.models import builtin_config
 from launcher.planning.plan import Plan
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -162,19 +163,6 @@ def model_states(plan: Plan, params: int) -> tuple[MemoryRow, ...]:
         # master copies (its master_weights row stays); a torch optimizer keeps none (rule TE-FP8-PARAMS-NO-MASTER).
         rows = [MemoryRow("params", "fp8", 1, rows[0].shards, rows[0].offloaded)] + [r for r in rows if r.name != "params"]
     return tuple(rows)
-
-
-def builtin_config(model: str):
-    """The LlamaConfig of a builtin model spec, else None."""
-    if not model.startswith("builtin:"):
-        return None
-    from launcher.errors import InputError
-    from launcher.planning.models import parse_builtin
-
-    try:
-        return parse_builtin(model)
-    except InputError:  # a bad name: planning reports it with did-you-mean; no estimate here
-        return None
 
 
 def model_params(model: str) -> int | None:

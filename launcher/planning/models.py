@@ -205,6 +205,17 @@ def parse_builtin(spec: str) -> LlamaConfig | MoEConfig:
     return cfg
 
 
+def builtin_config(model: str) -> LlamaConfig | MoEConfig | None:
+    """The config a `builtin:` train.model names; None for hf: / py: models and for a bad builtin name (planning reports
+    that itself, with did-you-mean)."""
+    if not model.startswith("builtin:"):
+        return None
+    try:
+        return parse_builtin(model)
+    except InputError:
+        return None
+
+
 def is_moe(cfg) -> bool:
     """True for a Mixture-of-Experts shape."""
     return isinstance(cfg, MoEConfig)

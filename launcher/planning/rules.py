@@ -16,6 +16,7 @@ from launcher.errors import with_fix
 from launcher.planning.install import INSTALL
 from launcher.planning.hardware import BLOCK_RECIPES, FP8_MIN_CAPABILITY, capability_text, precision_key, requirement, supports
 from launcher.planning.hardware import BLOCK_SIZE
+from launcher.planning.models import builtin_config, is_moe
 from launcher.planning.selection import unmatched
 
 if typing.TYPE_CHECKING:
@@ -132,15 +133,7 @@ def _accelerate_unsupported(f: Facts) -> str:
 
 def _moe(f: Facts) -> bool:
     """The plan trains a builtin MoE shape (hf:/py: models are only known at run time)."""
-    from launcher.errors import InputError
-    from launcher.planning.models import is_moe, parse_builtin
-
-    if not f.plan.train.model.startswith("builtin:"):
-        return False
-    try:
-        return is_moe(parse_builtin(f.plan.train.model))
-    except InputError:  # a bad name is reported by planning itself
-        return False
+    return bool(_builtin_experts(f))
 
 
 EXPERTS_NAME = "layers.1.moe.experts"
@@ -403,15 +396,8 @@ def _tp(f: Facts) -> int:
 
 def _tp_heads(f: Facts) -> str:
     """What tensor_parallel does not divide among a builtin model's head counts ("" when it divides both, or not builtin)."""
-    model = f.plan.train.model
-    if _tp(f) <= 1 or not model.startswith("builtin:"):
-        return ""
-    from launcher.errors import InputError
-    from launcher.planning.models import parse_builtin
-
-    try:
-        cfg = parse_builtin(model)
-    except InputError:  # a bad name is reported by planning itself
+    cfg = builtin_config(f.plan.train.model)
+    if _tp(f) <= 1 or cfg is None:
         return ""
     bad = [f"{n} {what}" for what, n in (("attention heads", cfg.n_heads), ("KV heads", cfg.kv_heads)) if n % _tp(f)]
     return " and ".join(bad)
@@ -763,12 +749,11 @@ def _schedule_steps(f: Facts) -> str:
 
 
 def _builtin_experts(f: Facts) -> int | None:
-    """The routed experts per MoE layer of a builtin model (0: a dense one); None for hf: / py: models (known at run time)."""
-    from launcher.planning.models import is_moe, parse_builtin
-
-    if not f.plan.train.model.startswith("builtin:"):
+    """The routed experts per MoE layer of a builtin model (0: a dense one); None for hf: / py: models (known at run
+    time) and for a bad builtin name (planning reports it)."""
+    cfg = builtin_config(f.plan.train.model)
+    if cfg is None:
         return None
-    cfg = parse_builtin(f.plan.train.model)
     return cfg.num_experts if is_moe(cfg) else 0
 
 

@@ -22,15 +22,6 @@ BASE = {"distributed.procs_per_node": 1, "train.model": "builtin:llama-debug?lay
         "train.micro_batch_size": 2, "train.checkpoint_at_end": False}
 
 
-@pytest.fixture
-def one_rank(monkeypatch):
-    """Leaves the process group a failed build_run may have joined (train_in_process leaves its own)."""
-    from launcher.train import distributed
-
-    yield
-    distributed.destroy()
-
-
 def _run(tmp_path, name, **keys):
     """Plan and train in this process; the records of metrics.jsonl, the trainer."""
     out = tmp_path / name
@@ -64,7 +55,7 @@ def test_synthetic_eval_batches_are_held_out_from_every_training_rank(tmp_path):
     assert {tuple(row.tolist()) for _ in range(4) for row in next(again)} == eval_rows  # the same batches every time
 
 
-def test_eval_records_hold_the_loss_of_the_model_on_the_held_out_batches(tmp_path, one_rank):
+def test_eval_records_hold_the_loss_of_the_model_on_the_held_out_batches(tmp_path):
     records, trainer = _run(tmp_path, "eval", **{"eval.data": "synthetic", "eval.every": 2, "eval.steps": 3})
     evals = [r for r in records if r["event"] == "eval"]
     assert [r["step"] for r in evals] == [2, 4]
@@ -81,7 +72,7 @@ def test_eval_records_hold_the_loss_of_the_model_on_the_held_out_batches(tmp_pat
     assert evals[0]["eval_loss"] != evals[1]["eval_loss"]  # the model changed between the two evaluations
 
 
-def test_evaluating_changes_nothing_the_run_trains(tmp_path, one_rank):
+def test_evaluating_changes_nothing_the_run_trains(tmp_path):
     """Same spec with and without [eval] (every step): bit-identical training losses."""
     plain, _ = _run(tmp_path, "plain")
     evaluated, _ = _run(tmp_path, "evaluated", **{"eval.data": "synthetic", "eval.every": 1, "eval.steps": 2})
@@ -90,7 +81,7 @@ def test_evaluating_changes_nothing_the_run_trains(tmp_path, one_rank):
     assert sum(r["event"] == "eval" for r in evaluated) == 4
 
 
-def test_fp8_monitor_samples_only_training_steps_while_evaluating(tmp_path, one_rank):
+def test_fp8_monitor_samples_only_training_steps_while_evaluating(tmp_path):
     """The monitor's hooks are paused during an evaluation: fp8_stats.jsonl is what it is without [eval]."""
     fp8 = {"precision.mode": "fp8", "precision.torchao.skip_small": False, "monitor.fp8_stats_every": 1,
            "precision.keep_first_last": False, "train.steps": 2}
@@ -100,14 +91,14 @@ def test_fp8_monitor_samples_only_training_steps_while_evaluating(tmp_path, one_
     assert stats("mon") and stats("mon") == stats("mon-eval")
 
 
-def test_eval_data_that_cannot_be_read_stops_before_step_one_naming_eval_data(tmp_path, one_rank):
+def test_eval_data_that_cannot_be_read_stops_before_step_one_naming_eval_data(tmp_path):
     with pytest.raises(InputError) as e:
         _run(tmp_path, "bad", **{"eval.data": f"tokens:{tmp_path / 'missing.npy'}"})
     assert e.value.exit_code == 2 and "eval.data" in str(e.value)
     assert not (tmp_path / "bad" / "metrics.jsonl").exists() or "step" not in (tmp_path / "bad" / "metrics.jsonl").read_text()
 
 
-def test_the_eval_stream_is_built_once_and_put_back_to_its_start_at_each_evaluation(tmp_path, one_rank):
+def test_the_eval_stream_is_built_once_and_put_back_to_its_start_at_each_evaluation(tmp_path):
     """A corpus is read (and an hf-dataset: tokenized) once per run, not once per evaluation."""
     import numpy as np
 

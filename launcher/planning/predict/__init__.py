@@ -189,6 +189,11 @@ def _fp8_copies(plan, s: LinearShape, first_last: set[str]) -> tuple[dict[str, i
     return counts, first
 
 
+def _three_gemms(m: int, k: int, n: int) -> tuple[tuple[int, int, int], ...]:
+    """(M, K, N) of a Linear's forward, input-gradient and weight-gradient GEMMs for M tokens through K -> N."""
+    return (m, k, n), (m, n, k), (k, m, n)
+
+
 def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str, float], list[LayerRow]]:
     """Seconds of one optimizer step per GPU, by part; with fp8, the per-layer rows too."""
     p, d, t = plan.precision, plan.distributed, plan.train
@@ -211,7 +216,7 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
     rows, gemms, casts, recomputed, fp8_weight_params = [], 0.0, 0.0, 0.0, 0
     for s in shape.linears:
         k, n = (s.in_features // tp, s.out_features) if s.parallel == "row" else (s.in_features, s.out_features // tp)
-        shapes3 = ((m, k, n), (m, n, k), (k, m, n))
+        shapes3 = _three_gemms(m, k, n)
         bf16_one = sum(gemm_s(dev, *g, "bf16") for g in shapes3)
         fwd_bf16 = gemm_s(dev, m, k, n, "bf16")
         by_recipe, kept = _fp8_copies(plan, s, first_last) if fp8 else ({}, None)
@@ -279,17 +284,14 @@ def _experts(plan, shape: ModelShape, dev: Device, m: int, fp8: bool, costs_of, 
     rows = max(1, round(m * e.top_k / e.num_experts)) * ep
     weights = [(e.dim, e.hidden), (e.dim, e.hidden), (e.hidden, e.dim)]  # w1, w3, w2 (K, N)
 
-    def three(mm: int, k: int, n: int) -> tuple:
-        return (mm, k, n), (mm, n, k), (k, mm, n)
-
-    bf16 = sum(gemm_s(dev, *sh, "bf16") for k, n in weights for sh in three(local * rows, k, n))
+    bf16 = sum(gemm_s(dev, *sh, "bf16") for k, n in weights for sh in _three_gemms(local * rows, k, n))
     fwd_bf16 = sum(gemm_s(dev, local * rows, k, n, "bf16") for k, n in weights)
     recipe, kept = choose_experts(e.name.format(i=e.first_block), e.dim, e.hidden, plan) if fp8 else (None, None)
     one, cast_one, fwd = bf16, None, fwd_bf16
     if recipe is not None:
         cast_of, in_fp8, seff, low, _ = costs_of(recipe)
         mm = local * (-(-rows // GROUPED_ALIGN[recipe]) * GROUPED_ALIGN[recipe])
-        gemm = sum(gemm_s(dev, *sh, low, seff) if on else gemm_s(dev, *sh, "bf16") for k, n in weights for sh, on in zip(three(mm, k, n), in_fp8))
+        gemm = sum(gemm_s(dev, *sh, low, seff) if on else gemm_s(dev, *sh, "bf16") for k, n in weights for sh, on in zip(_three_gemms(mm, k, n), in_fp8))
         cast_one = sum(cast_s(dev, cast_of["input"], mm * k) + cast_s(dev, cast_of["weight"], local * k * n)
                        + cast_s(dev, cast_of["grad_output"], mm * n) for k, n in weights)
         one = gemm + cast_one

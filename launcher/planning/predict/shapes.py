@@ -77,20 +77,32 @@ class ModelShape:
         return sum(s.count for s in self.linears)
 
 
+def _attention(prefix: str, names: tuple[str, str, str, str], dim: int, q: int, kv: int, count: int,
+               fused_qkv: bool = False) -> list[LinearShape]:
+    """The q, k, v and o projections of `count` blocks (q, k and v as one Linear where fused)."""
+    wq, wk, wv, wo = names
+    qkv = ([LinearShape(f"{prefix}.{wq}", dim, q + 2 * kv, count, "column")] if fused_qkv else
+           [LinearShape(f"{prefix}.{wq}", dim, q, count, "column"), LinearShape(f"{prefix}.{wk}", dim, kv, count, "column"),
+            LinearShape(f"{prefix}.{wv}", dim, kv, count, "column")])
+    return qkv + [LinearShape(f"{prefix}.{wo}", q, dim, count, "row")]
+
+
+def _swiglu(prefix: str, names: tuple[str, str, str], dim: int, width: int, count: int,
+            fused_gate_up: bool = False) -> list[LinearShape]:
+    """A SwiGLU feed-forward of `count` blocks in registration order w1 (gate), w2 (down), w3 (up); gate and up as one
+    Linear where fused."""
+    w1, w2, w3 = names
+    if fused_gate_up:
+        return [LinearShape(f"{prefix}.{w1}", dim, 2 * width, count, "column"), LinearShape(f"{prefix}.{w2}", width, dim, count, "row")]
+    return [LinearShape(f"{prefix}.{w1}", dim, width, count, "column"), LinearShape(f"{prefix}.{w2}", width, dim, count, "row"),
+            LinearShape(f"{prefix}.{w3}", dim, width, count, "column")]
+
+
 def _decoder(source: str, *, dim, n_layers, n_heads, kv_heads, head_dim, ffn_dim, vocab, prefix: str,
              names: tuple[str, ...], head: str, fused_qkv: bool = False, fused_gate_up: bool = False) -> ModelShape:
     """A Llama-style block: q, k, v, o projections and a SwiGLU MLP (gate, up, down), plus the output head."""
-    q, kv = n_heads * head_dim, kv_heads * head_dim
-    wq, wk, wv, wo, w1, w2, w3 = names
-    attn = ([LinearShape(f"{prefix}.{wq}", dim, q + 2 * kv, n_layers, "column")] if fused_qkv else
-            [LinearShape(f"{prefix}.{wq}", dim, q, n_layers, "column"), LinearShape(f"{prefix}.{wk}", dim, kv, n_layers, "column"),
-             LinearShape(f"{prefix}.{wv}", dim, kv, n_layers, "column")])
-    attn.append(LinearShape(f"{prefix}.{wo}", q, dim, n_layers, "row"))
-    mlp = ([LinearShape(f"{prefix}.{w1}", dim, 2 * ffn_dim, n_layers, "column")] if fused_gate_up else
-           [LinearShape(f"{prefix}.{w1}", dim, ffn_dim, n_layers, "column")])
-    mlp.append(LinearShape(f"{prefix}.{w2}", ffn_dim, dim, n_layers, "row"))
-    if not fused_gate_up:
-        mlp.append(LinearShape(f"{prefix}.{w3}", dim, ffn_dim, n_layers, "column"))
+    attn = _attention(prefix, names[:4], dim, n_heads * head_dim, kv_heads * head_dim, n_layers, fused_qkv)
+    mlp = _swiglu(prefix, names[4:], dim, ffn_dim, n_layers, fused_gate_up)
     return ModelShape(source, dim, n_layers, n_heads, kv_heads, head_dim, ffn_dim, vocab,
                       tuple(attn + mlp + [LinearShape(head, dim, vocab, 1, "column")]))
 
@@ -110,20 +122,14 @@ def _moe_shape(cfg, source: str) -> ModelShape:
     SwiGLU of the first n_dense_layers blocks; in every other block the router gate (kept in high precision),
     the shared experts (one dense SwiGLU) and the routed experts (grouped GEMMs, `experts`); then the head."""
     n, dense, moe = cfg.n_layers, cfg.n_dense_layers, cfg.n_layers - cfg.n_dense_layers
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-    attn = [LinearShape("layers.{i}.attention.wq", cfg.dim, q, n, "column"), LinearShape("layers.{i}.attention.wk", cfg.dim, kv, n, "column"),
-            LinearShape("layers.{i}.attention.wv", cfg.dim, kv, n, "column"), LinearShape("layers.{i}.attention.wo", q, cfg.dim, n, "row")]
-    ffn = []
-    if dense:
-        ffn += [LinearShape("layers.{i}.feed_forward.w1", cfg.dim, cfg.dense_ffn_dim, dense, "column"),
-                LinearShape("layers.{i}.feed_forward.w2", cfg.dense_ffn_dim, cfg.dim, dense, "row"),
-                LinearShape("layers.{i}.feed_forward.w3", cfg.dim, cfg.dense_ffn_dim, dense, "column")]
-    ffn.append(LinearShape("layers.{i}.moe.router.gate", cfg.dim, cfg.num_experts, moe, "none"))
-    shared = cfg.moe_ffn_dim * cfg.n_shared_experts
-    if shared:
-        ffn += [LinearShape("layers.{i}.moe.shared_experts.w1", cfg.dim, shared, moe, "column"),
-                LinearShape("layers.{i}.moe.shared_experts.w2", shared, cfg.dim, moe, "row"),
-                LinearShape("layers.{i}.moe.shared_experts.w3", cfg.dim, shared, moe, "column")]
+    p = "layers.{i}"
+    attn = _attention(p, ("attention.wq", "attention.wk", "attention.wv", "attention.wo"), cfg.dim, cfg.n_heads * cfg.head_dim,
+                      cfg.kv_heads * cfg.head_dim, n)
+    ffn = _swiglu(p, ("feed_forward.w1", "feed_forward.w2", "feed_forward.w3"), cfg.dim, cfg.dense_ffn_dim, dense) if dense else []
+    ffn.append(LinearShape(f"{p}.moe.router.gate", cfg.dim, cfg.num_experts, moe, "none"))
+    if cfg.n_shared_experts:
+        ffn += _swiglu(p, ("moe.shared_experts.w1", "moe.shared_experts.w2", "moe.shared_experts.w3"), cfg.dim,
+                       cfg.moe_ffn_dim * cfg.n_shared_experts, moe)
     experts = ExpertShape("layers.{i}.moe.experts", cfg.dim, cfg.moe_ffn_dim, cfg.num_experts, cfg.top_k, moe, dense)
     return ModelShape(source, cfg.dim, n, cfg.n_heads, cfg.kv_heads, cfg.head_dim, _active_ffn_dim(cfg), cfg.vocab_size,
                       tuple(attn + ffn + [LinearShape("output", cfg.dim, cfg.vocab_size, 1, "column")]), experts)

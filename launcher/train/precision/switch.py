@@ -52,9 +52,9 @@ class PrecisionSwitch:
             self.switch(upcoming[0], state)
 
     def switch(self, phase: Phase, state) -> dict[str, Any]:
-        from launcher.train.precision.torchao_fp8 import _follow_cpu_autocast, float8_config, recipe_of
+        from launcher.train.precision.torchao_fp8 import _follow_cpu_autocast, _torchao, float8_config, recipe_of
 
-        Float8Linear = _float8_linear()
+        Float8Linear = _torchao()[3]
         fp8 = phase.plan.precision.mode == "fp8"
         wanted = select.choices(self.model, phase.plan) if fp8 else {}
         configs: dict[str, Any] = {}
@@ -86,12 +86,6 @@ class PrecisionSwitch:
                                   f"{len(moved)} Linear layers back to {phase.plan.precision.compute_dtype}, {into} into FP8 or another "
                                   f"recipe, {remaining} in FP8")
         return record
-
-
-def _float8_linear():
-    from torchao.float8.float8_linear import Float8Linear
-
-    return Float8Linear
 
 
 DERIVED = ("scaling_type_input", "scaling_type_weight", "scaling_type_grad_output", "config", "linear_mm_config")
