@@ -39,7 +39,7 @@ import torch
 from launcher.errors import InputError
 from launcher.train.data_formats import JoinedCorpus, hf_dataset_corpus, megatron_corpus
 from launcher.train.factory import load_factory, resolve_path
-from launcher.train.tokenizer import load_tokenizer
+from launcher.train.tokenizer import beside_text, load_tokenizer
 
 KEY = "train.data"
 FULL_SCAN_LIMIT = 1 << 26
@@ -279,8 +279,8 @@ class FactoryStream(TokenStream):
 
 def _text_corpus(path: str, vocab_size: int, *, tokenizer: str, spec_dir: str, key: str) -> tuple[np.ndarray, str]:
     """A text file as token ids: train.tokenizer decides, else a tokenizer.json beside it, else its bytes do."""
-    beside = os.path.join(os.path.dirname(os.path.abspath(path)), "tokenizer.json")
-    if tokenizer or os.path.isfile(beside):
+    beside = beside_text(path)
+    if tokenizer or beside:
         tok = load_tokenizer(tokenizer, spec_dir) if tokenizer else load_tokenizer(beside, spec_dir, key=key)
         try:
             with open(path, encoding="utf-8") as f:

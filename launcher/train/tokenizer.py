@@ -89,6 +89,12 @@ def eos_id(tok, folder: str, key: str = KEY) -> int | None:
     return next((special[name] for name in EOS_NAMES if name in special), None)
 
 
+def beside_text(text_path: str) -> str | None:
+    """The tokenizer.json in the folder of a text: data file, which text: tokenizes with when train.tokenizer is unset."""
+    path = os.path.join(os.path.dirname(os.path.abspath(text_path)), "tokenizer.json")
+    return path if os.path.isfile(path) else None
+
+
 def load_tokenizer(path: str, spec_dir: str, key: str = KEY) -> Tokenizer:
     """The tokenizer `path` (plan.train.tokenizer) names, resolved like every plan path (factory.resolve_path);
     its errors name `key` (train.data for text:'s tokenizer.json beside the text)."""

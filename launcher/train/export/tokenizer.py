@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from launcher.errors import InputError, with_fix
 from launcher.train.factory import resolve_path
-from launcher.train.tokenizer import load_tokenizer
+from launcher.train.tokenizer import beside_text, load_tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "vocab.txt", "spiece.model", "chat_template.jinja", "chat_template.json")
@@ -48,10 +48,10 @@ def run_tokenizer(plan, spec_dir: str) -> RunTokenizer:
             return RunTokenizer(copies=copies)  # the model's own config.json and generation_config.json name its tokens
     if t.data.startswith("text:"):
         try:
-            beside = os.path.join(os.path.dirname(os.path.abspath(resolve_path(t.data[5:], spec_dir, "train.data"))), "tokenizer.json")
+            beside = beside_text(resolve_path(t.data[5:], spec_dir, "train.data"))
         except InputError:
             return RunTokenizer()
-        if os.path.isfile(beside):
+        if beside:
             tok = load_tokenizer(beside, spec_dir, "train.data")
             return RunTokenizer(copies=_with_folder(tok.file), eos=tok.eos)
     return RunTokenizer()
