@@ -79,6 +79,16 @@ CPU_OPTIONS: tuple[Option, ...] = (
 )
 """What the CPU runs for real: 2 processes over gloo, builtin:llama-debug with 2 blocks, 2 steps."""
 
+MOE_OPTIONS: tuple[Option, ...] = (
+    Option("precision.mode", values=("bf16", "fp8")),
+    Option("precision.torchao.recipe", requires=FP8),
+    Option("compile.enabled"),
+    Option("distributed.expert_parallel", values=(1, 2)),
+)
+"""What the CPU runs for real with Mixture-of-Experts blocks: builtin:moe-debug (2 MoE blocks, 8 experts, grouped
+GEMMs) over FSDP2: each recipe's experts with and without compile and expert parallelism. (An MoE block compiles in
+parts: fullgraph and activation checkpointing around them are tests/train/test_moe.py's; ~20 s a compiled run.)"""
+
 TE = FP8 + (("precision.backend", ("te",)),)
 GPU_OPTIONS: tuple[Option, ...] = (
     Option("distributed.strategy"),
@@ -223,6 +233,10 @@ CPU_BASE = {
     "train.checkpoint_at_end": False,
 }
 """Every CPU run: the smallest shapes that still train every engine (2 blocks of llama-debug, 32 tokens)."""
+
+MOE_MODEL = "builtin:moe-debug"
+MOE_BASE = {**CPU_BASE, "train.model": MOE_MODEL, "train.micro_batch_size": 2}
+"""Every MoE run: 2 MoE blocks, 64 tokens a step per rank (128 routed rows at top-2)."""
 
 NVME_PATH = "nvme"
 """distributed.deepspeed.nvme_path of the runs that offload to NVMe (relative: inside the run's folder)."""
@@ -533,6 +547,7 @@ def gpu_status(gpu: Matrix, results: dict[str, Any] | None) -> dict[str, str]:
 def render_markdown(cpu: Matrix | None = None, gpu: Matrix | None = None, gpu_results: dict[str, Any] | None = None) -> str:
     cpu = cpu or generate(CPU_OPTIONS, CPU_BASE, "m")
     gpu = gpu or generate(GPU_OPTIONS, GPU_BASE, "g")
+    moe = generate(MOE_OPTIONS, MOE_BASE, "e")
     status = gpu_status(gpu, gpu_results)
     out = [
         "# Support matrix",
@@ -565,6 +580,21 @@ def render_markdown(cpu: Matrix | None = None, gpu: Matrix | None = None, gpu_re
         "### Pairs the rule table refuses",
         "",
         *_refused_section(cpu),
+        "",
+        "## Mixture-of-Experts on CPU: trained for real in CI",
+        "",
+        f"tests/e2e/test_support_matrix.py runs these rows with `{MOE_MODEL}` (2 MoE blocks of 8 experts, grouped GEMMs,",
+        "router and shared expert) over FSDP2, 2 processes, 64 tokens a rank, 2 steps: each must train with its expert groups",
+        "in the precision the layers map names (MXFP8 grouped GEMMs for mxfp8, bf16 where torchao has no grouped GEMM),",
+        "`effects.compiled_blocks` counting both blocks where compile is on (an MoE block compiles in parts, as torchtitan",
+        "compiles one: attention, norms, router, shared expert, and the experts' grouped GEMMs with a dynamic row count;",
+        "the token exchange stays eager) and `effects.expert_parallel` the degree asked for.",
+        "",
+        f"**{moe.coverage_line()}.**",
+        "",
+        *_table(moe.options, moe.trained, "outcome"),
+        "",
+        *_refused_section(moe),
         "",
         "## On a CUDA GPU: tests/gpu only",
         "",

@@ -12,7 +12,12 @@ blocks as they end up, which are the units FSDP2 shards.
   outside `te.autocast`, so the recomputed GEMMs would not be FP8 and delayed scaling would
   record every amax twice. TE's keeps the forward's FP8 state for the recompute.
 - compile.enabled: each block goes through torch.compile(mode=compile.mode,
-  fullgraph=compile.fullgraph); the embedding, final norm and head stay eager.
+  fullgraph=compile.fullgraph); the embedding, final norm and head stay eager. A block holding
+  grouped experts (MoE) is compiled as torchtitan compiles one: each part on its own (attention,
+  norms, router, shared experts) and the experts' grouped GEMMs (`GroupedExperts.swiglu`) with a
+  dynamic row count, while the token reordering and expert parallelism's all-to-all stay eager
+  (data-dependent split sizes would recompile the block every step, and FSDP2's hooks on the
+  experts would break the graph).
 """
 
 from __future__ import annotations
@@ -73,8 +78,32 @@ def checkpointed(root: nn.Module, block: nn.Module, fn: typing.Callable | None =
 
 
 def compiled(root: nn.Module, block: nn.Module, *, mode: str, fullgraph: bool) -> nn.Module:
-    """`block` compiled by torch.compile (an OptimizedModule that keeps the block's parameters)."""
-    return _replace(root, block, torch.compile(block, mode=mode, fullgraph=fullgraph))
+    """`block` compiled by torch.compile (an OptimizedModule that keeps the block's parameters); a block
+    holding grouped experts stays in place with its parts compiled (`compile_parts`)."""
+    if not _holds_experts(block):
+        return _replace(root, block, torch.compile(block, mode=mode, fullgraph=fullgraph))
+    compile_parts(block, mode=mode, fullgraph=fullgraph)
+    return block
+
+
+def _holds_experts(module: nn.Module) -> bool:
+    from launcher.train.models.moe import GroupedExperts
+
+    return any(isinstance(m, GroupedExperts) for m in module.modules())
+
+
+def compile_parts(module: nn.Module, *, mode: str, fullgraph: bool) -> None:
+    """Compile, in place, the largest parts of `module` that hold no grouped experts, and each GroupedExperts'
+    grouped GEMMs (its `swiglu`): torchtitan's apply_compile for MoE blocks."""
+    from launcher.train.models.moe import GroupedExperts
+
+    for name, child in list(module.named_children()):
+        if isinstance(child, GroupedExperts):
+            child.register_module("swiglu", torch.compile(child.swiglu, mode=mode, fullgraph=fullgraph))
+        elif _holds_experts(child):
+            compile_parts(child, mode=mode, fullgraph=fullgraph)
+        else:
+            module.register_module(name, torch.compile(child, mode=mode, fullgraph=fullgraph))
 
 
 def _replace(root: nn.Module, old: nn.Module, new: nn.Module) -> nn.Module:

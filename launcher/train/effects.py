@@ -9,8 +9,9 @@ Each effect, and where it is read:
 - all_gather_dtype: FSDP2 only (else None): the dtype FSDP2 all-gathers the FP8 layers' weights in (every
   weight's, when no layer runs in FP8): a torchao float8 weight wrapper's own target dtype where the shard
   carries fsdp_pre_all_gather, else the MixedPrecisionPolicy's param_dtype, else the shard's dtype;
-- compiled_blocks / fullgraph: transformer blocks that are torch.compile OptimizedModules, and whether
-  their dynamo context is fullgraph (None with none compiled);
+- compiled_blocks / fullgraph: transformer blocks that are torch.compile OptimizedModules (or, for MoE blocks,
+  whose every parameter is computed by compiled parts), and whether their dynamo contexts are fullgraph (None
+  with none compiled);
 - checkpointed_blocks: transformer blocks wrapped by activation checkpointing;
 - optimizer: the class of the optimizer that steps (DeepSpeed: its basic optimizer inside ZeRO);
 - offload: {"parameters", "optimizer_states"} -> "device" | "cpu" | "nvme", from FSDP2's FSDPParam
@@ -52,10 +53,21 @@ def _inner(block: nn.Module) -> nn.Module:
     return getattr(block, "_orig_mod", block)
 
 
-def _compiled(block: nn.Module) -> bool:
+def compiled_parts(block: nn.Module) -> list[nn.Module]:
+    """The torch.compile OptimizedModules that compute `block`: [block] when it is compiled whole; for a block
+    compiled in parts (an MoE block, launcher/train/compile_ac.py) those parts when every parameter of the block
+    is inside one of them or is a grouped-experts weight whose grouped GEMMs (`swiglu`) are compiled; else []."""
     from torch._dynamo.eval_frame import OptimizedModule
 
-    return isinstance(block, OptimizedModule)
+    if isinstance(block, OptimizedModule):
+        return [block]
+    parts = [m for m in block.modules() if isinstance(m, OptimizedModule)]
+    covered = {id(p) for part in parts for p in part.parameters()}
+    for m in block.modules():
+        if isinstance(getattr(m, "swiglu", None), OptimizedModule):
+            covered |= {id(p) for p in m.parameters(recurse=False)}
+    params = list(block.parameters())
+    return parts if params and all(id(p) in covered for p in params) else []
 
 
 def _checkpointed(block: nn.Module) -> bool:
@@ -67,10 +79,10 @@ def _checkpointed(block: nn.Module) -> bool:
 def blocks_effects(model: nn.Module) -> dict[str, Any]:
     """compiled_blocks, fullgraph, checkpointed_blocks of `model`'s transformer blocks as they are now."""
     blocks = transformer_blocks(model)
-    compiled = [b for b in blocks if _compiled(b)]
+    compiled = [parts for parts in map(compiled_parts, blocks) if parts]
     fullgraph = None
     if compiled:
-        flags = {bool(getattr(b.dynamo_ctx, "fullgraph", False)) for b in compiled}
+        flags = {bool(getattr(part.dynamo_ctx, "fullgraph", False)) for parts in compiled for part in parts}
         fullgraph = flags == {True}
     return {"compiled_blocks": len(compiled), "fullgraph": fullgraph,
             "checkpointed_blocks": sum(1 for b in blocks if _checkpointed(b))}

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from launcher.cli import main
 from launcher.commands.preflight import libaio_present
-from launcher.planning.support_matrix import CPU_BASE, CPU_OPTIONS, generate, spec_of
+from launcher.planning.support_matrix import CPU_BASE, CPU_OPTIONS, MOE_BASE, MOE_OPTIONS, generate, spec_of
 
 from .helpers import output_of, run
 
@@ -156,3 +156,53 @@ def test_nvme_offload_trains_where_libaio_is_installed(tmp_path):
 def test_the_base_spec_is_what_the_docs_say():
     assert CPU_BASE["train.steps"] == 2 and CPU_BASE["distributed.procs_per_node"] == 2 and CPU_BASE["train.seq_len"] == 32
     assert {o.key for o in CPU_OPTIONS} >= {"distributed.strategy", "precision.mode", "compile.enabled", "train.on_nan"}
+
+
+# --- Mixture-of-Experts: builtin:moe-debug, each recipe's experts x compile x expert parallelism -------------
+
+MOE_MATRIX = generate(MOE_OPTIONS, MOE_BASE, "e")
+MOE_BLOCKS, EXPERTS = 2, 8
+"""builtin:moe-debug: 2 MoE blocks of 8 experts."""
+
+
+def test_the_moe_matrix_covers_every_pair():
+    assert MOE_MATRIX.covered() == set(MOE_MATRIX.pairs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("matrix_run", MOE_MATRIX.trained, ids=[r.name for r in MOE_MATRIX.trained])
+def test_moe_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
+    spec = spec_of(matrix_run.config, matrix_run.name, MOE_BASE)
+    path = tmp_path / f"{matrix_run.name}.json"
+    path.write_text(json.dumps(spec, indent=1))
+    r, seconds = run(tmp_path, "run", str(path))
+    assert r.returncode == 0, output_of(r)
+    lines = [json.loads(line) for line in (tmp_path / "runs" / matrix_run.name / "metrics.jsonl").read_text().splitlines()]
+    start, steps = lines[0], [x for x in lines if x["event"] == "step"]
+    assert [x["step"] for x in steps] == [1, 2] and all(math.isfinite(x["loss"]) and x["loss"] > 0 for x in steps), steps
+    get = lambda key: _value(matrix_run.config, key)  # noqa: E731
+    ep, compiled = get("distributed.expert_parallel"), get("compile.enabled")
+    effects = start["effects"]
+    assert effects["compiled_blocks"] == (MOE_BLOCKS if compiled else 0)  # every part of both blocks measured compiled
+    assert effects["fullgraph"] == (bool(get("compile.fullgraph")) if compiled else None)
+    assert effects["checkpointed_blocks"] == (MOE_BLOCKS if get("activation_checkpointing.mode") == "full" else 0)
+    assert effects["expert_parallel"] == ep
+    # the expert groups as built: MXFP8 grouped GEMMs for mxfp8, high precision for the recipes torchao has no grouped GEMM for
+    mode, recipe = get("precision.mode"), get("precision.torchao.recipe")
+    groups = {k: v for k, v in start["layers"].items() if k.endswith(".moe.experts")}
+    assert sorted(groups) == [f"layers.{i}.moe.experts" for i in range(MOE_BLOCKS)]
+    want = f"fp8 mxfp8 (grouped, {EXPERTS} experts)" if mode == "fp8" and recipe == "mxfp8" else "bf16"
+    assert set(groups.values()) == {want}, start["layers"]
+    assert all(start["layers"][f"layers.{i}.moe.router.gate"] == "bf16" for i in range(MOE_BLOCKS))  # routers stay high precision
+    print(f"{matrix_run.name}: {seconds:.1f} s")
+
+
+@pytest.mark.parametrize("matrix_run", MOE_MATRIX.refused, ids=[r.name for r in MOE_MATRIX.refused])
+def test_a_refused_moe_pair_stops_before_torchrun_naming_its_rule(matrix_run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / f"{matrix_run.name}.json"
+    path.write_text(json.dumps(spec_of(matrix_run.config, matrix_run.name, MOE_BASE)))
+    result = CliRunner().invoke(main, ["run", str(path)], catch_exceptions=False)
+    assert result.exit_code == matrix_run.exit_code, result.stderr
+    assert f"error[{matrix_run.refused_by[0]}]" in result.stderr
+    assert not (tmp_path / "runs" / matrix_run.name / "logs").exists()

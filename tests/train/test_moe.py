@@ -278,3 +278,36 @@ def test_hf_qwen3_moe_experts_stay_bf16_with_the_exact_reason():
     assert (p.report.expert_groups, p.report.fp8_expert_groups, p.report.experts) == (1, 0, 4)
     kept = next(k for k in p.report.kept if k.startswith("model.layers.0.mlp.experts"))
     assert "Qwen3MoeExperts keeps its experts as fused 3D gate_up_proj (4, 64, 64) and down_proj (4, 64, 32)" in kept
+
+
+def test_compile_takes_an_moe_block_apart_as_torchtitan_does_and_effects_count_it_only_when_whole(tmp_path):
+    """compile.enabled on an MoE block compiles its parts (attention, norms, router, shared experts) and the
+    experts' grouped GEMMs, never the experts' forward (expert parallelism's all-to-all, data-dependent
+    sizes); `effects` counts a block compiled only when every parameter of it is computed by a compiled part."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    from launcher.train import effects
+    from launcher.train.compile_ac import prepare_blocks
+    from launcher.train.models import build_model, transformer_blocks
+
+    plan, _ = make_plan(tmp_path, train__model="builtin:moe-debug", compile__enabled=True, compile__fullgraph=True,
+                        activation_checkpointing__mode="full")
+    model = build_model("builtin:moe-debug", ".")
+    n = len(transformer_blocks(model))
+    blocks = prepare_blocks(model, plan)
+    assert effects.blocks_effects(model) == {"compiled_blocks": n, "fullgraph": True, "checkpointed_blocks": n}
+    moe_blocks = [b._checkpoint_wrapped_module for b in blocks if hasattr(b._checkpoint_wrapped_module, "moe")]
+    assert moe_blocks
+    for block in moe_blocks:
+        assert not isinstance(block, OptimizedModule) and not isinstance(block.moe, OptimizedModule)
+        assert not isinstance(block.moe.experts, OptimizedModule)  # its forward holds the token exchange
+        for part in (block.attention, block.attention_norm, block.ffn_norm, block.moe.router, block.moe.experts.swiglu):
+            assert isinstance(part, OptimizedModule) and part.dynamo_ctx.fullgraph
+    # the names the model defines stay the checkpoint's names (compile's `_orig_mod` is a wrapper part)
+    from launcher.train.fqn import clean_fqn
+
+    assert {clean_fqn(k) for k in model.state_dict()} == set(build_model("builtin:moe-debug", ".").state_dict())
+    # a part left eager: that block is no longer compiled
+    block = moe_blocks[0]
+    block.register_module("attention", block.attention._orig_mod)
+    assert effects.blocks_effects(model)["compiled_blocks"] == n - 1

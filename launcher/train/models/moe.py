@@ -33,13 +33,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from launcher.planning.models import MOE_SIZES, MoEConfig, param_count, parse_builtin
 
 from .llama import INIT_STD, Attention, FeedForward, Llama, RMSNorm, residual_std
 
 __all__ = [
-    "MOE_SIZES", "MoEConfig", "MoETransformer", "MoE", "GroupedExperts", "TokenChoiceTopKRouter", "MoEBlock",
+    "MOE_SIZES", "MoEConfig", "MoETransformer", "MoE", "GroupedExperts", "GroupedSwiGLU", "TokenChoiceTopKRouter", "MoEBlock",
     "param_count", "build_moe", "pad_token_groups", "unpad_token_groups", "update_expert_bias", "moe_layers",
 ]
 
@@ -76,6 +77,19 @@ def _is_low_precision(w: torch.Tensor) -> bool:
     return any(c.__name__ == "TrainingWeightWrapperBaseTensor" for c in type(w).__mro__)
 
 
+class GroupedSwiGLU(nn.Module):
+    """The experts' three grouped GEMMs: silu(a W1^T) * (a W3^T), then W2^T, each group of rows (ends at
+    `offsets`) through its own expert. A module of its own, holding nothing, so that torch.compile can compile
+    exactly this (launcher/train/compile_ac.py) while the token exchange around it stays eager."""
+
+    def forward(self, a: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, offsets: torch.Tensor,
+                dtype: torch.dtype) -> torch.Tensor:
+        a = a.to(dtype)
+        h = F.silu(torch._grouped_mm(a, w1.to(dtype).transpose(-2, -1), offs=offsets))
+        h = h * torch._grouped_mm(a, w3.to(dtype).transpose(-2, -1), offs=offsets)
+        return torch._grouped_mm(h, w2.to(dtype).transpose(-2, -1), offs=offsets)
+
+
 class GroupedExperts(nn.Module):
     """E SwiGLU experts as three 3D weights; `forward(x (T, dim), num_tokens_per_expert (E_local,)
     int) -> (T, dim)` with x's rows sorted by expert (group e: num_tokens_per_expert[e] rows)."""
@@ -86,6 +100,7 @@ class GroupedExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
         self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+        self.swiglu = GroupedSwiGLU()
         self.align = 1
         """Row multiple each token group is padded to (set by the precision step: 16 FP8, 32 MXFP8)."""
         self.top_k = 1
@@ -93,7 +108,8 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
         w1, w2, w3 = self.w1, self.w2, self.w3
-        if hasattr(w1, "to_local"):  # DTensor (FSDP2 / EP shards): grouped_mm takes plain tensors
+        if isinstance(w1, DTensor):  # FSDP2 / EP shards: grouped_mm takes plain tensors. Not hasattr(w1, "to_local"):
+            # dynamo answers that False for a DTensor over torchao's weight wrapper, and _grouped_mm then meets a DTensor
             w1, w2, w3 = w1.to_local(), w2.to_local(), w3.to_local()
         in_dtype, index = x.dtype, None
         if self.align > 1:
@@ -104,10 +120,12 @@ class GroupedExperts(nn.Module):
             dtype = torch.bfloat16  # torchao's FP8/MXFP8 grouped GEMMs take bf16 operands
         elif torch.is_autocast_enabled(x.device.type):
             dtype = torch.get_autocast_dtype(x.device.type)
-        a = x.to(dtype)
-        h = F.silu(torch._grouped_mm(a, w1.to(dtype).transpose(-2, -1), offs=offsets))
-        h = h * torch._grouped_mm(a, w3.to(dtype).transpose(-2, -1), offs=offsets)
-        out = torch._grouped_mm(h, w2.to(dtype).transpose(-2, -1), offs=offsets)
+        if not torch.compiler.is_compiling():
+            # The rows vary from step to step under expert parallelism: one graph for every count (torchtitan marks
+            # them dynamic too). It also keeps Inductor's C++ loop split off the emulated MXFP8 kernels' static
+            # shapes, where it asserts (torch 2.13, CPU).
+            torch._dynamo.maybe_mark_dynamic(x, 0)
+        out = self.swiglu(x, w1, w2, w3, offsets, dtype)
         if index is not None:
             out = unpad_token_groups(out, index)
         return out.to(in_dtype)
