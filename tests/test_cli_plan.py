@@ -100,7 +100,7 @@ def test_set_and_nodes_override_the_file(cli, spec, tmp_path):
 
 def test_format_json_prints_one_object_per_spec(cli, spec, tmp_path):
     a = spec(MINIMAL, name="a.toml")
-    b = spec('version = 1\nname = "b"\n[precision]\nmode = "fp8"\n', name="b.toml")
+    b = spec('version = 1\nname = "b"\n[precision]\nmode = "fp8"\n[precision.torchao]\nskip_small = false\n', name="b.toml")
     r = cli("plan", a, b, "--out", "out", "--format", "json")
     assert r.exit_code == 0
     records = [json.loads(line) for line in r.stdout.splitlines()]
@@ -109,7 +109,8 @@ def test_format_json_prints_one_object_per_spec(cli, spec, tmp_path):
     assert {f["path"]: f["status"] for f in records[0]["files"]} == {
         "out/t/plan.json": "create", "out/t/torchrun.sh": "create", "out/t/fsdp2.json": "create"}
     assert records[0]["warnings"] == []
-    assert [w["rule"] for w in records[1]["warnings"]] == ["FP8-NO-COMPILE"]
+    assert [w["rule"] for w in records[1]["warnings"]] == ["FP8-NO-COMPILE", "FP8-NO-GAIN"]
+    assert records[1]["warnings"][1]["fix"].startswith("keep the small Linears in high precision")  # the fix for this plan
 
 
 def test_toml_and_json_specs_mean_the_same(cli, spec, tmp_path):
@@ -132,6 +133,19 @@ def test_atomic_writes_leave_no_temporary_files_and_failures_keep_old_files(cli,
     assert r.exit_code == 2
     assert (folder / "plan.json").read_bytes() == old
     assert not [n for n in os.listdir(folder) if n.startswith(".tmp")]
+
+
+def test_set_takes_a_string_key_as_written(cli, spec, tmp_path):
+    """launch.env values are strings: `--set launch.env.OMP_NUM_THREADS=1` sets "1" (it failed: "expected a string, got
+    integer 1"); a number key still parses as TOML and a bad one is still refused."""
+    path = spec(MINIMAL)
+    r = cli("plan", path, "--out", "out", "--format", "json", "--set", "launch.env.OMP_NUM_THREADS=1",
+            "--set", "launch.env.NCCL_DEBUG=true", "--set", "train.steps=7")
+    assert r.exit_code == 0, r.stderr
+    plan = json.loads(r.stdout.splitlines()[0])["plan"]
+    assert plan["launch"]["env"] == {"OMP_NUM_THREADS": "1", "NCCL_DEBUG": "true"} and plan["train"]["steps"] == 7
+    r = cli("plan", path, "--out", "out", "--set", "train.steps=seven")
+    assert r.exit_code == 2 and 'expected an integer, got string "seven" (from --set train.steps=seven)' in r.stderr
 
 
 def test_nothing_is_written_outside_out_name(cli, spec, tmp_path):

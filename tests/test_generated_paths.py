@@ -12,6 +12,8 @@ version = 1
 name = "s"
 [precision]
 mode = "fp8"
+[precision.torchao]
+skip_small = false
 [distributed]
 strategy = "deepspeed"
 nodes = 2

@@ -103,6 +103,52 @@ PLAN_CASES.update({
     "MSAMP-UNMAINTAINED": ({"precision": MSAMP, "distributed": {"strategy": "ddp"}}, {"precision": TAO}),
 })
 
+# --- issue 31: a first run that works; selection warns like the rules do ---
+PLAN_CASES.update({
+    # llama-debug's Linears are all below torchao's size rule: nothing would convert
+    "FP8-NONE-SELECTED": ({"precision": {**TAO, "torchao": {"skip_small": True}}},
+                          {"precision": {**TAO, "torchao": {"skip_small": False}}}),
+    "PRECISION-KEEP-UNMATCHED": ({"precision": {**TAO, "keep": ["attention.wk"]}},  # torchtitan's substring, written as a glob
+                                 {"precision": {**TAO, "keep": ["*attention.wk*"]}}),
+})
+
+
+def test_none_selected_names_each_key_that_keeps_layers_and_fixes_only_those():
+    plan = plan_of({"precision": {**TAO, "keep": ["layers.1.*"]}, "train": {"model": "builtin:llama-debug?layers=2"}})
+    (finding,) = [f for f in check(Facts(plan=plan), "plan") if f.rule.id == "FP8-NONE-SELECTED"]
+    # 2 blocks x 7 Linears + output = 15: the second block by keep, the first wq and output by keep_first_last, the rest by skip_small
+    assert "all 15 stay in bf16 (7 by precision.keep 'layers.1.*', 6 by precision.torchao.skip_small, 2 by precision.keep_first_last)" \
+        in finding.message, finding.message
+    assert finding.fix == ("remove 'layers.1.*' from precision.keep; or set precision.torchao.skip_small = false (torchao's H100 size rule; "
+                           "off for a CPU smoke run); or set precision.keep_first_last = false; or set precision.mode = \"bf16\"")
+    assert finding.text.endswith("fix: " + finding.fix)
+
+
+def test_a_keep_glob_or_rule_naming_only_grouped_experts_is_matched():
+    moe = {"train": {"model": "builtin:moe-debug"}}
+    assert "PRECISION-RULE-UNMATCHED" not in fired({"precision": {**TAO, "torchao": {"recipe": "mxfp8"},
+                                                                  "rules": [{"match": "*.moe.experts", "recipe": "mxfp8"}]}, **moe})
+    assert "PRECISION-KEEP-UNMATCHED" not in fired({"precision": {**TAO, "torchao": {"recipe": "mxfp8"}, "keep": ["layers.0.moe.experts"]}, **moe})
+    assert "PRECISION-KEEP-UNMATCHED" in fired({"precision": {**TAO, "keep": ["*.moe.expert"]}, **moe})
+
+
+def test_moe_rowwise_cpu_fix_names_the_rule_that_asked_for_rowwise():
+    rule = {"match": "*.moe.experts", "recipe": "rowwise"}
+    plan = plan_of({"precision": {**TAO, "torchao": {"recipe": "mxfp8"}, "rules": [rule]}, "train": {"model": "builtin:moe-debug"},
+                    "launch": {"device": "cpu"}})
+    (finding,) = [f for f in check(Facts(plan=plan), "plan") if f.rule.id == "MOE-ROWWISE-CPU"]
+    assert finding.fix.startswith("set the recipe of the precision.rules entry '*.moe.experts' to \"mxfp8\"")
+    plan = plan_of({"precision": {**TAO, "torchao": {"recipe": "rowwise"}}, "train": {"model": "builtin:moe-debug"}, "launch": {"device": "cpu"}})
+    (finding,) = [f for f in check(Facts(plan=plan), "plan") if f.rule.id == "MOE-ROWWISE-CPU"]
+    assert finding.fix.startswith('set precision.torchao.recipe = "mxfp8"')
+
+
+@pytest.mark.parametrize("rule_id", ["FP8-NO-COMPILE", "FP8-AC-COMPILE-SLOW"])
+def test_gpu_speed_advice_is_not_given_for_cpu_runs(rule_id):
+    bad, _ = PLAN_CASES[rule_id]
+    assert rule_id in fired(bad)
+    assert rule_id not in fired({**bad, "launch": {"device": "cpu"}})
+
 
 def test_te_tokens_rule_names_the_numbers():
     plan = plan_of({"precision": TE, "train": {"seq_len": 2047, "micro_batch_size": 1}})
@@ -364,7 +410,7 @@ def test_error_rule_stops_plan_with_id_and_fix(cli, spec, tmp_path):
 
 
 def test_warning_prints_and_strict_makes_it_an_error(cli, spec, tmp_path):
-    path = spec('version = 1\nname = "w"\n[precision]\nmode = "fp8"\n')
+    path = spec('version = 1\nname = "w"\n[precision]\nmode = "fp8"\n[precision.torchao]\nskip_small = false\n')
     r = cli("plan", path, "--out", "out")
     assert r.exit_code == 0
     assert f"{path}: warning[FP8-NO-COMPILE]:" in r.stderr
@@ -440,7 +486,8 @@ def fired_with_prediction(data: dict) -> set[str]:
 DEBUG_SEQ128 = {"precision": {**TAO, "torchao": {"skip_small": False}}, "train": {"model": "builtin:llama-debug", "seq_len": 128}}
 PREDICTION_CASES = {
     # the debug model at seq 128: every GEMM too small to pay for its casts; the fix keeps them in bf16
-    "FP8-NO-GAIN": (DEBUG_SEQ128, {"precision": {**TAO, "torchao": {"skip_small": True}}, "train": DEBUG_SEQ128["train"]}),
+    # (keeping every losing layer would leave none in FP8: FP8-NONE-SELECTED); the fix's larger batch and compile pay for the casts
+    "FP8-NO-GAIN": (DEBUG_SEQ128, {**DEBUG_SEQ128, **COMPILED, "train": {**DEBUG_SEQ128["train"], "seq_len": 2048, "micro_batch_size": 8}}),
 }
 
 
@@ -466,6 +513,18 @@ def test_no_gain_message_names_the_ratio_and_a_losing_layer():
     prediction = predict(plan)
     (finding,) = [f for f in check(Facts(plan=plan, prediction=prediction)) if f.rule.id == "FP8-NO-GAIN"]
     assert f"{prediction.fp8_vs_bf16:.2f}x" in finding.message and "M, K, N = " in finding.message
+    # the fix names what would change something here: not skip_small (off), compile (off: named)
+    assert "skip_small = true" in finding.fix and "set compile.enabled = true" in finding.fix
+    plan = plan_of({**DEBUG_SEQ128, "precision": {**TAO, "torchao": {"recipe": "rowwise", "skip_small": False}}, **COMPILED})
+    (finding,) = [f for f in check(Facts(plan=plan, prediction=predict(plan))) if f.rule.id == "FP8-NO-GAIN"]
+    assert "compile.enabled" not in finding.fix and "skip_small = true" in finding.fix
+    assert "0 of 0" not in finding.message
+
+
+def test_no_gain_is_silent_for_cpu_runs_and_where_nothing_converts():
+    assert "FP8-NO-GAIN" not in fired_with_prediction({**DEBUG_SEQ128, "launch": {"device": "cpu"}})
+    nothing = {**DEBUG_SEQ128, "precision": {**TAO, "torchao": {"skip_small": True}}}
+    assert fired_with_prediction(nothing) & {"FP8-NO-GAIN", "FP8-NONE-SELECTED"} == {"FP8-NONE-SELECTED"}
 
 
 # --- Kubernetes rules (launch.launcher = "kubernetes"), each both ways -------------------------

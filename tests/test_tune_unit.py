@@ -23,7 +23,7 @@ def plan_of(tmp_path, text: str):
 
 
 def test_candidates_are_what_runs_here_with_all_gather_on_fsdp2_and_compile_toggled(tmp_path):
-    fsdp2 = plan_of(tmp_path, 'version = 1\nname = "c"\n[precision]\nmode = "fp8"\n')
+    fsdp2 = plan_of(tmp_path, 'version = 1\nname = "c"\n[precision]\nmode = "fp8"\n[precision.torchao]\nskip_small = false\n')
     # this machine: torchao only, and no NVFP4 (TORCHAO-NVFP4-CPU)
     only_torchao = lambda sets: 'precision.backend="torchao"' in sets and 'precision.torchao.recipe="nvfp4"' not in sets  # noqa: E731
     labels = [label for label, _ in candidate_overrides(fsdp2, only_torchao)]
@@ -62,7 +62,8 @@ def test_toml_text_round_trips_a_spec():
 
 def test_tuned_spec_applies_the_winner_drops_unread_sections_and_says_why(tmp_path):
     spec = tmp_path / "s.toml"
-    spec.write_text('version = 1\nname = "s"\n[precision]\nmode = "fp8"\n[precision.te]\nrecipe = "current"\n[train]\nsteps = 9\n')
+    spec.write_text('version = 1\nname = "s"\n[precision]\nmode = "fp8"\n[precision.te]\nrecipe = "current"\n[train]\nsteps = 9\n'
+                    'model = "builtin:llama3-1b"\n')  # Linears torchao's size rule converts
     row = lambda name, tps, status, sets: {"name": name, "tokens_per_s": tps, "vs_bf16": tps / 100, "loss_gap": 0.001,  # noqa: E731
                                            "status": status, "note": "", "overrides": sets}
     record = {"name": "s", "repeats": 2, "steps": 4, "winner": "torchao-rowwise", "environment": {"device_name": "cpu", "world_size": 1},
@@ -74,7 +75,7 @@ def test_tuned_spec_applies_the_winner_drops_unread_sections_and_says_why(tmp_pa
     assert "#   bf16: 100 tokens/s, 16.7% slower (1.000x bf16)" in text and "#   torchao-tensorwise: rejected: loss gap +3.00% > 2.00%" in text
     data = tomllib.loads(text)
     assert data["name"] == "s-tuned" and data["precision"] == {"mode": "fp8", "backend": "torchao", "torchao": {"recipe": "rowwise"}}
-    assert data["train"] == {"steps": 9, "seq_len": 64}
+    assert data["train"] == {"steps": 9, "model": "builtin:llama3-1b", "seq_len": 64}
     out = tmp_path / "tuned.toml"
     out.write_text(text)
     planned = plan_one(str(out), str(tmp_path / "gen"))
@@ -122,7 +123,8 @@ def test_tune_where_no_fp8_recipe_runs_exits_3_before_any_run(tmp_path):
     from launcher.errors import EXIT_ENVIRONMENT
 
     spec = tmp_path / "s.toml"
-    spec.write_text(f'version = 1\nname = "c"\n[precision]\nmode = "fp8"\n[launch]\ndevice = "cpu"\n[train]\noutput_dir = "{tmp_path / "runs"}"\n')
+    spec.write_text(f'version = 1\nname = "c"\n[precision]\nmode = "fp8"\n[precision.torchao]\nskip_small = false\n[launch]\ndevice = "cpu"\n'
+                    f'[train]\noutput_dir = "{tmp_path / "runs"}"\n')
     with pytest.raises(LauncherError) as e:
         run_tune(str(spec), out_dir=str(tmp_path / "t"), runs_here=lambda sets: False, echo=lambda line: None)
     assert e.value.exit_code == EXIT_ENVIRONMENT == 3 and "no FP8 recipe runs on this machine" in str(e.value)

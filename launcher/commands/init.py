@@ -201,6 +201,8 @@ def _backend_section(d: Decision) -> list[str]:
         lines = ["", "[precision.torchao]", _line('recipe = "tensorwise"', 'or "rowwise": more accurate, less speed-up')]
         if d.float8_all_gather:
             lines += [_line("fsdp_float8_all_gather = true", "FSDP2 gathers the weights in float8"), "precompute_scale = true"]
+        if d.smoke:  # the debug model's Linears are all below torchao's size rule: none would convert (FP8-NONE-SELECTED)
+            lines += [_line("skip_small = false", "convert the debug model's small Linears too: a smoke run is about the pipeline")]
         return lines
     if d.backend == "te":
         return ["", "[precision.te]", _line('recipe = "current"', '"delayed" needs compile off; "mxfp8" needs compute capability >= 10.0'),

@@ -114,4 +114,4 @@ def plan_record(planned: Planned, changes: list, params: int | None = None) -> d
             "files": [{"path": c.path, "status": c.status} for c in changes],
             "prediction": planned.prediction.to_json() if planned.prediction else None,
             "phases": phase_records(planned.plan, params) if planned.plan.precision.schedule else None,
-            "warnings": [{"rule": f.rule.id, "message": f.message, "fix": f.rule.fix} for f in planned.warnings]}
+            "warnings": [{"rule": f.rule.id, "message": f.message, "fix": f.fix or f.rule.fix} for f in planned.warnings]}

@@ -67,7 +67,7 @@ def train(planned: Planned, run_dir: str, *, label: str, echo: Callable[[str], N
 
 
 def _progress(path: str, total: int, label: str, echo: Callable[[str], None], done: threading.Event) -> None:
-    seen, shown_at, times = 0, 0.0, []
+    seen, shown_at, times = 0, float("-inf"), []  # the first step shows at once (monotonic time may start near 0)
     while True:
         finished = done.wait(0.5)
         steps = [r for r in _records(path) if r.get("event") == "step"]

@@ -130,13 +130,27 @@ def parse_override(text: str) -> tuple[Path, Any]:
     return tuple(key.split(".")), _normalize(value)
 
 
+def _schema_type(path: Path) -> Any:
+    """The JSON Schema `type` of the key at `path` (through `additionalProperties` for maps such as launch.env), or None."""
+    node: Any = schema()
+    for part in path:
+        props = node.get("properties", {}) if isinstance(node, dict) else {}
+        node = props.get(part, node.get("additionalProperties") if isinstance(node, dict) else None)
+        if not isinstance(node, dict):
+            return None
+    return node.get("type")
+
+
 def apply_overrides(source: SpecSource, overrides: list[str]) -> SpecSource:
-    """A copy of `source` with each `--set KEY=VALUE` applied (last one wins)."""
+    """A copy of `source` with each `--set KEY=VALUE` applied (last one wins). Where the schema wants a string
+    (launch.env values, names, paths), VALUE is taken as written: `--set launch.env.OMP_NUM_THREADS=1` sets "1"."""
     data = json.loads(json.dumps(source.data))
     overridden = dict(source.overridden)
     problems = []
     for text in overrides:
         path, value = parse_override(text)
+        if not isinstance(value, str) and not isinstance(value, (list, dict)) and _schema_type(path) == "string":
+            value = text.partition("=")[2].strip()
         node = data
         for i, part in enumerate(path[:-1]):
             child = node.setdefault(part, {})

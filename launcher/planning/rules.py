@@ -17,7 +17,7 @@ from launcher.planning.install import INSTALL
 from launcher.planning.hardware import BLOCK_RECIPES, FP8_MIN_CAPABILITY, capability_text, precision_key, requirement, supports
 from launcher.planning.hardware import BLOCK_SIZE
 from launcher.planning.models import builtin_config, is_moe
-from launcher.planning.selection import unmatched
+from launcher.planning.selection import reason_fix, reason_key, unmatched, unmatched_globs
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
@@ -38,6 +38,8 @@ class Facts:
     """The backend package that failed to import, at run time."""
     fp8_layers: int | None = None
     """Linear layers converted to FP8, at run time."""
+    kept: tuple[str, ...] = ()
+    """Why each Linear the run keeps in high precision was kept (one reason per layer), at run time."""
     foreign_matmuls: tuple[str, ...] = ()
     """Type names of the model's weight-matrix layers that are not nn.Linear (no backend converts them), at run time."""
     prediction: typing.Any = None
@@ -66,12 +68,19 @@ class Rule:
     condition: Callable[[Facts], bool] = field(repr=False)
     detail: Callable[[Facts], str] | None = field(default=None, repr=False)
     """Optional: a message specific to these facts (else `why`)."""
+    fix_for: Callable[[Facts], str] | None = field(default=None, repr=False)
+    """Optional: the fix for these facts, naming only what would change something (else `fix`)."""
+
+    def fix_of(self, facts: Facts | None) -> str:
+        return self.fix_for(facts) if self.fix_for and facts is not None else self.fix
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
     rule: Rule
     message: str
+    fix: str = ""
+    """The fix for these facts (the rule's own when empty)."""
 
     @property
     def is_error(self) -> bool:
@@ -83,7 +92,21 @@ class Finding:
     @property
     def text(self) -> str:
         """The message and the rule's fix, as every error line says them."""
-        return with_fix(self.message, self.rule.fix)
+        return with_fix(self.message, self.fix or self.rule.fix)
+
+
+def _counted(reasons) -> list[tuple[str, int]]:
+    """(reason, how many) for each distinct reason, the most frequent first."""
+    counts: dict[str, int] = {}
+    for r in reasons:
+        counts[r] = counts.get(r, 0) + 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])
+
+
+def _speed_matters(f: Facts) -> bool:
+    """A GPU run: on launch.device = "cpu" FP8 runs torch's reference kernels for numerics and the pipeline, and
+    advice about GPU speed is noise (a CPU smoke spec would fail `plan --strict` for nothing)."""
+    return f.plan.launch.device != "cpu"
 
 
 def _fp8(f: Facts, backend: str | None = None) -> bool:
@@ -140,14 +163,19 @@ EXPERTS_NAME = "layers.1.moe.experts"
 ROUTER_EXAMPLES = ("layers.0.moe.router.gate", "model.layers.0.mlp.gate", "model.layers.0.block_sparse_moe.gate")
 
 
-def _expert_recipe(f: Facts) -> str | None:
-    """The recipe the builtin MoE's experts get (a [[precision.rules]] entry first), None when kept by mode or no MoE."""
+def _expert_rule(f: Facts):
+    """The [[precision.rules]] entry that decides the builtin MoE's experts, or None."""
     import fnmatch
 
+    return next((r for r in f.plan.precision.rules if fnmatch.fnmatchcase(EXPERTS_NAME, r.match)), None) if _moe(f) else None
+
+
+def _expert_recipe(f: Facts) -> str | None:
+    """The recipe the builtin MoE's experts get (a [[precision.rules]] entry first), None when kept by mode or no MoE."""
     if not _moe(f):
         return None
     p = f.plan.precision
-    rule = next((r for r in p.rules if fnmatch.fnmatchcase(EXPERTS_NAME, r.match)), None)
+    rule = _expert_rule(f)
     if rule is not None:
         return rule.recipe or None
     return p.torchao.recipe if p.backend == "torchao" else p.backend
@@ -202,7 +230,9 @@ RULES: tuple[Rule, ...] = (
          when="rowwise FP8 for the grouped experts of an MoE model with launch.device = cpu",
          why="torchao's FP8 rowwise grouped GEMM (Float8TrainingOpConfig) runs torch._scaled_grouped_mm, a CUDA kernel for sm90+; only MXFP8 has emulated grouped GEMMs for the CPU.",
          fix='set precision.torchao.recipe = "mxfp8" (emulated grouped GEMMs on CPU), or launch.device = "cuda"',
-         condition=lambda f: _fp8(f, "torchao") and f.plan.launch.device == "cpu" and _expert_recipe(f) == "rowwise"),
+         condition=lambda f: _fp8(f, "torchao") and f.plan.launch.device == "cpu" and _expert_recipe(f) == "rowwise",
+         fix_for=lambda f: (f"set the recipe of the precision.rules entry {_expert_rule(f).match!r} to \"mxfp8\" (emulated grouped GEMMs "
+                            'on CPU), or launch.device = "cuda"') if _expert_rule(f) else RULES_BY_ID["MOE-ROWWISE-CPU"].fix),
     Rule(id="MOE-ROWWISE-HARDWARE", severity="error", stage="run",
          when="rowwise FP8 for the grouped experts of an MoE model on a GPU below compute capability 9.0",
          why="torch._scaled_grouped_mm (torchao's FP8 rowwise grouped GEMM) has kernels for sm90 and sm100 only; an sm89 GPU runs FP8 Linears but not grouped FP8 GEMMs.",
@@ -221,15 +251,16 @@ RULES: tuple[Rule, ...] = (
          fix="set precision.torchao.fsdp_float8_all_gather = false, or keep it for the attention and shared-expert Linears knowing the experts gather in bf16",
          condition=lambda f: _fp8(f, "torchao") and f.plan.precision.torchao.fsdp_float8_all_gather and _moe(f)),
     Rule(id="FP8-NO-COMPILE", severity="warning", stage="plan",
-         when="fp8 + torchao without compile",
+         when='fp8 + torchao without compile (on a GPU: not for launch.device = "cpu")',
          why="without torch.compile, float8 casts are not fused: usually slower and more memory than bf16 (Axolotl docs, ao#2262).",
          fix="set compile.enabled = true",
-         condition=lambda f: _fp8(f, "torchao") and not f.plan.compile.enabled),
+         condition=lambda f: _fp8(f, "torchao") and not f.plan.compile.enabled and _speed_matters(f)),
     Rule(id="FP8-AC-COMPILE-SLOW", severity="warning", stage="plan",
-         when="fp8 + fsdp2 + compile + activation_checkpointing != none",
+         when='fp8 + fsdp2 + compile + activation_checkpointing != none (on a GPU: not for launch.device = "cpu")',
          why="FP8 with FSDP2, compile and activation checkpointing tends to be slower than bf16 (Axolotl docs).",
          fix='measure with `fp8launch bench`; or set activation_checkpointing.mode = "none"',
-         condition=lambda f: _fp8(f) and _strategy(f) == "fsdp2" and f.plan.compile.enabled and f.plan.activation_checkpointing.mode != "none"),
+         condition=lambda f: _fp8(f) and _strategy(f) == "fsdp2" and f.plan.compile.enabled and f.plan.activation_checkpointing.mode != "none"
+         and _speed_matters(f)),
     Rule(id="TE-DELAYED-COMPILE", severity="error", stage="plan",
          when='te recipe "delayed" + compile.enabled',
          why='Transformer Engine: "DelayedScaling is not supported under torch.compile" (check_recipe_support).',
@@ -363,7 +394,11 @@ RULES: tuple[Rule, ...] = (
          detail=lambda f: ("a run that asks for FP8 and trains in high precision is a silent fallback (LlamaFactory #9500)."
                            + (f" The model's matrix layers are {', '.join(f.foreign_matmuls)}, not nn.Linear: no FP8 backend converts "
                               "that module type (transformers' Conv1D is converted for you); write the model with nn.Linear"
-                              if f.foreign_matmuls else ""))),
+                              if f.foreign_matmuls else "")
+                           + (f" All {len(f.kept)} layers were kept: " + ", ".join(f"{n} by {reason_key(r)}" for r, n in _counted(f.kept)) + "."
+                              if f.kept else "")),
+         fix_for=lambda f: "; or ".join(dict.fromkeys(x for r, _ in _counted(f.kept) if (x := reason_fix(r))))
+             or RULES_BY_ID["FP8-NOT-APPLIED"].fix),
     Rule(id="BACKEND-MISSING", severity="error", stage="run",
          when="the chosen backend package is not importable",
          why="the backend package is needed to apply the precision the spec asks for.",
@@ -471,25 +506,51 @@ RULES = RULES + TP_RULES
 
 def _no_gain(f: Facts) -> bool:
     pr = f.prediction
-    return _fp8(f) and pr is not None and pr.fp8_vs_bf16 is not None and pr.fp8_vs_bf16 < 1.0
+    return (_fp8(f) and _speed_matters(f) and pr is not None and pr.fp8_vs_bf16 is not None and pr.fp8_vs_bf16 < 1.0
+            and pr.n_fp8 > 0)  # no FP8 layer at all: FP8-NONE-SELECTED says so
+
+
+PART_WORDS = {"fp8_casts": "the float8 casts", "recompute": "activation checkpointing's recompute", "optimizer": "the optimizer step "
+              "(precompute_scale)", "exposed_comm": "exposed communication", "linear_gemms": "the Linear GEMMs"}
 
 
 def _no_gain_detail(f: Facts) -> str:
     pr = f.prediction
-    worst = min((r for r in pr.layers if r.speedup is not None), key=lambda r: r.speedup, default=None)
-    example = f"; e.g. {worst.layer}: M, K, N = {worst.m}, {worst.k}, {worst.n} at {worst.speedup:.2f}x" if worst else ""
-    return (f"predicted FP8 tokens/s on {pr.gpus} x {pr.gpu} is {pr.fp8_vs_bf16:.2f}x bf16's: {pr.n_losing} of {pr.n_fp8} FP8 layers "
-            f"are too small to gain (the casts cost more than the FP8 GEMMs save{example}); `fp8launch plan --format json` shows every layer.")
+    head = f"predicted FP8 tokens/s on {pr.gpus} x {pr.gpu} is {pr.fp8_vs_bf16:.2f}x bf16's: "
+    if pr.n_losing:
+        worst = min((r for r in pr.layers if r.speedup is not None), key=lambda r: r.speedup, default=None)
+        example = f"; e.g. {worst.layer}: M, K, N = {worst.m}, {worst.k}, {worst.n} at {worst.speedup:.2f}x" if worst else ""
+        return (head + f"{pr.n_losing} of {pr.n_fp8} FP8 layers are too small to gain (the casts cost more than the FP8 GEMMs save"
+                f"{example}); `fp8launch plan --format json` shows every layer.")
+    plan, bf16 = pr.breakdown["plan"], pr.breakdown["bf16"]
+    part = max(plan, key=lambda k: plan[k] - bf16.get(k, 0.0))
+    return (head + f"each of the {pr.n_fp8} FP8 layers gains on its own, but {PART_WORDS.get(part, part)} adds "
+            f"{(plan[part] - bf16.get(part, 0.0)) * 1e3:.2f} ms a step, more than they save; `fp8launch plan --format json` shows the breakdown.")
+
+
+def _no_gain_fix(f: Facts) -> str:
+    """Only the changes that would change something for this plan."""
+    p, pr = f.plan.precision, f.prediction
+    fixes = []
+    if pr.n_losing:
+        skip = p.backend == "torchao" and not p.torchao.skip_small and p.torchao.recipe not in BLOCK_RECIPES
+        fixes.append("keep the small Linears in high precision (precision.keep globs" + (", or precision.torchao.skip_small = true" if skip else "") + ")")
+    if not f.plan.compile.enabled:
+        fixes.append("set compile.enabled = true")
+    if f.plan.activation_checkpointing.mode != "none":
+        fixes.append('set activation_checkpointing.mode = "none" where memory allows')
+    fixes += ["use a larger train.micro_batch_size or train.seq_len", 'or set precision.mode = "bf16"; `fp8launch tune` measures it']
+    return ", ".join(fixes)
 
 
 RULES += (
     Rule(id="FP8-NO-GAIN", severity="warning", stage="plan",
-         when="the predicted fp8_vs_bf16 for this model, batch and launch.gpu is below 1.0",
+         when='the predicted fp8_vs_bf16 for this model, batch and launch.gpu is below 1.0 (a GPU run: not for launch.device = "cpu")',
          why="small GEMMs lose to the cast overhead (torchao microbenchmarks: 1024^3 at 0.42-0.8x of bf16); "
              "say so before a user pays for it (docs/prediction.md).",
          fix='keep the small Linears in high precision (precision.keep globs; torchao: precision.torchao.skip_small = true), compile.enabled = true, a larger '
              'train.micro_batch_size or train.seq_len, or precision.mode = "bf16"; `fp8launch tune` measures it',
-         condition=_no_gain, detail=_no_gain_detail),
+         condition=_no_gain, detail=_no_gain_detail, fix_for=_no_gain_fix),
 )
 
 # --- Kubernetes (launch.launcher = "kubernetes") -------------------------------------------------
@@ -722,17 +783,60 @@ def _bad_rule_mode(f: Facts) -> str:
     return ""
 
 
-def _unmatched_rules(f: Facts) -> list[str]:
-    """The match globs of [[precision.rules]] that name no Linear of the model (empty when the names are unknown)."""
+def _model_shape(f: Facts):
+    """The model's shapes when planning knows them (builtin and hf: models), else None."""
     from launcher.planning.predict.shapes import model_shape
 
-    rules = f.plan.precision.rules
-    if not rules:
-        return []
-    shape, _ = model_shape(f.plan.train.model, f.plan.spec_dir)
+    return model_shape(f.plan.train.model, f.plan.spec_dir)[0]
+
+
+def _layer_names(f: Facts) -> list[str] | None:
+    """Every name precision.keep and [[precision.rules]] globs are matched against: each Linear, and each grouped-experts
+    module of an MoE (`layers.N.moe.experts`); None when planning does not know the model's names."""
+    shape = _model_shape(f)
     if shape is None:
-        return []
-    return unmatched(rules, [s.name.format(i=i) for s in shape.linears for i in range(s.count)])
+        return None
+    e = shape.experts
+    experts = [e.name.format(i=i) for i in range(e.first_block, e.first_block + e.count)] if e else []
+    return [s.name.format(i=i) for s in shape.linears for i in range(s.count)] + experts
+
+
+def _unmatched_rules(f: Facts) -> list[str]:
+    """The match globs of [[precision.rules]] that name no layer of the model (empty when the names are unknown)."""
+    names = _layer_names(f) if f.plan.precision.rules else None
+    return [] if names is None else unmatched(f.plan.precision.rules, names)
+
+
+def _unmatched_keep(f: Facts) -> list[str]:
+    """The precision.keep globs that name no layer of an FP8 plan's model (empty when the names are unknown)."""
+    names = _layer_names(f) if _fp8(f) and f.plan.precision.keep else None
+    return [] if names is None else unmatched_globs(f.plan.precision.keep, names)
+
+
+def _selection(f: Facts) -> tuple[int, dict[str, int]] | None:
+    """(layers that run in FP8, {reason: layers kept}) for an FP8 plan whose model planning knows, else None."""
+    from launcher.planning.predict import layer_selection
+
+    shape = _model_shape(f) if _fp8(f) else None
+    return None if shape is None else layer_selection(f.plan, shape)
+
+
+def _none_selected(f: Facts) -> bool:
+    chosen = _selection(f)
+    return chosen is not None and chosen[0] == 0 and bool(chosen[1])
+
+
+def _none_selected_detail(f: Facts) -> str:
+    _, kept = _selection(f)
+    why = ", ".join(f"{n} by {reason_key(r)}" for r, n in sorted(kept.items(), key=lambda kv: -kv[1]))
+    return (f"precision.mode = \"fp8\" but no layer of {f.plan.train.model} would run in FP8: all {sum(kept.values())} stay in "
+            f"{f.plan.precision.high_precision} ({why}). The run would stop with FP8-NOT-APPLIED after torchrun starts.")
+
+
+def _none_selected_fix(f: Facts) -> str:
+    _, kept = _selection(f)
+    fixes = [x for r in sorted(kept, key=lambda r: -kept[r]) if (x := reason_fix(r))]
+    return "; or ".join(dict.fromkeys(fixes)) + '; or set precision.mode = "bf16"' if fixes else 'set precision.mode = "bf16"'
 
 
 def _schedule_steps(f: Facts) -> str:
@@ -883,12 +987,26 @@ RULES += (
          fix='set the entry\'s mode to precision.high_precision, use strategy ddp or fsdp2 with backend torchao or te, or mode = "fp32"',
          condition=lambda f: bool(_bad_rule_mode(f)),
          detail=lambda f: _bad_rule_mode(f)),
+    Rule(id="FP8-NONE-SELECTED", severity="error", stage="plan",
+         when="fp8 with a model planning knows (builtin, hf:) whose every Linear and expert group the layer selection keeps in high precision",
+         why="the run would convert nothing and stop with FP8-NOT-APPLIED after torchrun started: say so, with the keys that keep each layer, "
+             "before anything launches.",
+         fix='set precision.mode = "bf16", or relax what keeps the layers (precision.torchao.skip_small, precision.keep_first_last, precision.keep)',
+         condition=_none_selected, detail=_none_selected_detail, fix_for=_none_selected_fix),
+    Rule(id="PRECISION-KEEP-UNMATCHED", severity="warning", stage="plan",
+         when="a precision.keep glob that names no layer of the model (builtin and hf: models, whose names are known)",
+         why="a keep glob that matches nothing keeps nothing: usually a typo, or a substring written without wildcards "
+             "(torchtitan's filter_fqns match substrings; a glob matches the whole name).",
+         fix='correct the precision.keep glob, e.g. "*attention.wk*" for the substring attention.wk (`fp8launch plan --format json` lists '
+             "the layers under prediction.layers), or remove it",
+         condition=lambda f: bool(_unmatched_keep(f)),
+         detail=lambda f: "precision.keep " + ", ".join(repr(m) for m in _unmatched_keep(f)) + f" match no layer of {f.plan.train.model}."),
     Rule(id="PRECISION-RULE-UNMATCHED", severity="warning", stage="plan",
          when="a [[precision.rules]] match glob that names no Linear of the model (builtin and hf: models, whose names are known)",
          why="a rule that matches nothing changes nothing: usually a typo in the module name.",
          fix="correct the entry's precision.rules match glob (`fp8launch plan --format json` lists the layers under prediction.layers), or remove it",
          condition=lambda f: bool(_unmatched_rules(f)),
-         detail=lambda f: "precision.rules " + ", ".join(repr(m) for m in _unmatched_rules(f)) + " match no Linear of "
+         detail=lambda f: "precision.rules " + ", ".join(repr(m) for m in _unmatched_rules(f)) + " match no layer of "
              + f"{f.plan.train.model}."),
     Rule(id="SCHEDULE-STEPS", severity="error", stage="plan",
          when="a [[precision.schedule]] entry starting at step 1, after train.steps, or at the same step as another",
@@ -935,7 +1053,7 @@ RULES_BY_ID = {r.id: r for r in RULES}
 def check(facts: Facts, stage: str = "plan") -> list[Finding]:
     """Every rule of `stage` whose condition holds for `facts`, errors first. With a `[[precision.schedule]]`, the
     error rules also hold each later phase's precision to account (e.g. a phase that turns FP8 on where it cannot run)."""
-    found = [Finding(r, r.detail(facts) if r.detail else r.why) for r in RULES if r.stage == stage and r.condition(facts)]
+    found = [Finding(r, r.detail(facts) if r.detail else r.why, r.fix_of(facts)) for r in RULES if r.stage == stage and r.condition(facts)]
     seen = {f.rule.id for f in found}
     if facts.plan.precision.schedule:
         from launcher.planning.schedule import phases
@@ -947,7 +1065,7 @@ def check(facts: Facts, stage: str = "plan") -> list[Finding]:
                         and r.condition(later)):
                     seen.add(r.id)
                     found.append(Finding(r, f"in the precision phase from step {phase.first_step}: "
-                                            + (r.detail(later) if r.detail else r.why)))
+                                            + (r.detail(later) if r.detail else r.why), r.fix_of(later)))
     return sorted(found, key=lambda f: not f.is_error)
 
 
@@ -958,9 +1076,10 @@ def rule_error(rule_id: str, facts: Facts | None = None):
 
     rule = RULES_BY_ID[rule_id]
     message = rule.detail(facts) if rule.detail and facts is not None else rule.why
+    fix = rule.fix_of(facts)
     if rule.stage == "run":
-        return EnvironmentProblem(with_fix(message, rule.fix), rule=rule.id)
-    return LauncherError(with_fix(message, rule.fix), rule=rule.id)
+        return EnvironmentProblem(with_fix(message, fix), rule=rule.id)
+    return LauncherError(with_fix(message, fix), rule=rule.id)
 
 
 def _has_master_weights(f: Facts) -> bool:

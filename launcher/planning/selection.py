@@ -108,8 +108,13 @@ def matching_rule(name: str, plan: Plan):
 
 
 def unmatched(rules, names: Collection[str]) -> list[str]:
-    """The match globs of `rules` that fit none of `names` (the model's Linear names)."""
-    return [r.match for r in rules if not any(fnmatch.fnmatchcase(n, r.match) for n in names)]
+    """The match globs of `rules` that fit none of `names` (the model's Linear and expert-group names)."""
+    return unmatched_globs([r.match for r in rules], names)
+
+
+def unmatched_globs(globs: Collection[str], names: Collection[str]) -> list[str]:
+    """The globs that fit none of `names`."""
+    return [g for g in globs if not any(fnmatch.fnmatchcase(n, g) for n in names)]
 
 
 def rule_reason(rule) -> str:
@@ -178,6 +183,37 @@ def choose_experts(name: str, dim: int, hidden: int, plan: Plan, block: int | No
     if dim % align or hidden % align:
         return None, dims_reason(align)
     return recipe, None
+
+
+REASON_KEYS = {SMALL: "precision.torchao.skip_small", KEEP_FIRST_LAST: "precision.keep_first_last",
+               KEEP_FIRST_BLOCKS: "precision.keep_first_blocks", KEEP_LAST_BLOCKS: "precision.keep_last_blocks"}
+
+
+def reason_key(why: str) -> str:
+    """The spec key (or fact) a kept layer's reason comes from: `precision.torchao.skip_small`, `precision.keep 'x'`,
+    `precision.rules 'x'`, or the reason itself where no key decides it (dims, a router gate)."""
+    if why in REASON_KEYS:
+        return REASON_KEYS[why]
+    if why.startswith("keep "):
+        return f"precision.keep {why[5:]}"
+    if why.startswith("rule "):
+        return f"precision.rules {why[5:].split(':')[0]}"
+    return why
+
+
+def reason_fix(why: str) -> str | None:
+    """The spec change that would let layers kept for `why` run in FP8; None where no key does (a router gate, a
+    backend without grouped GEMMs)."""
+    fixes = {SMALL: "set precision.torchao.skip_small = false (torchao's H100 size rule; off for a CPU smoke run)",
+             KEEP_FIRST_LAST: "set precision.keep_first_last = false", KEEP_FIRST_BLOCKS: "lower precision.keep_first_blocks",
+             KEEP_LAST_BLOCKS: "lower precision.keep_last_blocks", DIMS: "set precision.torchao.pad_inner_dim = true (torchao)"}
+    if why in fixes:
+        return fixes[why]
+    if why.startswith("keep "):
+        return f"remove {why[5:]} from precision.keep"
+    if why.startswith("rule "):
+        return f"change the mode of the precision.rules entry {why[5:].split(':')[0]}"
+    return None
 
 
 def reason(name: str, in_features: int, out_features: int, plan: Plan, first_last: Collection[str],

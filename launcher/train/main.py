@@ -166,7 +166,7 @@ def build_run(plan_path: str, *, stream=None):
             pending(model, env.device)
             pending = None
     # planning warned already where it knows the names (builtin:, hf:); a py: model's are known from here on
-    unmatched = select.unmatched_rules(model, plan) if t.model.startswith("py:") else []
+    unmatched = select.unmatched_rules(model, plan) if t.model.startswith("py:") else {}  # builtin / hf: plan warned already
     precision = apply_precision(model, phase.plan, env.device)
     blocks = prepare_blocks(model, plan, precision)
     engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks, pending=pending)
@@ -228,9 +228,9 @@ def build_run(plan_path: str, *, stream=None):
         if not resume and env.is_main:  # weights files that lack parameters, or hold tensors the model has no place for
             for note in getattr(initializer, "notes", ()):
                 print(f"warning: {note}", file=sys.stderr, flush=True)
-        if unmatched and env.is_main:
-            rule = RULES_BY_ID["PRECISION-RULE-UNMATCHED"]
-            print(f"warning[{rule.id}]: " + with_fix(f"precision.rules {', '.join(map(repr, unmatched))} match no Linear of this model", rule.fix),
+        for rule_id, globs in unmatched.items() if env.is_main else ():
+            rule, key = RULES_BY_ID[rule_id], "precision.rules" if rule_id == "PRECISION-RULE-UNMATCHED" else "precision.keep"
+            print(f"warning[{rule.id}]: " + with_fix(f"{key} {', '.join(map(repr, globs))} match no layer of this model", rule.fix),
                   file=sys.stderr, flush=True)
         note = unwatched_note(plan, precision, monitor)
         if note and env.is_main:

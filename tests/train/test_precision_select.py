@@ -213,3 +213,15 @@ def test_kept_blocks_on_a_model_without_blocks_stop_instead_of_converting_them()
     model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32))
     with pytest.raises(LauncherError, match="keep_first_blocks / keep_last_blocks ask to keep blocks of a Sequential"):
         classify(model, fp8_plan(keep_last_blocks=1))
+
+
+def test_keep_and_rule_globs_that_name_no_layer_of_the_built_model_are_reported_grouped_experts_included():
+    """For py: models (planning cannot see their names) the run reports both kinds; an MoE's expert groups count as layers."""
+    from launcher.train.models.moe import MoETransformer
+    from launcher.planning.models import parse_builtin
+
+    plan = fp8_plan(keep=["attention.wk", "*.feed_forward.w2"], rules=[{"match": "*.mlp.w9", "mode": "bf16"}], torchao={"skip_small": False})
+    assert select.unmatched_rules(TinyLlama(), plan) == {"PRECISION-RULE-UNMATCHED": ["*.mlp.w9"], "PRECISION-KEEP-UNMATCHED": ["attention.wk"]}
+    moe = MoETransformer(parse_builtin("builtin:moe-debug"))
+    plan = fp8_plan(keep=["layers.0.moe.experts"], rules=[{"match": "*.moe.experts", "recipe": "mxfp8"}], torchao={"skip_small": False})
+    assert select.unmatched_rules(moe, plan) == {}

@@ -189,6 +189,29 @@ def _fp8_copies(plan, s: LinearShape, first_last: set[str]) -> tuple[dict[str, i
     return counts, first
 
 
+def layer_selection(plan, shape: ModelShape) -> tuple[int, dict[str, int]]:
+    """(layers that run in FP8, {reason: layers kept for it}) over every copy of every Linear and expert group of
+    `shape`, by launcher/planning/selection.py's rule as the run applies it."""
+    ends = shape.linears[0].name.format(i=0), shape.linears[-1].name.format(i=shape.linears[-1].count - 1)
+    first_last = set(ends) if plan.precision.keep_first_last and shape.linears else set()
+    fp8, kept = 0, {}
+    for s in shape.linears:
+        in_blocks = "{i}" in s.name
+        for i in range(s.count):
+            recipe, why = choose(s.name.format(i=i), s.in_features, s.out_features, plan, first_last,
+                                 i if in_blocks else None, shape.n_layers if in_blocks else 0)
+            fp8 += recipe is not None
+            if why:
+                kept[why] = kept.get(why, 0) + 1
+    e = shape.experts
+    for i in range(e.first_block, e.first_block + e.count) if e else ():
+        recipe, why = choose_experts(e.name.format(i=i), e.dim, e.hidden, plan, i, shape.n_layers)
+        fp8 += recipe is not None
+        if why:
+            kept[why] = kept.get(why, 0) + 1
+    return fp8, kept
+
+
 def _three_gemms(m: int, k: int, n: int) -> tuple[tuple[int, int, int], ...]:
     """(M, K, N) of a Linear's forward, input-gradient and weight-gradient GEMMs for M tokens through K -> N."""
     return (m, k, n), (m, n, k), (k, m, n)

@@ -62,6 +62,8 @@ def apply_precision(model: nn.Module, plan: Plan, device: torch.device) -> Preci
     else:  # the schema allows no other value; a hand-edited plan.json could
         raise LauncherError(f"unknown precision.backend {p.backend!r} in the plan; fix: regenerate the plan with `fp8launch plan SPEC` (precision.backend is torchao, te or msamp)")
     fp8_layers = precision.report.fp8_layers + precision.report.fp8_expert_groups
-    raise_run_errors(plan, device, fp8_layers=fp8_layers, foreign_matmuls=tuple(foreign_matmuls(model)) if fp8_layers == 0 else ())
+    kept = tuple(k.split(" (", 1)[1][:-1] for k in precision.report.kept if " (" in k) if fp8_layers == 0 else ()  # "fqn (reason)"
+    raise_run_errors(plan, device, fp8_layers=fp8_layers, kept=kept,
+                     foreign_matmuls=tuple(foreign_matmuls(model)) if fp8_layers == 0 else ())
     apply_module_dtypes(model, plan)  # the layers rules keep in a dtype of their own (not converted above: kept)
     return precision

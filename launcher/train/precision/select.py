@@ -11,7 +11,7 @@ from typing import Callable
 from torch import nn
 
 from launcher.errors import LauncherError, with_fix
-from launcher.planning.selection import choose, unmatched
+from launcher.planning.selection import choose, unmatched, unmatched_globs
 from launcher.train.fqn import clean_fqn
 
 if typing.TYPE_CHECKING:
@@ -105,6 +105,12 @@ def fp8_filter(plan: Plan, model: nn.Module | None = None) -> Callable[[nn.Modul
     return module_filter_fn
 
 
-def unmatched_rules(model: nn.Module, plan: Plan) -> list[str]:
-    """The `[[precision.rules]]` match globs that name no Linear of the built model (a typo, usually)."""
-    return unmatched(plan.precision.rules, [clean_fqn(fqn) for fqn, _ in linears(model)])
+def unmatched_rules(model: nn.Module, plan: Plan) -> dict[str, list[str]]:
+    """{rule id: globs} for the `[[precision.rules]]` match globs (PRECISION-RULE-UNMATCHED) and, in an FP8 run, the
+    precision.keep globs (PRECISION-KEEP-UNMATCHED) that name no Linear or grouped-experts module of the built model."""
+    from .torchao_moe import grouped_experts
+
+    names = [clean_fqn(fqn) for fqn, _ in linears(model)] + [clean_fqn(fqn) for fqn, _ in grouped_experts(model)]
+    found = {"PRECISION-RULE-UNMATCHED": unmatched(plan.precision.rules, names),
+             "PRECISION-KEEP-UNMATCHED": unmatched_globs(plan.precision.keep, names) if plan.precision.fp8 else []}
+    return {rule: globs for rule, globs in found.items() if globs}
