@@ -114,30 +114,27 @@ def _group(mesh: DeviceMesh):
 
 
 def _routing(counts: torch.Tensor, ep: int, align: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """From received counts (ep, e): per-expert padded counts (e,), gather (T',) and place (R,) indices.
-    Received rows are rank-major: (rank 0: expert 0, expert 1, ...), (rank 1: ...), ..."""
-    e = counts.shape[1]
-    flat = counts.reshape(-1).tolist()
-    starts, at = [], 0
-    for n in flat:
-        starts.append(at)
-        at += n
-    total = at
-    gather, place = [], [0] * total
-    padded = []
-    for j in range(e):  # expert-major: expert j's rows from rank 0, rank 1, ..., then zero rows
-        size = 0
-        for r in range(ep):
-            s, n = starts[r * e + j], flat[r * e + j]
-            for k in range(n):
-                place[s + k] = len(gather)
-                gather.append(s + k)
-            size += n
-        pad = (-size) % align if size or align == 1 else align  # an empty group still gets `align` rows (as torchtitan's)
-        gather.extend([total] * pad)
-        padded.append(size + pad)
-    return (torch.tensor(padded, dtype=torch.int64), torch.tensor(gather, dtype=torch.int64),
-            torch.tensor(place, dtype=torch.int64))
+    """From received counts (ep, e): per-expert padded counts (e,), gather (T',) and place (R,) indices
+    (int64, on the device of `counts`). Received rows are rank-major: (rank 0: expert 0, expert 1, ...),
+    (rank 1: ...), ...; the experts see them expert-major: expert j's rows from rank 0, rank 1, ..., then
+    its padding (the zero row, index R). Tensor ops only, as torchtitan's generate_permute_indices: a
+    Python walk over the rows cost tens of thousands of iterations per layer per step."""
+    counts = counts.to(torch.int64).reshape(ep, counts.shape[1])
+    flat = counts.reshape(-1)
+    sizes = counts.sum(dim=0)
+    padded = (sizes + align - 1) // align * align
+    if align > 1:
+        padded = padded.clamp_min(align)  # an empty group still gets `align` rows (as torchtitan's); align 1 adds none
+    # each (rank, expert) block keeps its rows in order and moves as a whole: from its rank-major start to
+    # its expert's group start plus the rows lower ranks sent that expert
+    src = flat.cumsum(0) - flat
+    dst = ((padded.cumsum(0) - padded) + (counts.cumsum(0) - counts)).reshape(-1)
+    total = int(flat.sum())
+    rows = torch.arange(total, dtype=torch.int64, device=counts.device)
+    place = rows + torch.repeat_interleave(dst - src, flat, output_size=total)
+    gather = torch.full((int(padded.sum()),), total, dtype=torch.int64, device=counts.device)
+    gather.scatter_(0, place, rows)  # on CPU ~3x faster than gather[place] = rows (index_put_)
+    return padded, gather, place
 
 
 def dispatch_tokens(x: torch.Tensor, num_tokens_per_expert: torch.Tensor, mesh: DeviceMesh, align: int = ALIGN

@@ -1,6 +1,8 @@
 """Expert parallelism (launcher/train/expert_parallel.py): the token exchange and the gradients.
 
-- The routing indices group received rows expert-major and pad each expert's group (pure function).
+- The routing indices group received rows expert-major and pad each expert's group (pure function), and
+  the vectorised `_routing` gives exactly what the per-row Python walk it replaced gave (kept here as the
+  reference; benchmarks/ep_routing.py times the two).
 - dispatch then combine returns every row to its place, exactly (1 rank in-process; 2 ranks spawned).
 - 2 ranks with expert_parallel = 2 and FSDP2 (experts over "efsdp", dense over all ranks, the gradient
   divide factor) compute the loss and every gradient one process computes on the same global batch.
@@ -78,6 +80,75 @@ def test_routing_groups_rows_expert_major_and_pads_each_group():
     assert place.tolist() == [0, 4, 5, 1, 2, 3]
     assert all(gather[place[i]] == i for i in range(6))  # place inverts gather on the real rows
     assert _routing(torch.tensor([[0, 5]]), ep=1, align=4)[0].tolist() == [4, 8]  # an empty expert still gets `align` rows
+
+
+def routing_reference(counts: torch.Tensor, ep: int, align: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_routing` as it was before it was vectorised (issue 28): one Python iteration per received row."""
+    e = counts.shape[1]
+    flat = counts.reshape(-1).tolist()
+    starts, at = [], 0
+    for n in flat:
+        starts.append(at)
+        at += n
+    total = at
+    gather, place = [], [0] * total
+    padded = []
+    for j in range(e):  # expert-major: expert j's rows from rank 0, rank 1, ..., then zero rows
+        size = 0
+        for r in range(ep):
+            s, n = starts[r * e + j], flat[r * e + j]
+            for k in range(n):
+                place[s + k] = len(gather)
+                gather.append(s + k)
+            size += n
+        pad = (-size) % align if size or align == 1 else align  # an empty group still gets `align` rows (as torchtitan's)
+        gather.extend([total] * pad)
+        padded.append(size + pad)
+    return (torch.tensor(padded, dtype=torch.int64), torch.tensor(gather, dtype=torch.int64),
+            torch.tensor(place, dtype=torch.int64))
+
+
+def _random_counts(gen: torch.Generator, ep: int, e: int) -> torch.Tensor:
+    """(ep, e) received counts: all zero, sparse (most entries zero), up to a few hundred rows, or under 5."""
+    kind = int(torch.randint(4, (1,), generator=gen))
+    if kind == 0:
+        return torch.zeros(ep, e, dtype=torch.int64)
+    high = (3, 40, 300, 5)[kind]
+    counts = torch.randint(high, (ep, e), generator=gen)
+    if kind == 1:
+        counts *= torch.rand(ep, e, generator=gen) < 0.3
+    return counts
+
+
+@pytest.mark.parametrize("align", [1, 16, 32])
+@pytest.mark.parametrize("ep", [1, 2, 4])
+def test_routing_equals_the_python_walk_it_replaced(ep, align):
+    gen = torch.Generator().manual_seed(1000 * ep + align)
+    seen_empty_group = seen_empty_matrix = False
+    for case in range(120):
+        e = 1 + case % 8
+        counts = _random_counts(gen, ep, e)
+        if case % 5 == 0:  # whole experts without a row from any rank
+            counts[:, torch.rand(e, generator=gen) < 0.4] = 0
+        want = routing_reference(counts, ep, align)
+        got = _routing(counts, ep, align)
+        for name, w, g in zip(("padded", "gather", "place"), want, got):
+            assert g.dtype == torch.int64 and g.device == w.device, (name, g.dtype, g.device)
+            assert torch.equal(g, w), f"{name} differs for counts {counts.tolist()}, align {align}: {g.tolist()} != {w.tolist()}"
+        seen_empty_group |= bool((counts.sum(0) == 0).any()) and not bool((counts == 0).all())
+        seen_empty_matrix |= bool((counts == 0).all())
+    assert seen_empty_group and seen_empty_matrix  # the cases the padding rule is about were drawn
+
+
+def test_routing_accepts_int32_counts_and_an_all_empty_matrix():
+    counts = torch.tensor([[3, 0, 5], [0, 0, 2]], dtype=torch.int32)
+    for align in (1, 4):
+        for w, g in zip(routing_reference(counts, 2, align), _routing(counts, 2, align)):
+            assert g.dtype == torch.int64 and torch.equal(g, w)
+    padded, gather, place = _routing(torch.zeros(2, 3, dtype=torch.int64), 2, 32)
+    assert padded.tolist() == [32, 32, 32] and gather.tolist() == [0] * 96 and place.shape == (0,)
+    padded, gather, place = _routing(torch.zeros(2, 3, dtype=torch.int64), 2, 1)
+    assert padded.tolist() == [0, 0, 0] and gather.shape == (0,) and place.shape == (0,)
 
 
 def test_dispatch_then_combine_returns_every_row_in_one_process():
