@@ -4,6 +4,7 @@ computed from a config alone. Imports no torch, so planning can size a model che
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -176,6 +177,7 @@ MOE_OVERRIDES = {"experts": "num_experts", "top_k": "top_k"}
 """Further `builtin:NAME?key=N` keys of the MoE shapes."""
 
 
+@functools.lru_cache(maxsize=512)
 def parse_builtin(spec: str) -> LlamaConfig | MoEConfig:
     """'builtin:NAME[?layers=N&vocab=M]' (or 'NAME...') -> the LlamaConfig (or, for an MoE
     shape, the MoEConfig; these also take experts=N and top_k=K) it names."""

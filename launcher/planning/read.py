@@ -298,6 +298,11 @@ RECIPE_KEY = {"torchao": "precision.torchao.recipe", "te": "precision.te.recipe"
 """The spec key that names each FP8 backend's recipe (MS-AMP's is its opt level)."""
 
 
+@cache
+def _defaults_text() -> str:
+    return json.dumps(defaults(schema()))
+
+
 def choices(key: str) -> tuple:
     """The values the schema allows for a dotted key (its enum)."""
     node = schema()
@@ -312,8 +317,9 @@ def recipes(backend: str) -> tuple[str, ...]:
 
 
 def defaults(node: dict | None = None) -> dict:
-    """The default value of every key, as a nested dict, from the schema's `default`s."""
-    node = schema() if node is None else node
+    """The default value of every key, as a nested dict, from the schema's `default`s (a fresh copy each call)."""
+    if node is None:
+        return json.loads(_defaults_text())
     out = {}
     for key, sub in node.get("properties", {}).items():
         if sub.get("type") == "object" and "properties" in sub:
