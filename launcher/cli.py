@@ -185,8 +185,11 @@ def _ask(prompt: str, default, options: tuple[str, ...] | None):
 @click.option("--dry-run", is_flag=True, help="Write the plan, print the exact command(s) that would run, run nothing.")
 @click.option("--wait", is_flag=True, help="SLURM / Kubernetes: block until the submitted job ends and exit with its exit code.")
 @click.option("--strict", is_flag=True, help="Treat warnings as errors.")
+@click.option("--profile", "profile_steps", type=click.IntRange(min=1), metavar="N",
+              help="Profile N steps after 2 warm-up steps (torch.profiler, rank 0): where each step's time goes, written to "
+                   "<train.output_dir>/profile.json (and profile.png, profile/trace.json.gz).")
 @_errors
-def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict) -> None:
+def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict, profile_steps) -> None:
     """Plan SPEC into <train.output_dir>/plan/ and start the training (torchrun, srun/sbatch under SLURM, kubectl on Kubernetes).
 
     Exits with the training's exit code."""
@@ -198,6 +201,10 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict) -> N
     for line in warning_lines(planned):
         click.echo(line, err=True)
     command = launch_command(planned, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, wait=wait)
+    if profile_steps:
+        from launcher.commands.run import profiled
+
+        command = profiled(command, planned.plan, profile_steps)
     preflight.check(planned.plan, local=command.kind != "sbatch" and not dry_run, gpu_here=command.kind == "torchrun" and not dry_run)
     write_plan(planned)
     if dry_run:
@@ -209,6 +216,11 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict) -> N
     if code != 0:
         logs = f"; full logs (torchrun's report, each rank's output): {command.logs}/" if command.logs else ""
         click.echo(f"fp8launch: {planned.plan.name}: {command.kind} exited with code {code}{logs}", err=True)
+    elif profile_steps:
+        from launcher.commands.profile import summary_lines
+
+        for line in summary_lines(planned.plan.train.output_dir):
+            click.echo(line)
     sys.exit(code)
 
 
@@ -224,8 +236,11 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict) -> N
 @click.option("--no-plot", is_flag=True, help="Skip bench.png.")
 @click.option("--max-loss-gap", type=click.FloatRange(min=0), default=0.02, show_default=True,
               help="With [eval] in the spec: exit 4 when SPEC's held-out eval loss is this much (relative) above the baseline's.")
+@click.option("--profile", is_flag=True,
+              help="Profile the measured steps of each variant's first run (torch.profiler): where each step's time goes, the FP8 "
+                   "FLOP share, the ceiling and what holds the ratio back; writes profile.json and profile.png.")
 @_errors
-def bench(spec, vs, steps, repeats, warmup, out_dir, sets, no_plot, max_loss_gap) -> None:
+def bench(spec, vs, steps, repeats, warmup, out_dir, sets, no_plot, max_loss_gap, profile) -> None:
     """Train SPEC and a baseline twin alternately; print tokens/s, step time, TFLOP/s, MFU, memory, loss and ratios."""
     import os
 
@@ -233,9 +248,15 @@ def bench(spec, vs, steps, repeats, warmup, out_dir, sets, no_plot, max_loss_gap
     from launcher.errors import EXIT_DIVERGED
 
     record = run_bench(spec, vs=vs, steps=steps, repeats=repeats, warmup=warmup, out_dir=out_dir, overrides=list(sets),
-                       max_loss_gap=max_loss_gap, echo=lambda line: click.echo(line, err=True))
+                       max_loss_gap=max_loss_gap, profile=profile, echo=lambda line: click.echo(line, err=True))
     click.echo(table(record))
     click.echo(f"wrote {os.path.join(record['out_dir'], 'bench.json')}")
+    if record.get("profile"):
+        click.echo(f"wrote {os.path.join(record['out_dir'], 'profile.json')}")
+        if not no_plot:
+            from launcher.profiling.compare import plot as plot_profile
+
+            click.echo(f"wrote {plot_profile(record['profile'], os.path.join(record['out_dir'], 'profile.png'))}")
     if not no_plot:
         click.echo(f"wrote {plot(record, os.path.join(record['out_dir'], 'bench.png'))}")
     gate = record["loss_gate"]

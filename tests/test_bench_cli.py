@@ -50,10 +50,12 @@ def test_a_previous_bench_folder_loses_only_what_that_bench_wrote(tmp_path):
         (out / run).mkdir()
         (out / run / "train.log").write_text("log\n")
     (out / "bench.json").write_text("{}\n")
+    (out / "profile.json").write_text("{}\n")  # bench --profile's
     (out / "notes.txt").write_text("the user's\n")
     prepare_out(str(out), ["spec-1", "bf16-1", "spec-2", "bf16-2"])
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "notes.txt"]
-    assert (out / MARKER).read_text().split() == ["spec-1", "bf16-1", "spec-2", "bf16-2", "bench.json", "bench.png", MARKER]
+    assert (out / MARKER).read_text().split() == ["spec-1", "bf16-1", "spec-2", "bf16-2", "bench.json", "bench.png", "profile.json",
+                                                     "profile.png", MARKER]
     empty = tmp_path / "empty"
     empty.mkdir()
     prepare_out(str(empty), ["spec-1"])  # an empty folder is used as it is

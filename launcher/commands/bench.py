@@ -34,11 +34,18 @@ DEFAULT_MAX_LOSS_GAP = 0.02
 
 
 def run_bench(spec: str, *, vs: str = "bf16", steps: int | None = None, repeats: int = 2, warmup: int = 2,
-              out_dir: str | None = None, overrides: list[str] = (), max_loss_gap: float = DEFAULT_MAX_LOSS_GAP, echo=print) -> dict:
-    """Train both variants `repeats` times, alternating; return the bench record (also bench.json in out_dir)."""
+              out_dir: str | None = None, overrides: list[str] = (), max_loss_gap: float = DEFAULT_MAX_LOSS_GAP, profile: bool = False,
+              echo=print) -> dict:
+    """Train both variants `repeats` times, alternating; return the bench record (also bench.json in out_dir). With
+    `profile`, each variant's first run profiles its measured steps (the ones after `warmup`) and the comparison goes
+    to profile.json (record["profile"])."""
     a, b = variants(spec, vs, list(overrides))
     first = plan_variant(a, None, steps)
     preflight.check(first.plan, local=True)
+    profiled_steps = (first.plan.train.steps - warmup, warmup) if profile else None
+    if profile and (warmup < 2 or first.plan.train.steps - warmup < 1):
+        raise UsageError(f"bench --profile needs --warmup >= 2 (the first step compiles, the second starts the profiler) and measured "
+                         f"steps after it (train.steps = {first.plan.train.steps}, --warmup {warmup}); fix: --warmup 2 --steps 6 or more")
     out_dir = out_dir or os.path.join(os.path.dirname(first.plan.train.output_dir.rstrip("/")) or ".", f"{first.plan.name}-bench")
     prepare_out(out_dir, [f"{v.label}-{i + 1}" for i in range(repeats) for v in (a, b)])
     for i in range(repeats):
@@ -46,11 +53,17 @@ def run_bench(spec: str, *, vs: str = "bf16", steps: int | None = None, repeats:
             run_dir = os.path.join(out_dir, f"{v.label}-{i + 1}")
             planned = plan_variant(v, run_dir, steps)
             echo(f"bench: {v.label} run {i + 1}/{repeats}: {planned.plan.name} ({_precision(planned)}) -> {run_dir}/train.log")
-            code = train(planned, run_dir, label=f"{v.label} run {i + 1}", echo=echo)
+            code = train(planned, run_dir, label=f"{v.label} run {i + 1}", echo=echo, profile=profiled_steps if i == 0 else None)
             v.runs.append(read_run(run_dir, code, warmup))
             if code != 0:
                 raise TrainingFailed(f"bench: the {v.label} run exited with code {code}; see {run_dir}/train.log", code)
     record = _record(a, b, warmup=warmup, repeats=repeats, max_loss_gap=max_loss_gap)
+    if profile:
+        from launcher.commands.profile import bench_profile
+
+        record["profile"] = bench_profile(first, os.path.join(out_dir, f"{a.label}-1"), os.path.join(out_dir, f"{b.label}-1"),
+                                          device_name=record["environment"]["device_name"])
+        write_atomic(os.path.join(out_dir, "profile.json"), json.dumps(record["profile"], indent=2, sort_keys=True) + "\n")
     write_atomic(os.path.join(out_dir, "bench.json"), json.dumps(record, indent=2, sort_keys=True) + "\n")
     record["out_dir"] = out_dir
     return record
@@ -58,7 +71,7 @@ def run_bench(spec: str, *, vs: str = "bf16", steps: int | None = None, repeats:
 
 MARKER = ".fp8launch-bench"
 """Written first into a bench's --out folder: the entries this bench writes there, one a line."""
-OWN_FILES = ("bench.json", "bench.png", MARKER)
+OWN_FILES = ("bench.json", "bench.png", "profile.json", "profile.png", MARKER)
 
 
 def prepare_out(out_dir: str, run_dirs: list[str]) -> None:
@@ -145,6 +158,10 @@ def table(record: dict) -> str:
     gate = record.get("loss_gate")
     if gate and gate["gap"] is not None:
         lines.append(gate_line(gate))
+    if record.get("profile"):
+        from launcher.profiling.compare import table_lines
+
+        lines += table_lines(record["profile"])
     env = record.get("environment", {})
     lines.append(f"(medians over {record['repeats']} alternating runs each; first {record['warmup_steps_excluded']} steps of each run excluded; "
                  f"{env.get('device_name')} x {env.get('world_size')}, torch {env.get('torch')}, torchao {env.get('torchao')})")

@@ -17,6 +17,8 @@ are the ones of the environment fp8launch is installed in.
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import re
 import shlex
@@ -126,6 +128,26 @@ def launch_command(planned: Planned, *, node_rank: int | None = None, rdzv_endpo
         env["RDZV_ENDPOINT"] = rdzv_endpoint
     return Command(kind="torchrun", argv=(os.path.join(folder, "torchrun.sh"),), env=env,
                    logs=os.path.join(plan.train.output_dir, LOGS_SUBDIR))
+
+
+def profiled(command: Command, plan, steps: int, warmup: int = 2) -> Command:
+    """`command` asking the training to profile `steps` steps after `warmup` (rank 0 writes profile.json beside
+    metrics.jsonl). torchrun and SLURM pass the environment on; a Kubernetes job does not."""
+    if command.kind == "kubectl":
+        raise UsageError("--profile needs the training's environment, which a Kubernetes manifest does not take from here; "
+                         "fix: profile with launch.launcher = \"torchrun\" on one node (`--set launch.launcher=torchrun`)")
+    if warmup < 2:
+        raise UsageError("--profile needs 2 warm-up steps before the profiled ones: the first compiles and warms the allocator up, "
+                         "the second is the profiler's own start-up; fix: --warmup 2")
+    last = warmup + steps
+    if last > plan.train.steps:
+        raise UsageError(f"--profile {steps} records steps {warmup + 1}..{last} after {warmup} warm-up steps, past train.steps = "
+                         f"{plan.train.steps}; fix: --set train.steps={last}, or a smaller --profile")
+    from launcher.profiling import PROFILE_ENV, PROFILE_WARMUP_ENV
+
+    # Inductor's C++ kernels carry their names into the trace only with this (CPU; no effect on GPU kernels)
+    env = {PROFILE_ENV: str(steps), PROFILE_WARMUP_ENV: str(warmup), "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE": "1"}
+    return dataclasses.replace(command, env={**command.env, **env})
 
 
 def describe(command: Command, environ: Mapping[str, str] | None = None) -> str:

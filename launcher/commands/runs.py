@@ -51,16 +51,22 @@ def plan_variant(v: Variant, run_dir: str | None, steps: int | None) -> Planned:
     return plan_for_run(v.spec, sets)
 
 
-def train(planned: Planned, run_dir: str, *, label: str, echo: Callable[[str], None]) -> int:
+def train(planned: Planned, run_dir: str, *, label: str, echo: Callable[[str], None], profile: tuple[int, int] | None = None) -> int:
     """Write the plan, train it with its output in `run_dir`/train.log, and show its progress through `echo`
-    (step i/N, tokens/s, time left); returns the training's exit code."""
+    (step i/N, tokens/s, time left); returns the training's exit code. `profile` = (steps, warmup): profile those
+    steps (launcher/train/profiling.py writes `run_dir`/profile.json)."""
+    command = launch_command(planned)
+    if profile is not None:
+        from launcher.commands.run import profiled
+
+        command = profiled(command, planned.plan, *profile)
     write_plan(planned)
     total = planned.plan.train.steps
     done = threading.Event()
     watcher = threading.Thread(target=_progress, args=(os.path.join(run_dir, "metrics.jsonl"), total, label, echo, done), daemon=True)
     watcher.start()
     try:
-        return execute(launch_command(planned), log=os.path.join(run_dir, "train.log"))
+        return execute(command, log=os.path.join(run_dir, "train.log"))
     finally:
         done.set()
         watcher.join()

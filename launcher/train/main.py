@@ -244,6 +244,11 @@ def build_run(plan_path: str, *, stream=None):
         callbacks += [monitor] if monitor is not None else []
         if plan.precision.schedule:  # after the checkpoint: a checkpoint at a phase's last step holds that phase
             callbacks.append(PrecisionSwitch(plan, engine.module, logger, start_step=state.step))
+        from launcher.train.profiling import StepProfiler
+
+        profiler = StepProfiler.from_env(plan, engine.module, precision, env.device, is_main=env.is_main, start_step=state.step)
+        if profiler is not None:  # `fp8launch run --profile N`: last, so that the steps it records are whole
+            callbacks.append(profiler)
         trainer = Trainer(state, plan, device=env.device, logger=logger, throughput=throughput, callbacks=callbacks,
                           checkpoints=checkpoints, resumed_from=loaded.path if loaded else None)
     except BaseException:

@@ -100,3 +100,30 @@ def test_bench_runs_both_variants_alternately_and_reports_ratios(tmp_path):
     assert head[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", head[16:24])
     assert (width, height) == (1210, 440)
+
+
+def test_bench_profile_says_where_each_step_goes_and_what_holds_fp8_back(tmp_path):
+    """`bench --profile`: each variant's first run profiles its measured steps; profile.json holds both runs' parts
+    (adding up to the measured step), the FP8 FLOP share (0 for bf16), the ceiling and the advice; profile.png draws them."""
+    spec = tmp_path / "bench.toml"
+    spec.write_text(SPEC.format(steps=5, out=tmp_path).replace("[eval]\ndata = \"synthetic\"\nsteps = 2\n", ""))
+    exe = os.path.join(os.path.dirname(sys.executable), "fp8launch")
+    r = subprocess.run([exe, "bench", str(spec), "--repeats", "1", "--warmup", "2", "--profile", "--out", str(tmp_path / "b")],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    profile = json.loads((tmp_path / "b" / "profile.json").read_text())
+    bench = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert bench["profile"] == profile
+    spec_run, base = profile["spec"], profile["baseline"]
+    for run, side in ((spec_run, "spec"), (base, "baseline")):
+        assert run["steps"] == 3  # the measured steps 3..5, after --warmup 2
+        measured = bench[side]["runs"][0]["step_times"][2:]  # the loop's own timing of steps 3..5
+        assert run["step_time_s"] == pytest.approx(sum(measured) / 3)
+        assert abs(sum(run["parts"].values()) / run["step_time_s"] - 1) < 0.25
+    assert base["parts"]["gemm_fp8"] == 0 and base["fp8_gemm_flop_share"] == 0 and base["ceiling"] == 1.0
+    assert spec_run["parts"]["gemm_fp8"] > 0 and spec_run["fp8_gemm_flop_share"] == pytest.approx(bench["spec"]["runs"][0]["start"]["fp8_flop_share"], abs=0.01)
+    assert spec_run["ceiling"] > 1 and "cpu has no FP8 peak" in profile["ceiling_basis"]
+    assert profile["prediction"]["gpu"] == "h100" and not profile["prediction"]["compared"]
+    assert "FP8 GEMM FLOP share" in r.stdout and "ceiling (Amdahl)" in r.stdout and "holds it back: " in r.stdout
+    assert (tmp_path / "b" / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "b" / "spec-1" / "profile" / "trace.json.gz").is_file() and not (tmp_path / "b" / "spec-2").exists()

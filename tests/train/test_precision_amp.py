@@ -87,7 +87,7 @@ def test_report_line_example_from_the_brief():
     r = PrecisionReport(
         backend="torchao", recipe="tensorwise", fp8_layers=26, total_linear=28, fp8_flop_share=0.9712,
         kept=("layers.0.attention.wq (keep_first_last)", "output (keep_first_last)"))
-    assert r.line() == ("precision: fp8 torchao tensorwise, 26 of 28 Linear layers in FP8 (97.1% of linear FLOPs); "
+    assert r.line() == ("precision: fp8 torchao tensorwise, 26 of 28 Linear layers in FP8, 97.1% of GEMM FLOPs; "
                         "kept in bf16: layers.0.attention.wq (keep_first_last), output (keep_first_last)")
 
 

@@ -106,7 +106,7 @@ def test_kept_linears_are_marked_and_initialize_converts_the_rest():
     assert sum(isinstance(m, FP8Linear) for m in model2.modules()) == 13
     r = prec.report
     assert (r.backend, r.recipe, r.fp8_layers, r.total_linear) == ("msamp", "O2", 13, 15)
-    assert r.line().startswith("precision: fp8 msamp O2, 13 of 15 Linear layers in FP8 (83.3% of linear FLOPs)")
+    assert r.line().startswith("precision: fp8 msamp O2, 13 of 15 Linear layers in FP8, 83.3% of GEMM FLOPs")
     assert prec.param_dtype is None
     assert prec.ddp_class is torch.nn.parallel.DistributedDataParallel
 

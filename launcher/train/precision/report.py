@@ -48,7 +48,7 @@ class PrecisionReport:
         groups = (f" and {self.fp8_expert_groups} of {self.expert_groups} expert groups ({self.experts} experts, grouped GEMMs)"
                   if self.expert_groups else "")
         text = (f"precision: fp8 {self.backend} {recipe}, {self.fp8_layers} of {self.total_linear} Linear layers{groups} "
-                f"in FP8 ({100 * self.fp8_flop_share:.1f}% of linear FLOPs)")
+                f"in FP8, {100 * self.fp8_flop_share:.1f}% of GEMM FLOPs")
         if self.kept:
             shown = ", ".join(self.kept[:MAX_KEPT_IN_LINE])
             more = len(self.kept) - MAX_KEPT_IN_LINE
