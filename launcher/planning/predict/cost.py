@@ -18,7 +18,25 @@ GEMM_EFF = {"bf16": 0.80, "fp8": 0.62, "fp4": 0.62}
 matmul on the project's H100 (ENVIRONMENT.md). fp8: chosen so that the model reproduces torchao's
 Float8Linear microbenchmark for a large shape (M, K, N = 4096, 8192, 16384: 1.39x with casts,
 pytorch/ao torchao/float8/README.md); it means ~1,230 TFLOP/s for cuBLAS FP8 on an H100, ~1.55x bf16
-(torchao's README: the GEMM speed-up "approaching 2x as M, K, N increase")."""
+(torchao's README: the GEMM speed-up "approaching 2x as M, K, N increase"). fp4: as fp8, i.e. FP4 GEMMs twice
+FP8's, as the datasheet peaks are (only Blackwell has an fp4 peak)."""
+
+BLACKWELL = ("b200",)
+"""The `launch.gpu` choices of the Blackwell generation (sm100)."""
+
+BLACKWELL_GEMM_SCALE = 0.73
+"""FIT: on a Blackwell GPU a GEMM reaches this share of what GEMM_EFF says it reaches on an H100, in every dtype
+(BLACKWELL_GEMM_EFF). One number fit by least squares on the two published end-to-end points marked `fit` in
+tests/data/published_speedups.json (torchtitan's Llama-3-8B MXFP8 and NVFP4-with-bf16-tail runs; the fit:
+`python benchmarks/prediction_table.py --fit`); every other Blackwell point is held out. No B200 GEMM was measured
+for this project: with GEMM_EFF's H100 shares the model put FP4 GEMMs at 3.1x bf16 and still predicted NVFP4 1.23x
+where 1.37x was measured, i.e. the bf16 step is slower than the roofline. Keeping Hopper's ratios between dtypes
+(FP8 GEMMs 1.55x bf16, FP4 twice FP8 as the datasheet peaks are) and lowering all three shares is the one-parameter
+account of that. The bf16 share it implies (58% of the B200's peak) puts the predicted bf16 tokens/s within 2% of
+torchtitan's Llama and Qwen3 runs and of NeMo's Llama run (docs/prediction.md), which were not fit to."""
+
+BLACKWELL_GEMM_EFF = {dtype: eff * BLACKWELL_GEMM_SCALE for dtype, eff in GEMM_EFF.items()}
+"""GEMM_EFF on a Blackwell GPU (b200)."""
 
 SCALED_GEMM_EFF = {"tensorwise": 1.0, "rowwise": 0.85, "block": 0.85, "mxfp8": 1.0, "nvfp4": 1.0}
 """Throughput of a scaled-GEMM kernel relative to the tensorwise FP8 GEMM. Assumption: row-wise and
@@ -52,15 +70,97 @@ Assumption (FlashAttention-2 class kernels on Hopper); attention stays in bf16 i
 
 # --- what the casts cost ----------------------------------------------------------------------------
 
+GB200_BENCH_GBPS = 7928.1
+"""GB/s the NVFP4 kernel benchmarks divide by (CUDA device properties of their GB200; pytorch/ao
+benchmarks/prototype/nvfp4_training/README.md, commit 36027d8): the shares below are measured GB/s over it."""
+
+NVFP4_TRITON_EFF = {"rht_amax": 2550.39 / GB200_BENCH_GBPS, "rht_quant": 1564.42 / GB200_BENCH_GBPS,
+                    "rht_quant_sr": 1101.29 / GB200_BENCH_GBPS, "weight_2d": 790.407 / GB200_BENCH_GBPS}
+"""Share of the datasheet bandwidth torchao's NVFP4 training kernels reach: the Triton kernels `nvfp4_linear`
+calls (torchao/prototype/moe_training/nvfp4_training/nvfp4_linear.py, 0.18), measured on a GB200 for the largest
+shape of pytorch/ao benchmarks/prototype/nvfp4_training/README.md (2048 x 28672 activations, 8192 x 28672 weight):
+`triton_rht_amax` 2,550 GB/s (its bytes: the bf16 read), `triton_rht_quantize_row_col` 1,564 GB/s round-to-nearest
+and 1,101 GB/s with stochastic rounding (the bf16 read + two FP4 outputs with their scales),
+`triton_weight_quantize_2d` 790 GB/s (the same bytes, 16x16 blocks). They are 10-32% of the 7.9 TB/s the GPU can
+stream: the random Hadamard transform runs on CUDA cores, stochastic rounding draws Philox numbers per element."""
+
+NVFP4_TE_EFF = {"rht_amax": 3087.8 / GB200_BENCH_GBPS, "rht_quant": 2699.6 / GB200_BENCH_GBPS,
+                "rht_quant_sr": 2699.6 / GB200_BENCH_GBPS * NVFP4_TRITON_EFF["rht_quant_sr"] / NVFP4_TRITON_EFF["rht_quant"],
+                "weight_2d": 2513.2 / GB200_BENCH_GBPS}
+"""The same for Transformer Engine's NVFP4 kernels. TE publishes no kernel figures; assumption: they run like
+torchao's CuteDSL kernels, which also do the Hadamard transform on the tensor cores ("we are using MMA hardware for
+computing RHT", transformer_engine/pytorch/csrc/quantizer.cpp, NVFP4Quantizer::quantize_impl), measured in the same
+README for the same shapes: amax 3,088 GB/s, row+col quantize 2,700 GB/s, 2D weight quantize 2,513 GB/s; stochastic
+rounding slows the quantize by the ratio measured for the Triton kernel (1,101 / 1,564)."""
+
+MXFP8_CAST_EFF = {"dim0": 5888.83 / 8000.0, "dim1": 5716.72 / 8000.0}
+"""Share of the datasheet bandwidth (8 TB/s) torchao's MXFP8 casts reach on a B200: the Triton dim0 (rows) and the
+CUDA dim1 (columns) kernels with RCEIL scales, 5,889 and 5,717 GB/s on 16384 x 16384 (pytorch/ao
+docs/source/workflows/training.md, commit 36027d8, mxfp8 "quantization kernel microbenchmarks", B200 at 1000 W);
+the kernels torchao/prototype/moe_training/mxfp8_linear.py (0.18) calls whether or not the model is compiled."""
+
+FP4_BYTES = 0.5 + 1 / 16
+"""One FP4 (e2m1) value and its share of an e4m3 scale per 16 values."""
+
+NVFP4_ROW_COL = 2 + 2 * FP4_BYTES
+"""An NVFP4 row+column quantize: read bf16, write the row-scaled copy (forward / grad-input GEMM) and the
+column-scaled one (grad-weight GEMM)."""
+
+NVFP4_WEIGHT_2D = 2 + 2 * (0.5 + 1 / 256)
+"""The 2D weight quantize: one e4m3 scale per 16x16 block, shared by the weight and its transpose."""
+
+MX_CAST = 2 + 1 + 1 / 32
+"""One MXFP8 cast along one axis: read bf16, write e4m3 and one e8m0 scale per 32 values."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """One kernel of a cast."""
+
+    bytes_per_elem: float
+    """Bytes it moves per element of the operand (reads and writes)."""
+    bw_eff: float = BW_EFF
+    """Share of the datasheet memory bandwidth it reaches."""
+
 
 @dataclass(frozen=True, slots=True)
 class Cast:
-    """Turning one high-precision tensor into what a recipe's FP8 GEMMs read."""
+    """Turning one high-precision tensor into what a recipe's low-precision GEMMs read: the kernels it launches."""
 
-    bytes_per_elem: float
-    """Bytes moved per element (bf16 reads, fp8 writes, transposed copies)."""
-    kernels: int
-    """Kernels launched for it."""
+    passes: tuple[Pass, ...]
+
+    @classmethod
+    def streaming(cls, bytes_per_elem: float, kernels: int) -> "Cast":
+        """`bytes_per_elem` moved by `kernels` streaming kernels at BW_EFF."""
+        return cls((Pass(bytes_per_elem / kernels),) * kernels)
+
+    @property
+    def bytes_per_elem(self) -> float:
+        return sum(p.bytes_per_elem for p in self.passes)
+
+    @property
+    def kernels(self) -> int:
+        return len(self.passes)
+
+
+SCALE_KERNEL = Pass(0.0)
+"""A kernel on a few scalars (a global scale from an amax, a random offset): only its fixed cost."""
+
+
+def _nvfp4(eff: dict[str, float], compiled: bool) -> dict[str, Cast]:
+    """NVFP4 as torchao's nvfp4_linear and TE's NVFP4BlockScaling do it (the paper's recipe, arXiv 2509.25149): every
+    operand first gets a global amax (an FP32 scale over the 16-value e4m3 block scales), then one quantize kernel
+    writes the row-scaled copy and the column-scaled one. Input and grad_output: the amax pass also computes the amax
+    of the random Hadamard transform (16x16) of the columns, which the quantize applies to the column-scaled copy only
+    (the grad-weight GEMM's operands); grad_output is quantized with stochastic rounding (two random offsets drawn per
+    Linear). Weight: a plain amax (torchao: `x.float().abs().max()`, fused into one reduction when compiled, three eager
+    kernels on an FP32 copy otherwise; TE: nvte_compute_amax), then the 2D-block quantize, no transform. Each global
+    scale costs a tiny kernel. All of this happens on the full weight every micro-batch (FSDP2 all-gathers it in bf16)."""
+    amax_w = (Pass(2.0),) if compiled else (Pass(6.0), Pass(8.0), Pass(4.0))
+    return {"input": Cast((Pass(2.0, eff["rht_amax"]), Pass(NVFP4_ROW_COL, eff["rht_quant"]), SCALE_KERNEL)),
+            "weight": Cast(amax_w + (Pass(NVFP4_WEIGHT_2D, eff["weight_2d"]), SCALE_KERNEL)),
+            "grad_output": Cast((Pass(2.0, eff["rht_amax"]), Pass(NVFP4_ROW_COL, eff["rht_quant_sr"]), SCALE_KERNEL,
+                                 SCALE_KERNEL, SCALE_KERNEL))}
 
 
 def casts(backend: str, recipe: str, compiled: bool) -> dict[str, Cast | None]:
@@ -73,23 +173,31 @@ def casts(backend: str, recipe: str, compiled: bool) -> dict[str, Cast | None]:
     bf16/fp32 intermediates: ~16 B in 6 kernels (why FP8-NO-COMPILE warns). rowwise: each operand is
     scaled along two different axes for its two GEMMs (rows for one, columns for the other): two
     reduce+cast passes, 8 B, 3 kernels (12 B, 8 kernels eager). rowwise_with_gw_hp: the weight-gradient
-    GEMM stays in bf16, so input and grad_output are cast along one axis only (3 B, 1 kernel). torchao mxfp8 /
-    nvfp4: like rowwise, each operand is cast along both axes (a dim0 and a dim1 cast: torchao's MX README,
-    "to_mx cast across dim0 and dim1"), the block scales computed inside the cast.
+    GEMM stays in bf16, so input and grad_output are cast along one axis only (3 B, 1 kernel). torchao
+    mxfp8: each operand is cast along dim0 (Triton) and dim1 (CUDA), 3.03 B each at the bandwidth they
+    were measured at (MXFP8_CAST_EFF); they are kernels of their own, compiled or not. torchao / TE
+    nvfp4: see `_nvfp4`.
     Transformer Engine fuses amax, cast and transpose in its own kernels (compile changes nothing):
     delayed scaling reads last steps' amax (cast_transpose: read 2, write 2: 4 B, 1 kernel); current
     scaling adds an amax pass (6 B, 2 kernels); block and MX scales are computed inside the cast kernel
     (4 B, 1 kernel). MS-AMP casts like TE's delayed scaling."""
+    if backend == "te" and recipe == "nvfp4":
+        return _nvfp4(NVFP4_TE_EFF, compiled=True)  # TE's own CUDA kernels: compile changes nothing
     if backend in ("te", "msamp"):
-        one = {"delayed": Cast(4, 1), "current": Cast(6, 2)}.get(recipe, Cast(4, 1))
+        one = {"delayed": Cast.streaming(4, 1), "current": Cast.streaming(6, 2)}.get(recipe, Cast.streaming(4, 1))
         return {"input": one, "weight": one, "grad_output": one}
     if recipe == "tensorwise":
-        one = Cast(6, 2) if compiled else Cast(16, 6)
+        one = Cast.streaming(6, 2) if compiled else Cast.streaming(16, 6)
         return {"input": one, "weight": one, "grad_output": one}
-    two_axes = Cast(8, 3) if compiled else Cast(12, 8)
-    if recipe in ("rowwise", "mxfp8", "nvfp4"):  # MX / NVFP4: each operand quantized along dim0 and dim1 (torchao's MX README)
+    if recipe == "nvfp4":
+        return _nvfp4(NVFP4_TRITON_EFF, compiled)
+    if recipe == "mxfp8":
+        mx = Cast((Pass(MX_CAST, MXFP8_CAST_EFF["dim0"]), Pass(MX_CAST, MXFP8_CAST_EFF["dim1"])))
+        return {"input": mx, "weight": mx, "grad_output": mx}
+    two_axes = Cast.streaming(8, 3) if compiled else Cast.streaming(12, 8)
+    if recipe == "rowwise":
         return {"input": two_axes, "weight": two_axes, "grad_output": two_axes}
-    one_axis = Cast(3, 1) if compiled else Cast(8, 4)
+    one_axis = Cast.streaming(3, 1) if compiled else Cast.streaming(8, 4)
     return {"input": one_axis, "weight": two_axes, "grad_output": one_axis}
 
 
@@ -124,10 +232,15 @@ def gemm_s(dev: Device, m: int, k: int, n: int, dtype: str, scaled_eff: float = 
     """One GEMM (m x k) @ (k x n): fixed cost + the slower of compute (with wave quantization) and memory."""
     tiles = math.ceil(m / TILE[0]) * math.ceil(n / TILE[1])
     wave_fill = tiles / (math.ceil(tiles / dev.sms) * dev.sms)
-    compute = 2.0 * m * k * n / (dev.peak(dtype) * GEMM_EFF[dtype] * scaled_eff * wave_fill)
+    compute = 2.0 * m * k * n / (dev.peak(dtype) * gemm_eff(dev, dtype) * scaled_eff * wave_fill)
     in_bytes = {"fp8": 1, "fp4": 0.5}.get(dtype, 2)
     memory = ((m * k + k * n) * in_bytes + m * n * 2) / (dev.bandwidth_tbps * 1e12 * BW_EFF)
     return GEMM_FIXED_S + max(compute, memory)
+
+
+def gemm_eff(dev: Device, dtype: str) -> float:
+    """Share of `dtype`'s dense peak a large GEMM reaches on `dev`: BLACKWELL_GEMM_EFF on a Blackwell, else GEMM_EFF."""
+    return (BLACKWELL_GEMM_EFF if dev.name in BLACKWELL else GEMM_EFF)[dtype]
 
 
 def stream_s(dev: Device, nbytes: float, kernels: int) -> float:
@@ -136,4 +249,8 @@ def stream_s(dev: Device, nbytes: float, kernels: int) -> float:
 
 
 def cast_s(dev: Device, cast: Cast | None, elements: float) -> float:
-    return 0.0 if cast is None else stream_s(dev, cast.bytes_per_elem * elements, cast.kernels)
+    """One operand's cast over `elements` values: each kernel's fixed cost plus its bytes at its bandwidth."""
+    if cast is None:
+        return 0.0
+    bw = dev.bandwidth_tbps * 1e12
+    return sum(KERNEL_FIXED_S + p.bytes_per_elem * elements / (bw * p.bw_eff) for p in cast.passes)
