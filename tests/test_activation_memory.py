@@ -8,7 +8,7 @@ import torch
 
 from launcher.planning.memory import estimate, model_params
 from launcher.train.compile_ac import prepare_blocks
-from launcher.train.loop import cross_entropy
+from launcher.train.loop import loss_function
 from launcher.train.models import build_model
 from launcher.train.precision import apply_precision
 from tests.train._engine_setup import make_plan
@@ -37,7 +37,7 @@ def saved_bytes(plan) -> int:
     t = plan.train
     tokens = torch.randint(0, model.vocab_size, (t.micro_batch_size, t.seq_len + 1), generator=torch.Generator().manual_seed(0))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x), precision.autocast():
-        loss = cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
+        loss = loss_function(plan)(model(tokens[:, :-1]), tokens[:, 1:])  # compiled with the blocks where compile is on
     loss.backward()  # the saved tensors were usable: this is what backward read
     return sum(seen.values())
 
@@ -52,7 +52,11 @@ def saved_bytes(plan) -> int:
     {**FP8, "precision.torchao.recipe": "rowwise"},
     {"precision.mode": "bf16", "distributed.strategy": "fsdp2"},
     {**FP8, "distributed.strategy": "fsdp2", "activation_checkpointing.mode": "selective"},
-], ids=["bf16", "bf16-full", "bf16-selective", "fp32", "fp8", "fp8-full", "fp8-rowwise", "fsdp2-bf16", "fsdp2-fp8-selective"])
+    # compiled: the loss keeps the bf16 logits, not the fp32 log-softmax (checkpointed blocks keep only their inputs)
+    pytest.param({"precision.mode": "bf16", "distributed.strategy": "fsdp2", "activation_checkpointing.mode": "full", "compile.enabled": True},
+                 marks=pytest.mark.slow),  # ~1 min of Inductor on 2 cores
+], ids=["bf16", "bf16-full", "bf16-selective", "fp32", "fp8", "fp8-full", "fp8-rowwise", "fsdp2-bf16", "fsdp2-fp8-selective",
+        "fsdp2-bf16-full-compiled"])
 def test_activation_estimate_is_within_15_percent_of_what_autograd_saves(tmp_path, keys):
     plan, _ = make_plan(tmp_path, **{"distributed.procs_per_node": 1, "distributed.strategy": "ddp",
                                      "train.model": "builtin:llama-debug", "train.seq_len": 128, "train.micro_batch_size": 2, **keys})

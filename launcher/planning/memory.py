@@ -7,8 +7,8 @@ as autograd saves them for one micro-batch: per block the two norms' fp32 inputs
 outputs and rstd, the Linear inputs (one cast per Linear when the residual stream is fp32 and
 autocast casts it; shared when it is already in the compute dtype; one byte per element where
 Transformer Engine saves FP8), q/k/v/output and the log-sum-exp of attention, the SwiGLU
-intermediates; outside the blocks the token ids, the final norm, the head's input and the fp32
-logits of the loss; under DDP autocast also the compute-dtype copy of each high-precision Linear
+intermediates; outside the blocks the token ids, the final norm, the head's input and what the loss
+keeps (the fp32 log-softmax; with compile the compute-dtype logits); under DDP autocast also the compute-dtype copy of each high-precision Linear
 weight. Activation checkpointing keeps only each checkpointed block's input. Tensor parallelism
 with sequence parallelism divides all of it by `distributed.tensor_parallel`. The CPU check
 (tests/test_activation_memory.py) holds it within 15% of the bytes autograd really saves.
@@ -210,10 +210,13 @@ def block_activation_bytes_per_token(plan: Plan, cfg) -> float:
 
 
 def outside_activation_bytes_per_token(plan: Plan, cfg) -> float:
-    """Bytes saved outside the blocks per token: token ids and targets, final norm, head input, fp32 logits."""
+    """Bytes saved outside the blocks per token: token ids and targets, final norm, head input, and what the loss
+    keeps for backward: eager, the fp32 log-softmax over the vocabulary; compiled (launcher/train/loop.py
+    `loss_function`), the logits in the compute dtype and two fp32 statistics (Inductor recomputes the softmax)."""
     c, r = _compute_bytes(plan), _residual_bytes(plan)
     d = cfg.dim
-    return float(16 + (4 * d + r * d + 4) + c * d + 4 * cfg.vocab_size)
+    loss = (c * cfg.vocab_size + 8) if plan.compile.enabled else 4 * cfg.vocab_size
+    return float(16 + (4 * d + r * d + 4) + c * d + loss)
 
 
 def weight_copy_bytes(plan: Plan, cfg, checkpointed: int = 0) -> float:

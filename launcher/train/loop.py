@@ -171,9 +171,7 @@ class Trainer:
             tokens = self.next_tokens()
             last = micro == t.grad_accum_steps - 1
             with engine.micro_batch(last):
-                logits = engine.forward(tokens[:, :-1])
-                with annotate("fp8launch.loss"):
-                    loss = self._loss(logits, tokens[:, 1:])
+                loss = self._loss_of(engine.forward(tokens[:, :-1]), tokens[:, 1:])
                 engine.backward(loss, last)
             loss_sum += loss.detach().float()
         with annotate("fp8launch.optimizer"):
@@ -203,6 +201,12 @@ class Trainer:
         stop = (stop_here or "SIGTERM") if stops > 0 else None
         self.state.last_step_time_s = step_time = self._timer.stop()
         return StepResult(loss=loss_value, grad_norm=norm_value, step_time_s=step_time, lr=lr, skipped=skipped, stop=stop)
+
+    def _loss_of(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss, as the profiler's loss part. Takes the logits so that no caller's frame keeps them alive through
+        backward (the head's output over the vocabulary is the largest activation)."""
+        with annotate("fp8launch.loss"):
+            return self._loss(logits, targets)
 
     def _finite(self, loss: float, norm: float | None) -> bool:
         # With a GradScaler (fp16) inf/nan gradients are the scaler's business: it skips and lowers the scale.
