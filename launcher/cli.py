@@ -171,6 +171,37 @@ def init(name, backend, strategy, model, nodes, procs_per_node, out, force) -> N
     click.echo(f"wrote {planned.spec_path}: {decision.summary()}\n  {decision.why}\nnext: fp8launch plan {path}; fp8launch run {path}")
 
 
+@main.command("import", epilog=EXIT_CODES)
+@click.argument("file", type=click.Path(path_type=str))
+@click.option("--out", help="The spec to write [default: NAME.toml here, NAME from the source's run name or file name].")
+@click.option("--force", is_flag=True, help="Overwrite --out when it exists.")
+@_errors
+def import_(file, out, force) -> None:
+    """Write an fp8launch spec equivalent to FILE: an Accelerate config, an Axolotl YAML, a torchtitan job TOML, a NeMo /
+    Megatron-Bridge YAML or a DeepSpeed JSON (the kind is read from the content).
+
+    Every setting of FILE is reported as mapped, approximated (how) or with no equivalent (why, what to do), here and
+    as a comment block at the top of the spec, which is checked like `plan` before it is written. See docs/import.md."""
+    import os
+    import shlex
+
+    from launcher.commands.importer import import_config
+    from launcher.commands.init import check_target, write_spec
+    from launcher.commands.plan import warning_lines
+
+    if out:
+        check_target(out, force)
+    imported = import_config(file, folder=os.path.dirname(os.path.abspath(out)) if out else ".")
+    planned = write_spec(imported.text, out or f"{imported.name}.toml", force)
+    for line in imported.report.lines():
+        click.echo(line)
+    for line in warning_lines(planned):
+        click.echo(line, err=True)
+    path = shlex.quote(planned.spec_path)
+    click.echo(f"wrote {planned.spec_path} from {file} ({imported.kind.title}): {imported.report.summary()}\n"
+               f"next: fill in the PLACEHOLDER lines, then fp8launch plan {path}; fp8launch run {path}")
+
+
 def _ask(prompt: str, default, options: tuple[str, ...] | None):
     kind = click.Choice(options) if options else click.IntRange(min=1) if isinstance(default, int) else str
     return click.prompt(prompt, default=default, type=kind)

@@ -101,6 +101,13 @@ class UsageError(LauncherError):
     """Bad command-line usage that Click itself cannot see."""
 
 
+class SourceError(LauncherError):
+    """`fp8launch import`: the config to import cannot be read, or is of no kind fp8launch knows (one line)."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(f"{path}: {' '.join(message.split())}")
+
+
 class EnvironmentProblem(LauncherError):
     """This machine cannot run the plan (missing package, GPU too old, no GPU)."""
 

@@ -234,7 +234,14 @@ class TrainConfig:
     optimizer: str
     lr: float
     weight_decay: float
+    weight_decay_exclude: str
+    """none | norms_and_biases: one-dimensional parameters (norm weights, biases) get no weight decay."""
+    adam_betas: tuple[float, ...]
+    """Adam / AdamW (beta1, beta2)."""
+    adam_eps: float
     warmup_steps: int
+    min_lr_ratio: float
+    """The cosine decay ends at this fraction of lr."""
     max_grad_norm: float
     seed: int
     output_dir: str
@@ -278,7 +285,9 @@ class EvalConfig:
         return step == total_steps or (self.every > 0 and step % self.every == 0)
 
 
-WANDB_DEFAULTS = {"enabled": False, "project": "", "entity": "", "mode": "online"}
+WANDB_DEFAULTS = {"enabled": False, "project": "", "entity": "", "mode": ""}
+"""log.wandb's keys as plan.json keeps them; "" = what the environment says (WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE),
+else W&B's own default (the spec name for the project, online): the spec wins only where it says something."""
 
 
 @frozen
@@ -362,25 +371,40 @@ def _optional_tuple(hint):
     return None
 
 
-def _build(cls, data: dict):
-    """Construct dataclass `cls` from `data`, recursing into nested config classes."""
-    hints = _hints(cls)
-    kwargs = {}
+@functools.cache
+def _fields(cls) -> tuple[tuple[str, str, typing.Any], ...]:
+    """(name, kind, type) of each field of dataclass `cls`: kind "class" (a nested config), "tuple" (of the type, or
+    None), "int", "float" or "" (taken as it is). Worked out once per class: `resolve` runs thousands of times when the
+    support matrix is generated."""
+    hints, out = _hints(cls), []
     for f in dataclasses.fields(cls):
-        if f.name not in data:
-            continue
-        hint, value = hints[f.name], data[f.name]
+        hint = hints[f.name]
         if dataclasses.is_dataclass(hint):
-            value = _build(hint, value)
+            out.append((f.name, "class", hint))
         elif typing.get_origin(hint) is tuple or _optional_tuple(hint):
             hint = hint if typing.get_origin(hint) is tuple else _optional_tuple(hint)
-            item = typing.get_args(hint)[0]
-            value = None if value is None else tuple(_build(item, v) if dataclasses.is_dataclass(item) else v for v in value)
-        elif hint is int and isinstance(value, float):
+            out.append((f.name, "tuple", typing.get_args(hint)[0]))
+        else:
+            out.append((f.name, "int" if hint is int else "float" if hint is float else "", hint))
+    return tuple(out)
+
+
+def _build(cls, data: dict):
+    """Construct dataclass `cls` from `data`, recursing into nested config classes."""
+    kwargs = {}
+    for name, kind, hint in _fields(cls):
+        if name not in data:
+            continue
+        value = data[name]
+        if kind == "class":
+            value = _build(hint, value)
+        elif kind == "tuple":
+            value = None if value is None else tuple(_build(hint, v) if dataclasses.is_dataclass(hint) else v for v in value)
+        elif kind == "int" and isinstance(value, float):
             value = int(value)
-        elif hint is float and isinstance(value, int):
+        elif kind == "float" and isinstance(value, int):
             value = float(value)
-        kwargs[f.name] = value
+        kwargs[name] = value
     return cls(**kwargs)
 
 

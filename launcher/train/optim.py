@@ -1,8 +1,16 @@
 """The optimizer and the learning-rate schedule a plan asks for (`train.optimizer`, `train.lr`,
-`train.weight_decay`, `train.warmup_steps`, `train.steps`).
+`train.weight_decay`, `train.weight_decay_exclude`, `train.adam_betas`, `train.adam_eps`,
+`train.warmup_steps`, `train.min_lr_ratio`, `train.steps`).
 
 Schedule: linear warm-up over `warmup_steps` (as torchtitan: the first step already has
-lr / (warmup_steps + 1)), then cosine decay from `lr` to 10% of `lr` at `steps`.
+lr / (warmup_steps + 1)), then cosine decay from `lr` to `min_lr_ratio` x `lr` at `steps`
+(default 0.1: 10% of `lr`).
+
+Weight decay: `weight_decay_exclude = "none"` puts every parameter in one group (torchtitan's
+build_optimizers does the same); "norms_and_biases" moves every parameter with one dimension (norm
+weights, biases) into a second group with weight_decay 0, Megatron-Core's rule ("skipping all len 1
+and bias parameters", megatron/core/optimizer/__init__.py). A bias has one dimension, so the shape
+alone decides. The decaying group comes first, each group in `module.parameters()` order.
 """
 
 from __future__ import annotations
@@ -18,30 +26,42 @@ if typing.TYPE_CHECKING:
     from launcher.planning.plan import TrainConfig
 
 FINAL_LR_FRACTION = 0.1
-"""The cosine decay ends at this fraction of the peak learning rate."""
+"""The default of train.min_lr_ratio: the cosine decay ends at this fraction of the peak learning rate."""
+
+
+def param_groups(params: Iterable[torch.nn.Parameter], train: TrainConfig) -> list[dict]:
+    """The trainable `params` as optimizer parameter groups: one group, or (weight_decay_exclude =
+    "norms_and_biases") the decaying parameters and then the one-dimensional ones with weight_decay 0.
+    An empty group is left out."""
+    params = [p for p in params if p.requires_grad]
+    if train.weight_decay_exclude == "none":
+        return [{"params": params}]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    return [g for g in ({"params": decay}, {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], train: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW, Adam or plain SGD (no momentum) over `params`, at `train.lr`."""
-    params = [p for p in params if p.requires_grad]
-    if train.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
-    if train.optimizer == "adam":
-        return torch.optim.Adam(params, lr=train.lr, weight_decay=train.weight_decay)
+    """AdamW, Adam (with train.adam_betas and adam_eps) or plain SGD (no momentum) over `params`, at `train.lr`."""
+    groups = param_groups(params, train)
+    if train.optimizer in ("adamw", "adam"):
+        cls = torch.optim.AdamW if train.optimizer == "adamw" else torch.optim.Adam
+        return cls(groups, lr=train.lr, betas=tuple(train.adam_betas), eps=train.adam_eps, weight_decay=train.weight_decay)
     if train.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=train.lr, weight_decay=train.weight_decay)
+        return torch.optim.SGD(groups, lr=train.lr, weight_decay=train.weight_decay)
     raise ValueError(f"unknown train.optimizer {train.optimizer!r}")  # the schema allows no other value
 
 
-def lr_factor(step: int, *, warmup_steps: int, steps: int) -> float:
+def lr_factor(step: int, *, warmup_steps: int, steps: int, min_lr_ratio: float = FINAL_LR_FRACTION) -> float:
     """Multiplier of the peak lr for optimizer step `step` (0-based)."""
     if step < warmup_steps:
         return (step + 1) / (warmup_steps + 1)
     decay_steps = max(steps - warmup_steps, 1)
     progress = min((step - warmup_steps) / decay_steps, 1.0)
-    return FINAL_LR_FRACTION + (1 - FINAL_LR_FRACTION) * 0.5 * (1 + math.cos(math.pi * progress))
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig) -> LambdaLR:
     """A LambdaLR stepped once per optimizer step (its state_dict is the step count)."""
-    return LambdaLR(optimizer, lambda step: lr_factor(step, warmup_steps=train.warmup_steps, steps=train.steps))
+    return LambdaLR(optimizer, lambda step: lr_factor(step, warmup_steps=train.warmup_steps, steps=train.steps,
+                                                      min_lr_ratio=train.min_lr_ratio))

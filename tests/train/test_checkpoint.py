@@ -31,7 +31,7 @@ from launcher.train.rng import rng_state, set_rng_state
 from ._engine_setup import gloo_world, spawn_ranks
 
 CFG = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, multiple_of=16)
-TRAIN = SimpleNamespace(lr=3e-3, weight_decay=0.1, warmup_steps=2, steps=8)
+TRAIN = SimpleNamespace(lr=3e-3, weight_decay=0.1, warmup_steps=2, steps=8, min_lr_ratio=0.1)
 """What build_scheduler reads from plan.train."""
 
 

@@ -19,7 +19,7 @@ from torch import nn
 from launcher.errors import BackendMissing
 from launcher.planning.rules import Facts, rule_error
 from launcher.train.models import logits_of
-from launcher.train.optim import build_optimizer, build_scheduler
+from launcher.train.optim import build_optimizer, build_scheduler, param_groups
 
 from .base import Engine
 from launcher.planning.install import INSTALL
@@ -156,7 +156,7 @@ def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: d
     optimizer = None if "optimizer" in config else build_optimizer(model.parameters(), plan.train)
     engine, ds_optimizer, _, scheduler = deepspeed.initialize(
         model=model,
-        model_parameters=[q for q in model.parameters() if q.requires_grad] if optimizer is None else None,
+        model_parameters=param_groups(model.parameters(), plan.train) if optimizer is None else None,
         optimizer=optimizer,
         lr_scheduler=lambda opt: build_scheduler(opt, plan.train),
         config=config,

@@ -12,7 +12,8 @@ without a process group, a few tensors at a time (`Weights.load`), never the opt
 - DeepSpeed ZeRO 1-3: DeepSpeed's own fp32 reconstruction from the optimizer partitions
   (`deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`, lazy: ZeRO-3 tensors are
   gathered one at a time). ZeRO-0 has no partitions: the bf16/fp16 optimizer's fp32 copies (in the
-  order of `module.parameters()`, which build_optimizer keeps), else the module's own weights.
+  order of `module.parameters()`, which build_optimizer keeps, or its two groups with
+  train.weight_decay_exclude), else the module's own weights.
   DeepSpeed pickles its own objects: reading needs deepspeed and unpickles the run's own files, as
   DeepSpeed's zero_to_fp32.py does.
 
@@ -204,7 +205,7 @@ def _torch_load(path: str) -> dict:
 
 def _zero0_state(states: dict, folder: str) -> dict[str, torch.Tensor]:
     """ZeRO-0: the module's state dict, its parameters replaced by the bf16/fp16 optimizer's fp32 copies
-    (`fp32_groups`, in `module.parameters()` order: tied parameters once, buffers not at all). An fp32 run
+    (`fp32_groups`, in build_optimizer's order: tied parameters once, buffers not at all). An fp32 run
     has no copies: its module weights are the weights."""
     module: dict[str, torch.Tensor] = states["module"]
     optimizer = states.get("optimizer")
@@ -222,8 +223,14 @@ def _zero0_state(states: dict, folder: str) -> dict[str, torch.Tensor]:
             continue
         first_of[ptr] = name
         params.append(name)
-    fits = len(params) == len(masters) and all(
-        module[n].shape == m.shape and torch.equal(m.to(module[n].dtype), module[n]) for n, m in zip(params, masters))
+    # build_optimizer's order: module.parameters(), or with train.weight_decay_exclude its decaying group first and then
+    # the one-dimensional parameters (launcher/train/optim.py param_groups; sorted() is stable)
+    for order in (params, sorted(params, key=lambda n: module[n].ndim < 2)):
+        fits = len(order) == len(masters) and all(
+            module[n].shape == m.shape and torch.equal(m.to(module[n].dtype), module[n]) for n, m in zip(order, masters))
+        if fits:
+            params = order
+            break
     if not fits:
         raise InputError(KEY, f"{folder}: the fp32 copies of DeepSpeed's ZeRO-0 optimizer do not line up with the module's parameters",
                          "read the bf16 weights the run trained with from the 'module' entry of mp_rank_00_model_states.pt "

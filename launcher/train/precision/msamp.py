@@ -36,6 +36,7 @@ from . import select
 from .amp import Precision, amp_settings
 from .report import count
 from launcher.planning.install import INSTALL
+from launcher.train.optim import param_groups
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
@@ -64,14 +65,14 @@ STATE_DTYPES = {"O1": ("float32", "float32"), "O2": ("uint8", "float16")}
 
 def msamp_optimizer_args(plan: Plan) -> tuple[str, dict]:
     """(class name in msamp.optim, its keyword arguments) for the plan's optimizer at its opt level:
-    LBAdamW (decoupled weight decay) for adamw, LBAdam for adam; torch's defaults for betas and eps."""
+    LBAdamW (decoupled weight decay) for adamw, LBAdam for adam; betas and eps from train.adam_betas / adam_eps."""
     level = msamp_init_args(plan)["opt_level"]
     t = plan.train
     if t.optimizer not in ("adam", "adamw"):
         raise rule_error("MSAMP-OPTIMIZER", Facts(plan=plan))  # planning refuses it; a hand-edited plan.json could hold it
     exp_avg, exp_avg_sq = STATE_DTYPES[level]
     return ("LBAdamW" if t.optimizer == "adamw" else "LBAdam"), {
-        "lr": t.lr, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": t.weight_decay,
+        "lr": t.lr, "betas": tuple(t.adam_betas), "eps": t.adam_eps, "weight_decay": t.weight_decay,
         "exp_avg_dtype": getattr(torch, exp_avg), "exp_avg_sq_dtype": getattr(torch, exp_avg_sq)}
 
 
@@ -146,7 +147,7 @@ class MsampPrecision(Precision):
         replacer = self.msamp.te.TeReplacer if self.plan.precision.msamp.use_te else self.msamp.nn.LinearReplacer
         model = replacer.replace(model)
         name, kwargs = msamp_optimizer_args(self.plan)
-        optimizer = getattr(self.msamp.optim, name)([q for q in model.parameters() if q.requires_grad], **kwargs)
+        optimizer = getattr(self.msamp.optim, name)(param_groups(model.parameters(), self.plan.train), **kwargs)
         self.recount(model)
         raise_run_errors(self.plan, self.device, fp8_layers=self.report.fp8_layers)
         return model, optimizer

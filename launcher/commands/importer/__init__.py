@@ -1,0 +1,132 @@
+"""`fp8launch import FILE`: a config from another project -> an fp8launch spec and a per-setting report.
+
+    imported = import_config("accelerate.yaml", folder=".")   # read, detect the kind, map, make it plan
+    imported.text                                              # the spec's TOML, the report as its comment block
+    imported.report.lines()                                    # mapped / approximated / no equivalent, one per setting
+
+The kind is detected from the content (each kind scores the keys it knows), not from the extension: an
+Accelerate config, an Axolotl YAML, a torchtitan job TOML, a NeMo / Megatron-Bridge YAML or a DeepSpeed JSON.
+One module per kind (its `KIND` record: score, read, name); draft.py holds the spec being built and the report;
+planable.py makes the result plan. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass
+
+from launcher.errors import EnvironmentProblem, SourceError, with_fix
+
+from . import accelerate, axolotl, deepspeed, megatron, torchtitan
+from .draft import Draft, render, source_stem, spec_name
+from .kind import Kind
+from .planable import settle
+from .report import Report
+
+KINDS: tuple[Kind, ...] = (accelerate.KIND, axolotl.KIND, torchtitan.KIND, megatron.KIND, deepspeed.KIND)
+
+MAX_BYTES = 8 * 1024 * 1024
+MAX_LEAVES = 20000
+
+
+@dataclass(frozen=True, slots=True)
+class Imported:
+    kind: Kind
+    name: str
+    """The spec name (from the source's run or job name, else the file name)."""
+    text: str
+    """The spec's TOML, planned: the report is its comment block."""
+    report: Report
+
+
+def _yaml(text: str):
+    try:
+        import yaml
+    except ImportError as e:  # pyyaml is a dependency of fp8launch; an install from before it was may lack it
+        raise EnvironmentProblem(with_fix("the pyyaml package is not importable", "pip install 'pyyaml>=6', or reinstall fp8launch "
+                                          'from your clone: pip install -e .')) from e
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader that reads an unknown tag (`!!python/...`, a project's own `!tag`) as the plain value under it."""
+
+    def plain(loader, _suffix, node):
+        if isinstance(node, yaml.MappingNode):
+            return loader.construct_mapping(node)
+        if isinstance(node, yaml.SequenceNode):
+            return loader.construct_sequence(node)
+        return loader.construct_scalar(node)
+
+    Loader.add_multi_constructor("!", plain)
+    Loader.add_multi_constructor("tag:", plain)
+    return yaml.load(text, Loader=Loader)  # noqa: S506 -- a SafeLoader subclass
+
+
+PARSERS = {"json": json.loads, "toml": tomllib.loads, "yaml": _yaml}
+BY_EXTENSION = {".json": "json", ".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}
+
+
+def load(path: str) -> tuple[str, dict]:
+    """(format, data) of the file at `path`: JSON, TOML or YAML, whichever parses to a table (the extension's first).
+    Raises SourceError (one line) when it cannot be read or parsed."""
+    try:
+        if os.path.getsize(path) > MAX_BYTES:
+            raise SourceError(path, f"larger than {MAX_BYTES // 2**20} MiB: not a config")
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise SourceError(path, f"cannot read it ({e.strerror or e})") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise SourceError(path, "not a text file (not UTF-8): expected a JSON, TOML or YAML config") from None
+    first = BY_EXTENSION.get(os.path.splitext(path)[1].lower())
+    order = [first] + [f for f in PARSERS if f != first] if first else list(PARSERS)
+    errors = {}
+    for fmt in order:
+        try:
+            data = PARSERS[fmt](text)
+        except SourceError:
+            raise
+        except Exception as e:  # each parser has its own error types; the first line says where
+            errors[fmt] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            continue
+        if isinstance(data, dict):
+            return fmt, data
+        kind = {"str": "text", "list": "list", "int": "number", "float": "number", "bool": "boolean"}.get(type(data).__name__, "value")
+        raise SourceError(path, f"not a config: it reads as {fmt.upper()} holding a {kind}, not a table of settings")
+    detail = errors.get(first) or "; ".join(f"{k}: {v}" for k, v in errors.items())
+    raise SourceError(path, f"cannot parse it as JSON, TOML or YAML ({detail})")
+
+
+def detect(path: str, data: dict) -> Kind:
+    """The kind whose keys the data has most of; SourceError when it has none of any kind's."""
+    scores = sorted(((k.score(data), i) for i, k in enumerate(KINDS)), reverse=True)
+    best, i = scores[0]
+    if best <= 0:
+        raise SourceError(path, "not a config fp8launch can import: expected an Accelerate config, an Axolotl YAML, a torchtitan "
+                                "job TOML, a NeMo / Megatron-Bridge YAML or a DeepSpeed JSON (none of their keys found)")
+    return KINDS[i]
+
+
+def import_config(path: str, folder: str = ".") -> Imported:
+    """Read `path`, map it to a spec and make the spec plan (planning in `folder`, where it will be written).
+    Raises SourceError for an unreadable or unknown file, SpecError when a rule refuses the spec and no nearer
+    setting plans."""
+    _, data = load(path)
+    kind = detect(path, data)
+    try:
+        draft = Draft(data, path=path, title=kind.title, max_leaves=MAX_LEAVES)
+    except ValueError as e:
+        raise SourceError(path, str(e)) from None
+    try:
+        kind.read(draft)
+    except (ValueError, TypeError) as e:  # a value of the wrong type (lr: "fast"): invalid input, one line
+        raise SourceError(path, f"a value this {kind.title} should not have: {e}") from None
+    draft.leftovers(kind.other)
+    draft.name = spec_name(kind.name(draft) or source_stem(path))
+    header = [f"Imported by `fp8launch import` from {os.path.basename(path)} ({kind.title}).",
+              "Each setting of the source and what it became; a line marked PLACEHOLDER needs your value.", ""]
+    text = settle(draft, lambda d: render(d, header + [d.report.summary() + ":"]), folder, label=f"{path} (imported)")
+    return Imported(kind=kind, name=draft.name, text=text, report=draft.report)

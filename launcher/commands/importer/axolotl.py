@@ -1,0 +1,318 @@
+"""An Axolotl YAML (axolotl-ai-cloud/axolotl src/axolotl/utils/schemas/*.py; examples/llama-3/3b-fp8-fsdp2.yaml).
+
+What Axolotl does with the keys that matter here, read from its code:
+- fp8: Accelerate with AORecipeKwargs around torchao's default Float8LinearConfig (tensorwise, no
+  pad_inner_dim), enable_fsdp_float8_all_gather from fp8_enable_fsdp_float8_all_gather
+  (core/trainers/base.py additional_accelerator_args); Accelerate keeps the first and last Linear and dims not
+  divisible by 16 in high precision (accelerate/utils/ao.py), and Axolotl the MoE routers.
+- The optimizer and schedule are the Hugging Face Trainer's: AdamW with adam_beta1 / adam_beta2 / adam_epsilon
+  (torch's defaults), no weight decay for biases and LayerNorm / RMSNorm weights (Trainer.get_decay_parameter_names);
+  lr_scheduler "cosine" by default, decaying to 0, or to cosine_min_lr_ratio x lr
+  (core/trainers/mixins/scheduler.py get_cosine_schedule_with_min_lr).
+- The world size comes from `accelerate launch` / torchrun, not the YAML.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import deepspeed, hub
+from .draft import Draft
+from .kind import Kind, count
+
+ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_apex_fused", "adamw_anyprecision", "adamw_torch_xla", "adamw_torch_npu_fused")
+
+
+def _num(value) -> float:
+    return float(value)  # YAML reads 2e-5 (no dot) as a string
+
+
+def _read(d: Draft) -> None:
+    if d.has("deepspeed"):
+        deepspeed.attach(d, "deepspeed", os.path.dirname(os.path.abspath(d.path)))
+        if deepspeed.PREFIX in d.data:
+            deepspeed.read_config(d, deepspeed.PREFIX + ".", parent="Axolotl's Hugging Face Trainer, from the Axolotl keys of the same "
+                                                                    "meaning (read below)")
+    _model_and_data(d)
+    _precision(d)
+    _distributed(d)
+    _training(d)
+    _logging(d)
+
+
+def _model_and_data(d: Draft) -> None:
+    base = d.get("base_model")
+    if base is not None:
+        hub.model(d, "base_model", str(base))
+    for key in ("base_model_config", "tokenizer_config", "tokenizer_type", "model_type", "tokenizer_use_fast"):
+        if d.has(key):
+            d.none(key, "fp8launch reads the model's own config.json and tokenizer.json from the train.model folder")
+    datasets = d.get("datasets")
+    if datasets:
+        first = datasets[0] if isinstance(datasets, list) and datasets and isinstance(datasets[0], dict) else {}
+        name = str(first.get("path", "")) if first else ""
+        fmt = first.get("type") if first else None
+        note = (f'"{fmt}" is a prompt format (template and loss masking): fp8launch trains on plain text, so write each row as text '
+                f"first (a jsonl with a text column)" if fmt else "")
+        if len(datasets) > 1:
+            note += ("; " if note else "") + f"{len(datasets)} datasets: fp8launch reads one, so join them"
+        if name and os.path.exists(name):
+            d.approximated("datasets", ("train.data", f"hf-dataset:{name}?column=text"),
+                           how="a local dataset: read as plain text from its text column; " + (note or "set train.tokenizer"))
+        else:
+            hub.dataset(d, "datasets", name or "the dataset", note=note)
+    d.group("test_datasets", "fp8launch's held-out data is [eval] data: a local file")
+    if d.has("val_set_size"):
+        d.none("val_set_size", "fp8launch does not split the training data: set [eval] data to a held-out local file")
+    if d.has("sequence_len"):
+        d.mapped("sequence_len", ("train.seq_len", int(d.get("sequence_len"))))
+    if d.has("sample_packing"):
+        d.mapped("sample_packing", note="fp8launch always packs: documents are laid end to end in seq_len windows (docs/data.md)")
+    if d.has("pad_to_sequence_len"):
+        d.mapped("pad_to_sequence_len", note="every fp8launch batch is seq_len long")
+    for key in ("special_tokens", "tokens", "chat_template", "train_on_inputs", "dataset_prepared_path", "dataset_processes"):
+        d.group(key, "dataset preparation (templates, special tokens, loss masking): fp8launch trains on every token of the text")
+
+
+def _precision(d: Draft) -> None:
+    half = "bf16" if d.get("bf16") in (True, "auto", "true") else "fp16" if d.get("fp16") is True else None
+    if d.get("fp8") is True:
+        d.mapped("fp8", ("precision.mode", "fp8"), ("precision.backend", "torchao"), ("precision.torchao.recipe", "tensorwise"),
+                 ("precision.torchao.skip_small", False), ("precision.torchao.pad_inner_dim", False), ("precision.keep_first_last", True),
+                 note="Axolotl's torchao Float8LinearConfig (tensorwise) through Accelerate, which keeps the first and last Linear")
+        if d.has("fp8_enable_fsdp_float8_all_gather"):
+            gather = d.get("fp8_enable_fsdp_float8_all_gather") is True
+            d.mapped("fp8_enable_fsdp_float8_all_gather", ("precision.torchao.fsdp_float8_all_gather", gather),
+                     ("precision.torchao.precompute_scale", False),
+                     note="Axolotl does not precompute the float8 scales" + ("; its force_recompute_fp8_weight_in_bwd is torchao's default "
+                                                                              "in fp8launch" if gather else ""))
+        if half:
+            d.mapped("bf16" if half == "bf16" else "fp16", ("precision.high_precision", half))
+    else:
+        if d.has("fp8"):
+            d.mapped("fp8", note="off")
+        if d.has("fp8_enable_fsdp_float8_all_gather"):
+            d.none("fp8_enable_fsdp_float8_all_gather", "fp8 is off: no effect")
+        if half:
+            d.mapped("bf16" if half == "bf16" else "fp16", ("precision.mode", half))
+        elif d.has("bf16") or d.has("fp16"):
+            d.mapped(tuple(k for k in ("bf16", "fp16") if d.has(k)), ("precision.mode", "fp32"))
+    for key in ("bf16", "fp16"):
+        if d.has(key) and key not in d.taken:
+            d.mapped(key, note="off" if d.get(key) is False else "")
+    for key in ("tf32", "float32", "bfloat16", "float16"):
+        if d.has(key):
+            d.none(key, "fp8launch sets the dtypes from precision.mode / high_precision; TF32 matmuls are torch's default setting")
+    for key in ("load_in_8bit", "load_in_4bit", "adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_linear"):
+        if d.has(key):
+            if d.get(key) is False:
+                d.mapped(key, note="off")
+            else:
+                d.none(key, "fp8launch trains every parameter of the model: no LoRA / QLoRA adapters, no quantized base weights")
+
+
+def _distributed(d: Draft) -> None:
+    d.world_unknown("`accelerate launch` / torchrun set Axolotl's world size, not the YAML")
+    version = d.get("fsdp_version")
+    fsdp = d.get("fsdp_config")
+    if version is not None or d.get("fsdp"):
+        sources = tuple(k for k in ("fsdp_version", "fsdp") if d.has(k))
+        if int(version or 1) == 2:
+            d.mapped(sources, ("distributed.strategy", "fsdp2"))
+        else:
+            d.approximated(sources, ("distributed.strategy", "fsdp2"), how="FSDP1: fp8launch shards with FSDP2")
+    elif deepspeed.PREFIX not in d.data and not d.has("deepspeed"):
+        d.mapped("(strategy)", ("distributed.strategy", "ddp"), note="no fsdp or deepspeed: Axolotl runs DDP")
+    if isinstance(fsdp, dict):
+        _fsdp_config(d)
+    for key, target in (("tensor_parallel_size", "distributed.tensor_parallel"),):
+        if d.has(key):
+            d.mapped(key, (target, int(d.get(key))))
+    for key in ("context_parallel_size", "sequence_parallel_degree"):
+        if d.has(key):
+            (d.mapped(key, note="off") if int(d.get(key)) == 1 else
+             d.none(key, "fp8launch has no context / sequence-dimension parallelism: each rank holds whole sequences"))
+    for key in ("dp_shard_size", "dp_replicate_size"):
+        if d.has(key):
+            d.none(key, "fp8launch's FSDP2 shards over every data-parallel rank (world size / tensor_parallel)")
+    if d.has("torch_compile"):
+        on = d.get("torch_compile") in (True, "auto")
+        d.mapped("torch_compile", ("compile.enabled", on))
+        if on and d.has("torch_compile_mode"):
+            d.mapped("torch_compile_mode", ("compile.mode", str(d.get("torch_compile_mode"))))
+    for key in ("torch_compile_backend", "torch_compile_options"):
+        if d.has(key):
+            d.none(key, "fp8launch compiles each block with inductor")
+    if d.get("gradient_checkpointing") is True or d.get("gradient_checkpointing") == "offload":
+        d.mapped("gradient_checkpointing", ("activation_checkpointing.mode", "full"),
+                 note="" if d.get("gradient_checkpointing") is True else "without the offload: fp8launch recomputes, it does not offload")
+    elif d.has("gradient_checkpointing"):
+        d.mapped("gradient_checkpointing", note="off")
+    d.group("gradient_checkpointing_kwargs", "fp8launch checkpoints each block with torch's non-reentrant checkpoint")
+    for key in ("attn_implementation", "flash_attention", "sdp_attention", "flex_attention", "xformers_attention", "flex_attn_compile_kwargs",
+                "sage_attention", "eager_attention"):
+        d.group(key, "attention kernels: fp8launch's builtin models use torch's scaled_dot_product_attention; hf: models their own")
+    for key in ("plugins",):
+        d.group(key, "Axolotl plugins (e.g. Liger kernels): fp8launch runs the model's own modules")
+    d.bundle(tuple(k for k in d.untaken() if k.startswith("liger_")),
+             "Liger kernels: fp8launch runs the model's own modules (FP8 replaces the Linears, compile fuses the rest)")
+
+
+def _fsdp_config(d: Draft) -> None:
+    p = "fsdp_config."
+
+    def key(name: str) -> str | None:
+        return next((k for k in (p + name, p + "fsdp_" + name) if d.has(k)), None)
+
+    if (k := key("reshard_after_forward")) is not None:
+        d.mapped(k, ("distributed.fsdp2.reshard_after_forward", bool(d.get(k))))
+    elif (k := key("sharding_strategy")) is not None:
+        strategy = str(d.get(k)).upper()
+        if strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
+            d.mapped(k, ("distributed.fsdp2.reshard_after_forward", strategy == "FULL_SHARD"))
+        else:
+            d.approximated(k, how="fp8launch's FSDP2 shards over every data-parallel rank")
+    if (k := key("sharding_strategy")) is not None and k not in d.taken:
+        d.mapped(k, note="reshard_after_forward says it")
+    if (k := key("offload_params")) is not None:
+        d.mapped(k, ("distributed.fsdp2.cpu_offload", bool(d.get(k))))
+    if (k := key("activation_checkpointing")) is not None:
+        if d.get(k) is True:
+            d.mapped(k, ("activation_checkpointing.mode", "full"))
+        else:
+            d.mapped(k, note="off")
+    sources = tuple(k for k in (key("auto_wrap_policy"), key("transformer_layer_cls_to_wrap")) if k)
+    if sources:
+        d.mapped(sources, note="fp8launch shards each transformer block")
+    for name in ("state_dict_type", "cpu_ram_efficient_loading", "sync_module_states", "use_orig_params"):
+        if (k := key(name)) is not None:
+            d.mapped(k, note="fp8launch builds the model on the meta device, gives each rank its shard and checkpoints sharded (DCP)")
+    d.group("fsdp_config", "an FSDP1 tuning knob FSDP2 (fully_shard) does not have")
+    if d.has("fsdp_final_state_dict_type"):
+        d.none("fsdp_final_state_dict_type", "`fp8launch export` writes the final weights from a checkpoint")
+
+
+def _training(d: Draft) -> None:
+    if d.has("micro_batch_size"):
+        d.note_batch("micro", d.get("micro_batch_size"), "micro_batch_size")
+    if d.has("gradient_accumulation_steps"):
+        d.note_batch("accum", d.get("gradient_accumulation_steps"), "gradient_accumulation_steps")
+    elif d.has("batch_size") and d.batch.micro:
+        d.note_batch("accum", max(1, int(d.get("batch_size")) // d.batch.micro), "batch_size")
+    if d.has("max_steps") and int(d.get("max_steps")) > 0:
+        d.mapped("max_steps", ("train.steps", int(d.get("max_steps"))))
+        if d.has("num_epochs"):
+            d.mapped("num_epochs", note="max_steps decides the length, as in the HF Trainer")
+    elif d.has("num_epochs"):
+        d.placeholder("num_epochs", "train.steps", 100, "fp8launch counts optimizer steps, not epochs: the steps of an epoch depend on the "
+                      "dataset's size", "epochs x dataset sequences / global batch")
+    _optimizer(d)
+    _schedule(d)
+    if d.has("max_grad_norm"):
+        d.mapped("max_grad_norm", ("train.max_grad_norm", float(d.get("max_grad_norm"))))
+    if d.has("seed"):
+        d.mapped("seed", ("train.seed", int(d.get("seed"))))
+    if d.has("output_dir"):
+        d.mapped("output_dir", ("train.output_dir", str(d.get("output_dir"))))
+    if d.has("save_steps"):
+        d.mapped("save_steps", ("train.checkpoint_every", int(d.get("save_steps"))))
+    if d.has("saves_per_epoch"):
+        d.none("saves_per_epoch", "fp8launch checkpoints every N steps (train.checkpoint_every) and at the end")
+    if d.has("save_total_limit"):
+        d.mapped("save_total_limit", ("train.keep_checkpoints", int(d.get("save_total_limit"))))
+    for key in ("save_only_model", "save_safetensors", "hub_model_id", "hub_strategy", "save_first_step"):
+        if d.has(key):
+            d.none(key, "fp8launch checkpoints the whole training state; `fp8launch export` writes the model as a Hugging Face folder")
+    if d.has("resume_from_checkpoint"):
+        d.mapped("resume_from_checkpoint", ("train.resume", str(d.get("resume_from_checkpoint"))))
+    for key in ("evals_per_epoch", "eval_steps", "eval_strategy", "eval_batch_size", "eval_sample_packing"):
+        if d.has(key):
+            d.none(key, "fp8launch evaluates every eval.every steps on [eval] data (a local held-out file)")
+
+
+def _optimizer(d: Draft) -> None:
+    name = str(d.get("optimizer", "adamw_torch_fused"))
+    source = "optimizer" if d.has("optimizer") else "(optimizer)"
+    if name in ADAMW:
+        d.mapped(source, ("train.optimizer", "adamw"), value=name, note="" if d.has("optimizer") else "Axolotl's default")
+    elif name in ("sgd", "adam"):
+        d.mapped(source, ("train.optimizer", name))
+    else:
+        d.approximated(source, ("train.optimizer", "adamw"), how=f"fp8launch has adamw, adam and sgd: {name} becomes torch's AdamW")
+    if d.has("learning_rate"):
+        d.mapped("learning_rate", ("train.lr", _num(d.get("learning_rate"))))
+    wd = _num(d.get("weight_decay", 0.0))
+    d.mapped("weight_decay" if d.has("weight_decay") else "(weight_decay)", ("train.weight_decay", wd),
+             ("train.weight_decay_exclude", "norms_and_biases"), value=wd,
+             note="the HF Trainer gives biases and LayerNorm / RMSNorm weights no weight decay")
+    betas = (d.get("adam_beta1"), d.get("adam_beta2"))
+    if any(b is not None for b in betas):
+        d.mapped(tuple(k for k in ("adam_beta1", "adam_beta2") if d.has(k)),
+                 ("train.adam_betas", [_num(betas[0] if betas[0] is not None else 0.9), _num(betas[1] if betas[1] is not None else 0.999)]))
+    if d.has("adam_epsilon"):
+        d.mapped("adam_epsilon", ("train.adam_eps", _num(d.get("adam_epsilon"))))
+    d.group("optim_args", f"arguments of {name}: fp8launch's optimizers take lr, betas, eps and weight_decay only")
+
+
+def _schedule(d: Draft) -> None:
+    kind = str(d.get("lr_scheduler", "cosine"))
+    source = "lr_scheduler" if d.has("lr_scheduler") else "(lr_scheduler)"
+    ratio = d.get("cosine_min_lr_ratio")
+    if kind == "cosine":
+        sources = (source, "cosine_min_lr_ratio") if ratio is not None else source
+        d.mapped(sources, ("train.min_lr_ratio", _num(ratio) if ratio is not None else 0.0), value=[kind, ratio] if ratio is not None else kind,
+                 note=("cosine decay to cosine_min_lr_ratio x lr" if ratio is not None else "the HF Trainer's cosine decays to 0")
+                 + ("" if d.has("lr_scheduler") else " (Axolotl's default scheduler)"))
+    elif kind in ("constant", "constant_with_warmup"):
+        d.mapped(source, ("train.min_lr_ratio", 1.0), note="constant after the warm-up")
+    else:
+        d.approximated(source, ("train.min_lr_ratio", 0.0), how=f"fp8launch's decay is a cosine: {kind} becomes a cosine to 0")
+    if d.has("cosine_min_lr_ratio") and "cosine_min_lr_ratio" not in d.taken:
+        d.none("cosine_min_lr_ratio", f"read only with lr_scheduler cosine, not {kind}")
+    constant = d.get("cosine_constant_lr_ratio")
+    if constant is not None:
+        if not constant:
+            d.mapped("cosine_constant_lr_ratio", note="0: off")
+        else:
+            d.approximated("cosine_constant_lr_ratio", how="fp8launch's cosine runs to the last step (no constant tail)")
+    if d.has("warmup_steps"):
+        d.mapped("warmup_steps", ("train.warmup_steps", int(d.get("warmup_steps"))))
+    elif d.has("warmup_ratio"):
+        steps = d.value("train.steps")
+        if steps and not d.placeholders.get("train.steps"):
+            d.mapped("warmup_ratio", ("train.warmup_steps", round(_num(d.get("warmup_ratio")) * steps)))
+        else:
+            d.none("warmup_ratio", "a share of the steps, which the YAML does not fix: set train.warmup_steps")
+    d.group("lr_scheduler_kwargs", "fp8launch's schedule has warmup_steps, steps and min_lr_ratio only")
+
+
+def _logging(d: Draft) -> None:
+    if d.has("logging_steps"):
+        d.mapped("logging_steps", ("train.log_every", int(d.get("logging_steps"))))
+    project = d.get("wandb_project")
+    if project:
+        table = {"project": str(project)} | ({"entity": str(d.get("wandb_entity"))} if d.get("wandb_entity") else {})
+        d.mapped(tuple(k for k in ("wandb_project", "wandb_entity") if d.has(k)), ("log.wandb", table))
+    for key in ("wandb_name", "wandb_run_id", "wandb_watch", "wandb_log_model", "wandb_mode"):
+        if d.has(key):
+            d.none(key, "fp8launch names the W&B run after the spec and keeps its id in the checkpoint")
+    if d.get("use_tensorboard") is True:
+        d.mapped("use_tensorboard", ("log.tensorboard", True))
+    if d.has("strict"):
+        d.none("strict", "Axolotl's own config check: fp8launch's schema rejects unknown keys always")
+
+
+def _name(d: Draft) -> str | None:
+    name = d.get("wandb_name")
+    return str(name) if name else None
+
+
+KEYS = ("base_model", "datasets", "micro_batch_size", "sequence_len", "num_epochs", "learning_rate", "output_dir", "fp8",
+        "fp8_enable_fsdp_float8_all_gather", "sample_packing", "lr_scheduler", "adapter", "load_in_8bit", "load_in_4bit",
+        "gradient_checkpointing", "torch_compile", "special_tokens", "val_set_size", "wandb_project", "fsdp_version")
+
+KIND = Kind(id="axolotl", title="Axolotl YAML",
+            score=lambda data: count(data, KEYS) + 3 * ("base_model" in data) if "base_model" in data or
+            ("datasets" in data and ("micro_batch_size" in data or "sequence_len" in data)) else 0,
+            read=_read, name=_name,
+            other="an Axolotl setting fp8launch has no equivalent for")

@@ -1,0 +1,236 @@
+"""A DeepSpeed config JSON (https://www.deepspeed.ai/docs/config-json/), alone or as the file an Accelerate
+config or an Axolotl YAML names. Key names and defaults as DeepSpeed 0.19 reads them: deepspeed/runtime/config.py
+(ADAM_W_MODE_DEFAULT = True: optimizer type "Adam" steps as AdamW unless adam_w_mode is false, engine.py
+_configure_basic_optimizer) and deepspeed/runtime/lr_schedules.py (WarmupLR's warmup_type defaults to "log").
+
+"auto" values are filled by the Hugging Face Trainer or Accelerate from their own arguments: read alone, the
+file says nothing there; read through an Accelerate / Axolotl config, that config's own keys say it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from . import hub
+from .draft import Draft, flatten
+from .kind import Kind, count
+
+PREFIX = "[DeepSpeed JSON]"
+"""Where a DeepSpeed file named by another config is put in that config's data (a key no config has)."""
+
+FP16_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+"""The dynamic loss scaling fp8launch's deepspeed.json writes (templates/deepspeed.json.j2)."""
+
+OTHER = "fp8launch's deepspeed.json leaves it at DeepSpeed's default (templates/deepspeed.json.j2 writes the keys fp8launch sets)"
+
+
+def _num(value):
+    """A number as DeepSpeed reads it (5e8 in JSON is a float; "auto" and strings stay as they are)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def attach(draft: Draft, source: str, base: str) -> bool:
+    """Load the DeepSpeed JSON that `source` (a key of the draft's config) names into the draft under PREFIX, so its
+    settings are read and reported like the config's own; False (reported) when it cannot be read."""
+    name = draft.get(source)
+    candidates = [name] if os.path.isabs(name) else [os.path.join(base, name), name]
+    for path in candidates:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            draft.data[PREFIX] = data
+            draft.leaves.update({f"{PREFIX}.{k}": v for k, v in flatten(data).items()})
+            draft.mapped(source, ("distributed.strategy", "deepspeed"), note=f"its settings are read below as {PREFIX}.*")
+            return True
+    draft.none(source, "cannot read this DeepSpeed JSON (looked beside the config and in the current folder): its settings are not "
+                       'imported; distributed.strategy = "deepspeed" with fp8launch\'s defaults', ("distributed.strategy", "deepspeed"))
+    return False
+
+
+def read_config(d: Draft, p: str = "", parent: str = "") -> None:
+    """Map the DeepSpeed settings under `p` ("" for a DeepSpeed JSON read alone, PREFIX + "." inside another config).
+    `parent` names the config whose own keys fill the "auto" values."""
+    def auto(key: str) -> bool:
+        if d.get(p + key) != "auto":
+            return False
+        d.none(p + key, f'"auto": {parent} fills it in' if parent
+               else '"auto": the Hugging Face Trainer or Accelerate fills it in from its own arguments; fp8launch\'s value is kept')
+        return True
+
+    z = p + "zero_optimization."
+    if d.has(z + "stage") and not auto("zero_optimization.stage"):
+        d.mapped(z + "stage", ("distributed.deepspeed.zero_stage", int(d.get(z + "stage"))))
+    for part in ("optimizer", "param"):
+        device = d.get(f"{z}offload_{part}.device")
+        if device is not None:
+            d.mapped(f"{z}offload_{part}.device", (f"distributed.deepspeed.offload_{part}", device if device in ("cpu", "nvme") else "none"))
+        if d.has(f"{z}offload_{part}.nvme_path"):
+            d.mapped(f"{z}offload_{part}.nvme_path", ("distributed.deepspeed.nvme_path", str(d.get(f"{z}offload_{part}.nvme_path"))))
+        pin = d.get(f"{z}offload_{part}.pin_memory")
+        if pin is True:
+            d.mapped(f"{z}offload_{part}.pin_memory", note="fp8launch's deepspeed.json pins offloaded memory too")
+        elif pin is False:
+            d.approximated(f"{z}offload_{part}.pin_memory", how="fp8launch's deepspeed.json always pins offloaded memory")
+    if d.get(z + "cpu_offload") is True:  # ZeRO-Offload's key before offload_optimizer (DeepSpeed < 0.3.15)
+        d.mapped(z + "cpu_offload", ("distributed.deepspeed.offload_optimizer", "cpu"))
+    for key in ("overlap_comm", "contiguous_gradients"):
+        if d.has(z + key) and not auto(f"zero_optimization.{key}"):
+            d.mapped(z + key, (f"distributed.deepspeed.{key}", bool(d.get(z + key))))
+    if d.has(z + "reduce_bucket_size") and not auto("zero_optimization.reduce_bucket_size"):
+        d.mapped(z + "reduce_bucket_size", ("distributed.deepspeed.reduce_bucket_size", int(d.get(z + "reduce_bucket_size"))))
+    for key in [k[len(z):] for k in d.untaken(z[:-1]) if d.get(k) == "auto"]:
+        auto("zero_optimization." + key)
+    d.group(z[:-1], OTHER)
+
+    _precision(d, p, auto, parent)
+    _batch(d, p, auto)
+    if d.has(p + "gradient_clipping") and not auto("gradient_clipping"):
+        d.mapped(p + "gradient_clipping", ("train.max_grad_norm", float(d.get(p + "gradient_clipping"))))
+    _optimizer(d, p, auto)
+    _scheduler(d, p, auto)
+    for tracker in ("tensorboard", "wandb"):
+        if d.get(f"{p}{tracker}.enabled") is True:
+            project = d.get(f"{p}{tracker}.project")
+            value = {"project": str(project)} if tracker == "wandb" and project else True
+            d.mapped(f"{p}{tracker}.enabled", (f"log.{tracker}", value))
+            d.group(f"{p}{tracker}", f"fp8launch's [log] {tracker} chooses its own folder and run name")
+    d.group(p + "activation_checkpointing", "DeepSpeed's activation checkpointing is called from the model's code; fp8launch checkpoints "
+                                           "whole blocks itself: activation_checkpointing.mode")
+    for key in ("steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"):
+        if d.has(p + key):
+            d.mapped(p + key, note="fp8launch's deepspeed.json sets it itself")
+
+
+def _precision(d: Draft, p: str, auto, parent: str) -> None:
+    if d.get(p + "msamp.enabled") is True:
+        level = d.get(p + "msamp.opt_level", "O1")
+        d.mapped((p + "msamp.enabled", p + "msamp.opt_level") if d.has(p + "msamp.opt_level") else p + "msamp.enabled",
+                 ("precision.mode", "fp8"), ("precision.backend", "msamp"), ("precision.msamp.opt_level", level),
+                 note="MS-AMP's DeepSpeed integration" + ("" if d.has(p + "msamp.opt_level") else " (opt_level defaults to O1)"))
+        if d.has(p + "msamp.use_te"):
+            d.mapped(p + "msamp.use_te", ("precision.msamp.use_te", bool(d.get(p + "msamp.use_te"))))
+    fp8 = d.value("precision.mode") == "fp8"
+    dtype = None
+    for name in ("bf16", "fp16"):
+        key = f"{p}{name}.enabled"
+        if d.has(key) and not auto(f"{name}.enabled"):
+            if d.get(key) is True:
+                dtype = name
+                d.mapped(key, ("precision.high_precision" if fp8 else "precision.mode", name))
+            else:
+                d.mapped(key, note=f"{name} off")
+    if dtype is None and not parent and not fp8 and not any(d.get(f"{p}{n}.enabled") == "auto" for n in ("bf16", "fp16")):
+        d.mapped("(precision)", ("precision.mode", "fp32"), note="neither bf16 nor fp16 is enabled: DeepSpeed trains in fp32")
+    for key, value in FP16_SCALING.items():
+        if d.has(f"{p}fp16.{key}"):
+            if dtype != "fp16":
+                d.none(f"{p}fp16.{key}", "fp16 is off: no loss scaling")
+            elif _num(d.get(f"{p}fp16.{key}")) == value:
+                d.mapped(f"{p}fp16.{key}", note="fp8launch's deepspeed.json writes the same")
+            else:
+                d.approximated(f"{p}fp16.{key}", how=f"fp8launch's deepspeed.json writes {key} = {value}")
+    for name in ("bf16", "fp16"):
+        d.group(p + name, "fp8launch keeps fp32 master weights, gradients and optimizer states under DeepSpeed")
+    d.group(p + "torch_autocast", "fp8launch runs the model in precision.high_precision itself (no DeepSpeed autocast)")
+    d.group(p + "amp", "NVIDIA apex amp: fp8launch uses torch's own mixed precision (precision.mode)")
+    d.group(p + "msamp", "MS-AMP's DeepSpeed section: fp8launch writes it from precision.msamp")
+
+
+def _batch(d: Draft, p: str, auto) -> None:
+    for key, attr in (("train_micro_batch_size_per_gpu", "micro"), ("gradient_accumulation_steps", "accum"), ("train_batch_size", "global_")):
+        if d.has(p + key) and not auto(key):
+            d.note_batch(attr, d.get(p + key), p + key)
+
+
+def _optimizer(d: Draft, p: str, auto) -> None:
+    o = p + "optimizer."
+    kind = d.get(o + "type")
+    if kind is not None:
+        adam_w = d.get(o + "params.adam_w_mode", True)
+        sources = (o + "type", o + "params.adam_w_mode") if d.has(o + "params.adam_w_mode") else o + "type"
+        if str(kind).lower() == "adamw" or (str(kind).lower() == "adam" and adam_w):
+            d.mapped(sources, ("train.optimizer", "adamw"),
+                     note="" if str(kind).lower() == "adamw" else "DeepSpeed steps type Adam as AdamW unless adam_w_mode is false")
+        elif str(kind).lower() == "adam":
+            d.mapped(sources, ("train.optimizer", "adam"))
+        else:
+            d.approximated(sources, ("train.optimizer", "adamw"), how=f"fp8launch has no {kind}: AdamW, the nearest it has")
+    for key, target, conv in (("lr", "train.lr", float), ("weight_decay", "train.weight_decay", float),
+                              ("eps", "train.adam_eps", float), ("betas", "train.adam_betas", lambda v: [float(x) for x in v])):
+        if d.has(o + "params." + key) and not auto("optimizer.params." + key):
+            d.mapped(o + "params." + key, (target, conv(d.get(o + "params." + key))))
+    if d.has(o + "params.torch_adam"):
+        d.mapped(o + "params.torch_adam", note="fp8launch builds torch's optimizer itself (DeepSpeed's CPU Adam with offload)")
+    d.group(p + "optimizer", "fp8launch's optimizers take lr, betas, eps and weight_decay only")
+
+
+def _scheduler(d: Draft, p: str, auto) -> None:
+    s = p + "scheduler."
+    kind = d.get(s + "type")
+    if kind is None:
+        return
+    params = s + "params."
+    if d.has(params + "warmup_num_steps") and not auto("scheduler.params.warmup_num_steps"):
+        d.mapped(params + "warmup_num_steps", ("train.warmup_steps", int(d.get(params + "warmup_num_steps"))))
+    if d.has(params + "total_num_steps") and not auto("scheduler.params.total_num_steps"):
+        d.mapped(params + "total_num_steps", ("train.steps", int(d.get(params + "total_num_steps"))))
+    if d.has(params + "warmup_max_lr") and not auto("scheduler.params.warmup_max_lr") and not d.value("train.lr"):
+        d.mapped(params + "warmup_max_lr", ("train.lr", float(d.get(params + "warmup_max_lr"))))
+    for key in ("warmup_min_lr", "warmup_min_ratio"):
+        if d.has(params + key) and not auto("scheduler.params." + key):
+            if float(d.get(params + key)) == 0:
+                d.mapped(params + key, note="fp8launch's warm-up starts near 0 as well")
+            else:
+                d.approximated(params + key, how="fp8launch's linear warm-up starts at lr / (warmup_steps + 1)")
+    warmup = d.get(params + "warmup_type", "log")
+    if warmup == "linear":
+        d.mapped(params + "warmup_type")
+    elif kind in ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR"):
+        d.approximated(params + "warmup_type" if d.has(params + "warmup_type") else "(scheduler warm-up)", value=warmup,
+                       how=f"DeepSpeed's {warmup} warm-up{' (its default)' if not d.has(params + 'warmup_type') else ''} is linear in fp8launch")
+    if kind == "WarmupLR":
+        d.mapped(s + "type", ("train.min_lr_ratio", 1.0), note="WarmupLR holds lr after the warm-up")
+    elif kind == "WarmupCosineLR":
+        ratio = d.get(params + "cos_min_ratio", 0.0001)
+        d.mapped((s + "type", params + "cos_min_ratio") if d.has(params + "cos_min_ratio") else s + "type", ("train.min_lr_ratio", float(ratio)),
+                 note="cosine decay to cos_min_ratio x lr" + ("" if d.has(params + "cos_min_ratio") else " (DeepSpeed's default 0.0001)"))
+    elif kind == "WarmupDecayLR":
+        d.approximated(s + "type", ("train.min_lr_ratio", 0.0), how="DeepSpeed decays linearly to 0 after the warm-up; fp8launch's decay is a cosine to 0")
+    else:
+        d.none(s + "type", f"fp8launch's schedule is a linear warm-up and a cosine decay (train.warmup_steps, train.min_lr_ratio); {kind} has no equivalent")
+    for key in [k[len(params):] for k in d.untaken(params[:-1]) if d.get(k) == "auto"]:
+        auto("scheduler.params." + key)
+    d.group(p + "scheduler", "fp8launch's schedule has warmup_steps, steps and min_lr_ratio only")
+
+
+def world_from_batch(d: Draft) -> None:
+    """A DeepSpeed JSON read alone: its train_batch_size = micro x accum x world says the world size."""
+    b = d.batch
+    if b.micro and b.accum and b.global_ and b.global_ % (b.micro * b.accum) == 0:
+        world = b.global_ // (b.micro * b.accum)
+        nodes, procs = (1, world) if world <= 8 else (world // 8, 8) if world % 8 == 0 else (1, world)
+        d.mapped("(world size)", ("distributed.nodes", nodes), ("distributed.procs_per_node", procs),
+                 note=f"train_batch_size / (train_micro_batch_size_per_gpu x gradient_accumulation_steps) = {world} processes")
+    else:
+        d.world_unknown("the deepspeed launcher's --num_gpus / --num_nodes set the world size, not this file")
+
+
+def _read(d: Draft) -> None:
+    d.mapped("(DeepSpeed JSON)", ("distributed.strategy", "deepspeed"))
+    read_config(d)
+    world_from_batch(d)
+    hub.script(d, "a DeepSpeed config")
+
+
+KEYS = ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps",
+        "gradient_clipping", "fp16", "bf16", "optimizer", "scheduler", "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer")
+
+KIND = Kind(
+    id="deepspeed", title="DeepSpeed JSON",
+    score=lambda data: count(data, KEYS) if "zero_optimization" in data or "train_micro_batch_size_per_gpu" in data
+    or "train_batch_size" in data else 0,
+    read=_read, name=lambda d: None, other=OTHER)

@@ -1,0 +1,281 @@
+"""The spec an importer builds from a source config, and the report of what became of each source setting.
+
+    draft = Draft(data, path="job.toml", title="torchtitan job TOML")
+    draft.mapped("training.seq_len", ("train.seq_len", 8192))       # takes the source key, sets the spec key
+    draft.approximated("lr_scheduler.decay_type", ("train.min_lr_ratio", 0.0), how="cosine, not linear")
+    draft.none("parallelism.pipeline_parallel_degree", "no pipeline parallelism: ...")
+    draft.group("profiling", "...")                                   # what is left under a table, as one entry
+    text = render(draft, header)                                       # the TOML, the report as its comment block
+
+Every source leaf an importer does not take is reported at the end as having no equivalent, so nothing
+in the source goes unmentioned.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.targets.toml_text import toml_text
+
+from .report import APPROXIMATED, MAPPED, NONE, UNSET, Entry, Report, one_line, shown
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+SECTIONS = ("precision", "distributed", "compile", "activation_checkpointing", "launch", "train", "eval", "log")
+"""The spec's tables, in the order they are written."""
+
+
+def flatten(data: Any, limit: int = 20000) -> dict[str, Any]:
+    """Dotted path -> value of every leaf (a list is one leaf; a None value is a setting left unset, and left out).
+    Raises ValueError past `limit` leaves (YAML aliases can make a small file huge)."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        elif node is not None:
+            if len(out) >= limit:
+                raise ValueError(f"more than {limit} settings: not a config")
+            out[prefix[:-1]] = node
+
+    walk(data, "")
+    return out
+
+
+def spec_name(text: str) -> str:
+    """A valid spec name from a run name or file stem: lowercase, other characters -> '-', at most 64."""
+    name = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")[:64].rstrip("-._")
+    return name if NAME.match(name) else "imported"
+
+
+@dataclass(slots=True)
+class Batch:
+    """What the source says about the batch; the spec's grad_accum_steps follows from the data-parallel ranks
+    the spec ends with (planning may change tensor_parallel), so it is worked out at each render."""
+
+    micro: int | None = None
+    micro_source: str = ""
+    accum: int | None = None
+    accum_source: str = ""
+    global_: int | None = None
+    global_source: str = ""
+    ranks_note: str = ""
+    """Why the source's data-parallel ranks differ from the spec's (context / pipeline parallel), for the report."""
+
+
+class Draft:
+    """A spec being built from a source config, with its report."""
+
+    def __init__(self, data: dict, *, path: str, title: str, max_leaves: int = 20000):
+        self.data = data
+        self.path = path
+        self.title = title
+        """The source kind in words, e.g. "Accelerate config"."""
+        self.spec: dict = {}
+        self.report = Report()
+        self.leaves = flatten(data, max_leaves)
+        self.taken: set[str] = set()
+        self.placeholders: dict[str, str] = {}
+        """Spec keys holding a placeholder -> what to put there instead (marked on their line in the TOML)."""
+        self.batch = Batch()
+        self.batch_at: int | None = None
+        """Where the batch's entries go in the report: where the importer read the source's batch (note_batch)."""
+        self.name = ""
+
+    # --- the source ------------------------------------------------------------------------------
+
+    def get(self, path: str, default: Any = None) -> Any:
+        node: Any = self.data
+        for part in path.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return default if node is None else node
+
+    def has(self, path: str) -> bool:
+        return self.get(path) is not None
+
+    def take(self, path: str) -> Any:
+        """The value at `path`, now reported for (every leaf under it)."""
+        self.taken |= {k for k in self.leaves if k == path or k.startswith(path + ".")}
+        return self.get(path)
+
+    def untaken(self, prefix: str = "") -> list[str]:
+        return [k for k in self.leaves if k not in self.taken and (not prefix or k == prefix or k.startswith(prefix + "."))]
+
+    # --- the spec --------------------------------------------------------------------------------
+
+    def set(self, key: str, value: Any) -> None:
+        node = self.spec
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+
+    def value(self, key: str, default: Any = None) -> Any:
+        node: Any = self.spec
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    def unset(self, key: str) -> None:
+        *parents, leaf = key.split(".")
+        node = self.value(".".join(parents)) if parents else self.spec
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+
+    # --- the report ------------------------------------------------------------------------------
+
+    def _entry(self, status: str, source: str | tuple[str, ...], sets: tuple, note: str, value: Any, tag: str = "") -> Entry:
+        sources = (source,) if isinstance(source, str) else tuple(source)
+        if value is UNSET:
+            values = [self.get(s) for s in sources if self.get(s) is not None]
+            value = values[0] if len(values) == 1 else (values if values else UNSET)
+        for s in sources:
+            self.take(s)
+        for key, v in sets:
+            self.set(key, v)
+        return self.report.add(Entry(source=", ".join(sources), status=status, value=value, sets=list(sets), note=note, tag=tag))
+
+    def mapped(self, source: str | tuple[str, ...], *sets: tuple[str, Any], note: str = "", value: Any = UNSET) -> Entry:
+        return self._entry(MAPPED, source, sets, note, value)
+
+    def approximated(self, source: str | tuple[str, ...], *sets: tuple[str, Any], how: str, value: Any = UNSET) -> Entry:
+        return self._entry(APPROXIMATED, source, sets, how, value)
+
+    def none(self, source: str | tuple[str, ...], why: str, *sets: tuple[str, Any], value: Any = UNSET) -> Entry:
+        return self._entry(NONE, source, sets, why, value)
+
+    def placeholder(self, source: str | tuple[str, ...], key: str, value: Any, why: str, instead: str) -> Entry:
+        """No equivalent for `source`: `key` gets placeholder `value` (marked on its line), `instead` says what to put there."""
+        self.placeholders[key] = instead
+        return self.none(source, f"{why}; {key} = {shown(value)} is a PLACEHOLDER", (key, value))
+
+    def world_unknown(self, why: str) -> None:
+        """The source does not say how many processes run: fp8launch's defaults (1 node x 8), marked as a placeholder."""
+        self.placeholder("(world size)", "distributed.procs_per_node", 8, f"{why}; 1 node x 8 processes (fp8launch's default)",
+                         "your GPUs per node (and distributed.nodes)")
+
+    def group(self, prefix: str, why: str) -> Entry | None:
+        """What is left under `prefix`, as one no-equivalent entry."""
+        rest = self.untaken(prefix)
+        if not rest:
+            return None
+        if len(rest) == 1:
+            return self.none(rest[0], why)
+        names = ", ".join(k[len(prefix) + 1:] if k.startswith(prefix + ".") else k for k in rest)
+        self.taken.update(rest)
+        return self.report.add(Entry(source=f"{prefix}.{{{names}}}", status=NONE, note=why))
+
+    def bundle(self, keys: tuple[str, ...], why: str) -> Entry | None:
+        """The untaken of these top-level `keys`, as one no-equivalent entry."""
+        rest = [k for k in keys if k in self.leaves and k not in self.taken]
+        if len(rest) <= 1:
+            return self.none(rest[0], why) if rest else None
+        self.taken.update(rest)
+        return self.report.add(Entry(source="{" + ", ".join(rest) + "}", status=NONE, note=why))
+
+    def leftovers(self, why: str) -> None:
+        """Every leaf no importer took: no equivalent."""
+        for key in self.untaken():
+            self.none(key, why)
+
+    def prune(self) -> None:
+        """Drop the backend / strategy tables the spec's choices never read (what rule SECTION-UNUSED warns about): their
+        entries say the setting has no effect there."""
+        mode, backend = self.value("precision.mode", "bf16"), self.value("precision.backend", "torchao")
+        strategy = self.value("distributed.strategy", "fsdp2")
+        unread = {"precision.torchao": mode != "fp8" or backend != "torchao", "precision.te": mode != "fp8" or backend != "te",
+                  "precision.msamp": mode != "fp8" or backend != "msamp", "distributed.fsdp2": strategy != "fsdp2",
+                  "distributed.deepspeed": strategy != "deepspeed"}
+        for section, drop in unread.items():
+            if not drop or self.value(section) is None:
+                continue
+            self.unset(section)
+            reader = (f"distributed.strategy = {strategy!r}" if section.startswith("distributed") else
+                      f"precision.backend = {backend!r}" if mode == "fp8" else f"precision.mode = {mode!r}")
+            for e in self.report.entries:
+                gone = [k for k, _ in e.sets if k.startswith(section + ".")]
+                if gone:
+                    e.sets = [(k, v) for k, v in e.sets if k not in gone]
+                    e.note = (e.note + "; " if e.note else "") + f"{', '.join(gone)} not written: no effect with {reader}"
+
+    # --- the batch -------------------------------------------------------------------------------
+
+    def note_batch(self, attr: str, value: int, source: str) -> None:
+        """The source's micro ("micro"), accumulation ("accum") or global ("global_") batch, read from `source`."""
+        setattr(self.batch, attr, int(value))
+        setattr(self.batch, attr.rstrip("_") + "_source", source)
+        self.take(source)
+        if self.batch_at is None:
+            self.batch_at = len(self.report.entries)
+
+    def finish_batch(self) -> None:
+        """train.micro_batch_size and grad_accum_steps from what the source says, for the spec's data-parallel ranks
+        (world size / tensor_parallel): the global batch is what the source's training depends on, so it is kept."""
+        self.report.entries = [e for e in self.report.entries if e.tag != "batch"]
+        at = len(self.report.entries) if self.batch_at is None else min(self.batch_at, len(self.report.entries))
+        before, after = self.report.entries[:at], self.report.entries[at:]
+        self.report.entries = before
+        try:
+            self._batch_entries()
+        finally:
+            self.report.entries += after
+
+    def _batch_entries(self) -> None:
+        b = self.batch
+        micro = b.micro or self.value("train.micro_batch_size") or 1
+        if b.micro is not None:
+            self.report.add(Entry(source=b.micro_source, status=MAPPED, value=b.micro, sets=[("train.micro_batch_size", b.micro)], tag="batch"))
+            self.set("train.micro_batch_size", b.micro)
+        d = self.spec.get("distributed", {})
+        world = d.get("nodes", 1) * d.get("procs_per_node", 8)
+        ranks = max(1, world // max(1, d.get("tensor_parallel", 1)))
+        if b.global_ is not None:
+            exact, accum = divmod(b.global_, micro * ranks)
+            accum = max(1, exact if not accum else round(b.global_ / (micro * ranks)))
+            got = micro * accum * ranks
+            how = f"{b.global_} sequences per step = micro_batch_size {micro} x grad_accum_steps {accum} x {ranks} data-parallel ranks"
+            sources = tuple(s for s in (b.global_source, b.accum_source) if s)
+            value = b.global_ if not b.accum_source else [b.global_, b.accum]
+            if got == b.global_ and not b.ranks_note:
+                entry = Entry(source=", ".join(sources), status=MAPPED, value=value, sets=[("train.grad_accum_steps", accum)], note=how, tag="batch")
+            else:
+                note = how if got == b.global_ else (f"{b.global_} sequences per step is not a multiple of micro_batch_size {micro} x "
+                                                     f"{ranks} data-parallel ranks: grad_accum_steps {accum} gives {got}")
+                entry = Entry(source=", ".join(sources), status=APPROXIMATED, value=value, sets=[("train.grad_accum_steps", accum)],
+                              note="; ".join(x for x in (note, b.ranks_note) if x), tag="batch")
+            self.report.add(entry)
+            self.set("train.grad_accum_steps", accum)
+        elif b.accum is not None:
+            self.report.add(Entry(source=b.accum_source, status=MAPPED, value=b.accum, sets=[("train.grad_accum_steps", b.accum)], tag="batch"))
+            self.set("train.grad_accum_steps", b.accum)
+
+
+def render(draft: Draft, header: list[str]) -> str:
+    """The spec's TOML: the comment block (`header` and the report), then version, name and the tables in SECTIONS order;
+    each placeholder's line ends with a comment saying so."""
+    spec = {"version": 1, "name": draft.name}
+    spec.update({s: draft.spec[s] for s in SECTIONS if draft.spec.get(s)})
+    spec.update({k: v for k, v in draft.spec.items() if k not in SECTIONS and k not in spec})
+    lines = toml_text(spec).splitlines()
+    table = ""
+    for i, line in enumerate(lines):
+        if m := re.match(r"^\[(.+)\]$", line):
+            table = m.group(1)
+            continue
+        key = line.split(" = ", 1)[0]
+        dotted = f"{table}.{key}" if table else key
+        if dotted in draft.placeholders:
+            lines[i] = f"{line}  # PLACEHOLDER: {one_line(draft.placeholders[dotted])}"
+    return draft.report.comment(header) + "\n".join(lines) + "\n"
+
+
+def source_stem(path: str) -> str:
+    return os.path.splitext(os.path.basename(path))[0]
+

@@ -1,0 +1,105 @@
+"""Models and datasets a source names by Hugging Face Hub id (or by a project's own model name): fp8launch
+reads only local files, so each becomes "download it first" and the spec gets a placeholder.
+
+The placeholder model is the builtin shape nearest what the name says (a Llama 3 of about that size, the
+MoE shapes by name), else builtin:llama-debug; the placeholder data is "synthetic".
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+from launcher.planning.memory import model_params
+
+from .draft import Draft
+
+LLAMA3 = ("builtin:llama3-1b", "builtin:llama3-8b", "builtin:llama3-70b")
+"""The builtin Llama 3 shapes, smallest first (parameter counts from launcher/planning/models.py)."""
+
+BY_NAME = (
+    (re.compile(r"qwen-?3.*30b.*a3b", re.I), "builtin:qwen3-30b-a3b"),
+    (re.compile(r"deepseek.*(moe.*16b|v3.*16b|16b)", re.I), "builtin:deepseek-v3-16b"),
+)
+"""Names of MoE models with a builtin shape (qwen3 30B-A3B, deepseek-moe-16b = torchtitan's DeepSeek-V3 16B)."""
+
+DEBUG = "builtin:llama-debug"
+
+
+def size_in_billions(name: str) -> float | None:
+    """'Llama-3.2-3B' -> 3.0, '405B' -> 405.0, 'llama3_8b' -> 8.0; None when the name says no size."""
+    m = re.findall(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)\s*b(?![a-z])", name.lower().replace("_", "-"))
+    return float(m[-1]) if m else None
+
+
+def nearest_builtin(name: str) -> str:
+    """The builtin shape nearest what `name` says: the MoE shapes by name, a Llama 3 by size (nearest in log
+    parameters), else builtin:llama-debug."""
+    for pattern, builtin in BY_NAME:
+        if pattern.search(name):
+            return builtin
+    size = size_in_billions(name)
+    if re.search(r"llama[-_ ]?3", name, re.I) and size:
+        return min(LLAMA3, key=lambda m: abs(math.log(model_params(m) / (size * 1e9))))
+    return DEBUG
+
+
+def is_hub_id(name: str) -> bool:
+    """'owner/name' (a Hub id) rather than a local folder."""
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", name)) and not os.path.exists(name)
+
+
+def local_model(name: str, base: str) -> str | None:
+    """The local folder (or config.json) `name` names, as given or beside the source file; None when there is none."""
+    for candidate in (name, os.path.join(base, name)):
+        if os.path.isfile(os.path.join(candidate, "config.json")) or (candidate.endswith("config.json") and os.path.isfile(candidate)):
+            return candidate
+    return None
+
+
+def model(draft: Draft, source: str | tuple[str, ...], name: str, *, shape_hint: str = "", also: str = "") -> None:
+    """train.model for a model the source names: a local Hugging Face folder maps; a Hub id or a project's model
+    name becomes a placeholder (the nearest builtin shape) and the download to do."""
+    local = local_model(name, os.path.dirname(os.path.abspath(draft.path)))
+    if local:
+        draft.mapped(source, ("train.model", f"hf:{local}"), note="a local Hugging Face model folder (its config.json; weights read when present)")
+        return
+    builtin = nearest_builtin(shape_hint or name)
+    like = f"the builtin shape nearest {shape_hint or name}" if builtin != DEBUG else "a tiny builtin model"
+    if is_hub_id(name):
+        why = (f"fp8launch reads only local models: download it (huggingface-cli download {name} --local-dir DIR) and set "
+               f'train.model = "hf:DIR" (its config.json, and its weights when the run should start from them)')
+        instead = f'download {name}, then "hf:DIR"'
+    else:
+        why = (f"{name} names a model of the source project's own code: write its shape as a Hugging Face config.json "
+               f'(or download the matching Hub model) and set train.model = "hf:DIR", or "py:module:function" for your own model')
+        instead = 'your model as "hf:DIR" or "py:module:function"'
+    draft.placeholder(source, "train.model", builtin, f"{why}{'; ' + also if also else ''}; until then {like}", instead)
+
+
+HF_DATASETS = {"c4": "allenai/c4", "c4_test": "allenai/c4", "c4_validation": "allenai/c4"}
+"""torchtitan's dataset names and the Hub datasets they read."""
+
+
+def dataset(draft: Draft, source: str | tuple[str, ...], name: str, *, column: str = "text", note: str = "") -> None:
+    """train.data for a dataset the source names by Hub id or by a project's name: a placeholder ("synthetic")
+    and the download to do."""
+    hub = HF_DATASETS.get(name, name)
+    extra = f"; {note}" if note else ""
+    if is_hub_id(hub):
+        why = (f"fp8launch reads only local data: download it (huggingface-cli download {hub} --repo-type dataset --local-dir DIR), "
+               f'then set train.data = "hf-dataset:DIR/FILE?column={column}" (a parquet / jsonl / arrow file) and train.tokenizer '
+               f"(the model's tokenizer.json), or tokenize it once into tokens: / megatron:{extra}")
+    else:
+        why = (f"{name} is read by the source project's own code: point train.data at local files "
+               f'("text:PATH", "tokens:PATH", "megatron:PREFIX", "hf-dataset:PATH"){extra}')
+    draft.placeholder(source, "train.data", "synthetic", why, f"the local data of {hub}")
+
+
+def script(draft: Draft, what: str) -> None:
+    """Placeholders for a source that holds no model and no data (its training script builds them)."""
+    draft.placeholder("(model)", "train.model", DEBUG, f"{what} holds no model: the training script builds it",
+                      'your model: "hf:DIR" (a downloaded Hub model), "builtin:NAME" or "py:module:function"')
+    draft.placeholder("(data)", "train.data", "synthetic", f"{what} holds no data: the training script loads it",
+                      'your data: "text:PATH", "tokens:PATH", "megatron:PREFIX", "hf-dataset:PATH" or "py:module:function"')

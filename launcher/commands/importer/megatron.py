@@ -1,0 +1,480 @@
+"""A NeMo 1.x (Hydra, e.g. NeMo-Framework-Launcher conf/training/*.yaml, NeMo's megatron_gpt_config.yaml) or
+Megatron-Bridge (ConfigContainer.to_yaml / override YAML: train, model, optimizer, scheduler, dataset,
+checkpoint, rng, ddp, mixed_precision) config. Both run Megatron-Core with Transformer Engine's FP8:
+
+- FP8 keys, wherever they sit (top level, model:, trainer:, mixed_precision:): fp8 (a bool, or the format
+  "hybrid" / "e4m3"), fp8_e4m3 / fp8_hybrid (NeMo 1.x), fp8_recipe ("delayed", "tensorwise" = TE's
+  Float8CurrentScaling, "mxfp8", "blockwise"; NeMo 1.x has none: delayed), fp8_margin, fp8_interval,
+  fp8_amax_history_len, fp8_amax_compute_algo, reduce_amax, fp8_params / fp8_param / fp8_param_gather,
+  first_last_layers_bf16 with num_layers_at_start_in_bf16 / num_layers_at_end_in_bf16 (Megatron-Bridge
+  src/megatron/bridge/training/mixed_precision.py, whose named recipes are expanded by PRESETS).
+- Megatron-Core runs only the transformer layers under FP8 autocast: the output layer stays bf16.
+- Megatron's Adam is decoupled (AdamW); its distributed optimizer shards the optimizer states over the
+  data-parallel ranks, as ZeRO-1 does; it skips weight decay for 1-D parameters and biases
+  (megatron/core/optimizer/__init__.py), as NeMo 1.x does unless do_layer_norm_weight_decay.
+"""
+
+from __future__ import annotations
+
+from . import hub
+from .draft import Draft
+from .report import MAPPED, Entry
+from .kind import Kind, count
+
+PRESETS = {
+    "bf16_mixed": {"bf16": True},
+    "fp16_mixed": {"fp16": True},
+    "bf16_with_fp8_delayed_scaling_mixed": {"bf16": True, "fp8": "hybrid", "fp8_recipe": "delayed", "fp8_margin": 0,
+                                            "fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max", "fp8_param_gather": True},
+    "bf16_with_fp8_current_scaling_mixed": {"bf16": True, "fp8": "hybrid", "fp8_recipe": "tensorwise", "first_last_layers_bf16": True,
+                                            "num_layers_at_start_in_bf16": 1, "num_layers_at_end_in_bf16": 1, "fp8_param_gather": True},
+    "bf16_with_mxfp8_mixed": {"bf16": True, "fp8": "e4m3", "fp8_recipe": "mxfp8", "fp8_param_gather": True},
+    "bf16_with_fp8_subchannel_scaling_mixed": {"bf16": True, "fp8": "hybrid", "fp8_recipe": "blockwise", "fp8_param_gather": False},
+}
+"""Megatron-Bridge's named mixed-precision recipes (mixed_precision.py, 2026-08) -> the MixedPrecisionConfig fields they set."""
+
+RECIPES = {"delayed": "delayed", "tensorwise": "current", "mxfp8": "mxfp8", "blockwise": "block"}
+"""Megatron's fp8_recipe -> precision.te.recipe."""
+
+ARCHITECTURE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "vocab_size",
+                "max_position_embeddings", "normalization", "activation", "activation_func", "gated_linear_unit", "position_embedding_type",
+                "rotary_base", "rotary_percentage", "share_embeddings_and_output_weights", "add_bias_linear", "bias", "layernorm_epsilon",
+                "init_method_std", "hidden_dropout", "attention_dropout", "ffn_dropout", "make_vocab_size_divisible_by", "num_moe_experts",
+                "moe_router_topk", "seq_len_interpolation_factor", "apply_query_key_layer_scaling", "use_scaled_init_method",
+                "transformer_block_type", "headscale", "openai_gelu", "normalize_attention_scores", "attention_type", "untie_embeddings_and_output_weights")
+
+SHAPES = {"builtin:llama3-8b": {"num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 14336, "num_attention_heads": 32, "num_query_groups": 8},
+          "builtin:llama3-70b": {"num_layers": 80, "hidden_size": 8192, "ffn_hidden_size": 28672, "num_attention_heads": 64, "num_query_groups": 8},
+          "builtin:llama3-1b": {"num_layers": 16, "hidden_size": 2048, "ffn_hidden_size": 8192, "num_attention_heads": 32, "num_query_groups": 8}}
+"""Builtin Llama shapes in Megatron's words (launcher/planning/models.py)."""
+
+
+def _at(d: Draft, key: str) -> str | None:
+    """Where `key` is: mixed_precision. (Megatron-Bridge copies it onto the model at run time), top level, model., trainer."""
+    return next((p for p in (f"mixed_precision.{key}", key, f"model.{key}", f"trainer.{key}") if d.has(p)), None)
+
+
+def _get(d: Draft, key: str, default=None):
+    where = _at(d, key)
+    return d.get(where) if where else default
+
+
+def _read(d: Draft) -> None:
+    targets = [k for k in d.leaves if k.rsplit(".", 1)[-1] in ("_target_", "_call_", "_partial_")]
+    if targets:  # ConfigContainer.to_yaml names the class of each table: not settings
+        d.taken.update(targets)
+        d.report.add(Entry(source="*._target_", status=MAPPED, value=f"{len(targets)} entries",
+                           note="the Python classes Megatron-Bridge's YAML names for its tables: nothing to set"))
+    name = _name(d)
+    if name:
+        chosen = next(k for k in NAMES if d.get(k) == name)
+        d.mapped(chosen, note="the spec's name")
+        for other in NAMES:
+            if other != chosen and d.has(other):
+                d.mapped(other, note=f"the spec is named after {chosen}")
+    preset = _preset(d)
+    fp8 = _fp8(d, preset)
+    _half(d, fp8, preset)
+    _world(d)
+    _strategy(d)
+    _batch_and_steps(d)
+    _optimizer(d)
+    _schedule(d)
+    _model(d)
+    _data(d)
+    _checkpoint_and_logs(d)
+
+
+def _preset(d: Draft) -> dict:
+    """A named mixed_precision recipe (Megatron-Bridge) as its fields; {} when the config writes the fields itself."""
+    name = d.get("mixed_precision")
+    if not isinstance(name, str):
+        return {}
+    fields = PRESETS.get(name.replace("-", "_"))
+    if fields is None:
+        d.none("mixed_precision", "a Megatron-Bridge recipe fp8launch does not know: write its fields (fp8, fp8_recipe, ...) instead")
+        return {}
+    return fields
+
+
+def _value(d: Draft, preset: dict, key: str, default=None):
+    where = _at(d, key)
+    return d.get(where) if where else preset.get(key, default)
+
+
+def _src(d: Draft, preset: dict, *keys: str) -> str | tuple[str, ...]:
+    """The source keys of the given settings (the preset's name where the recipe set them)."""
+    found = tuple(w for w in (_at(d, k) for k in keys) if w)
+    if not found and preset and any(k in preset for k in keys):
+        return "mixed_precision"
+    return found if len(found) != 1 else found[0]
+
+
+FP8_KEYS = ("fp8", "fp8_e4m3", "fp8_hybrid", "fp8_margin", "fp8_interval", "fp8_amax_history_len", "fp8_amax_compute_algo", "reduce_amax",
+            "fp8_recipe", "fp8_params", "fp8_param", "fp8_param_gather", "fp8_wgrad", "fp8_dot_product_attention", "fp8_multi_head_attention",
+            "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")
+
+
+def _fp8(d: Draft, preset: dict) -> bool:
+    fp8 = _value(d, preset, "fp8")
+    if fp8 in (None, False, "false", "False"):
+        if _at(d, "fp8"):
+            d.mapped(_at(d, "fp8"), note="off")
+        for key in FP8_KEYS[1:]:
+            if _at(d, key):
+                d.none(_at(d, key), "fp8 is off: no effect")
+        return False
+    if fp8 is True:
+        fmt = "E4M3" if _value(d, preset, "fp8_e4m3") is True and _value(d, preset, "fp8_hybrid") is not True else "HYBRID"
+        source = tuple(k for k in (_at(d, "fp8"), _at(d, "fp8_hybrid"), _at(d, "fp8_e4m3")) if k)
+    else:
+        fmt = "E4M3" if str(fp8).lower() == "e4m3" else "HYBRID"
+        source = _src(d, preset, "fp8")
+    d.mapped(source, ("precision.mode", "fp8"), ("precision.backend", "te"), ("precision.te.fp8_format", fmt),
+             note="Transformer Engine" + (f" ({d.get('mixed_precision')})" if preset and source == "mixed_precision" else ""))
+    for key in ("transformer_engine", "transformer_impl"):
+        if _at(d, key):
+            d.mapped(_at(d, key), note="Transformer Engine layers (precision.te.swap)")
+    recipe = str(_value(d, preset, "fp8_recipe", "delayed"))
+    if recipe in RECIPES:
+        d.mapped(_src(d, preset, "fp8_recipe") or "(fp8_recipe)", ("precision.te.recipe", RECIPES[recipe]), value=recipe,
+                 note="" if _at(d, "fp8_recipe") or preset else "NeMo 1.x: DelayedScaling")
+    else:
+        d.approximated(_src(d, preset, "fp8_recipe"), ("precision.te.recipe", "current"), how=f"fp8launch has no {recipe}: current scaling")
+    for key, target in (("fp8_margin", "precision.te.margin"), ("fp8_amax_history_len", "precision.te.amax_history_len"),
+                        ("fp8_amax_compute_algo", "precision.te.amax_compute_algo"), ("reduce_amax", "precision.te.reduce_amax")):
+        value = _value(d, preset, key)
+        if value is not None:
+            conv = int if key in ("fp8_margin", "fp8_amax_history_len") else bool if key == "reduce_amax" else str
+            d.mapped(_src(d, preset, key), (target, conv(value)), value=value)
+    interval = _at(d, "fp8_interval")
+    if interval:
+        if int(d.get(interval)) == 1:
+            d.mapped(interval, note="Transformer Engine >= 2.2 removed it and updates the scale every step, which is interval 1 (TE-REMOVED-KEY)")
+        else:
+            d.none(interval, "Transformer Engine >= 2.2 removed it: the scale is updated every step (rule TE-REMOVED-KEY)")
+    params = next((k for k in ("fp8_params", "fp8_param", "fp8_param_gather") if _value(d, preset, k) is not None), None)
+    if params:
+        sources = _src(d, preset, "fp8_params", "fp8_param", "fp8_param_gather")
+        d.mapped(sources, ("precision.te.fp8_params", bool(_value(d, preset, params))), value=_value(d, preset, params),
+                 note="weights kept in FP8 and all-gathered in FP8")
+    for key, target in (("fp8_dot_product_attention", "precision.te.fp8_dpa"), ("fp8_multi_head_attention", "precision.te.fp8_mha")):
+        if _at(d, key):
+            d.mapped(_at(d, key), (target, bool(d.get(_at(d, key)))))
+    if _at(d, "fp8_wgrad"):
+        (d.mapped(_at(d, "fp8_wgrad"), note="TE's default") if d.get(_at(d, "fp8_wgrad")) is not False else
+         d.none(_at(d, "fp8_wgrad"), "fp8launch runs the weight-gradient GEMM in FP8 too"))
+    for key in FP8_KEYS:  # a key written in two places (Megatron-Bridge: mixed_precision and model): the first one counts
+        chosen = _at(d, key)
+        for other in (key, f"model.{key}", f"trainer.{key}"):
+            if chosen and other != chosen and d.has(other) and other not in d.taken:
+                d.mapped(other, note=f"{chosen} sets it")
+    first_last = _value(d, preset, "first_last_layers_bf16") is True
+    start, end = (int(_value(d, preset, k, 0) or 0) if first_last else 0 for k in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"))
+    sets = [("precision.keep_first_blocks", start), ("precision.keep_last_blocks", end)] if first_last else []
+    head = "Megatron-Core runs only the transformer layers in FP8, the output layer in bf16: keep_first_last keeps it"
+    if first_last and start >= 1:
+        d.mapped(_src(d, preset, "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"),
+                 *sets, ("precision.keep_first_last", True), note=head + " (its first Linear is in block 0 anyway)")
+    else:
+        if first_last:
+            d.mapped(_src(d, preset, "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"), *sets)
+        d.approximated("(output layer)", ("precision.keep_first_last", True),
+                       how=head + ", and the first Linear of block 0 too, which Megatron runs in FP8")
+    return True
+
+
+def _half(d: Draft, fp8: bool, preset: dict) -> None:
+    target = "precision.high_precision" if fp8 else "precision.mode"
+    precision = d.get("trainer.precision")
+    if precision is not None:
+        text = str(precision)
+        mode = "bf16" if "bf16" in text else "fp16" if text.startswith("16") or "fp16" in text else "fp32"
+        d.mapped("trainer.precision", (target, mode))
+    elif _value(d, preset, "bf16") is True or _value(d, preset, "fp16") is True:
+        mode = "bf16" if _value(d, preset, "bf16") is True else "fp16"
+        d.mapped(_src(d, preset, mode), (target, mode))
+    elif isinstance(d.get("mixed_precision"), str) and not fp8:
+        d.mapped("mixed_precision", note="fp8launch's default precision")
+    for key in ("optimizer.bf16", "optimizer.fp16", "optimizer.params_dtype", "optimizer.main_grads_dtype", "optimizer.main_params_dtype",
+                "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype", "optimizer.use_precision_aware_optimizer"):
+        if d.has(key):
+            d.mapped(key, note="fp8launch keeps fp32 master weights, gradients and optimizer states")
+    for key in ("bf16", "fp16", "fp32", "params_dtype", "pipeline_dtype", "autocast_enabled", "autocast_dtype", "grad_reduce_in_fp32",
+                "megatron_amp_O2", "native_amp_init_scale", "native_amp_growth_interval", "hysteresis", "loss_scale", "initial_loss_scale",
+                "min_loss_scale", "loss_scale_window", "fp32_residual_connection", "fp16_lm_cross_entropy"):
+        where = _at(d, key)
+        if where and where not in d.taken:
+            d.mapped(where, note="fp8launch keeps fp32 master weights and reduces gradients in fp32 (fsdp2.reduce_dtype)")
+    if isinstance(d.get("mixed_precision"), str):
+        d.take("mixed_precision")
+    d.group("mixed_precision", "a Megatron mixed-precision option fp8launch has no equivalent for")
+
+
+def _world(d: Draft) -> None:
+    if d.has("trainer.num_nodes"):
+        d.mapped("trainer.num_nodes", ("distributed.nodes", int(d.get("trainer.num_nodes"))))
+    if d.has("trainer.devices") and str(d.get("trainer.devices")).isdigit():
+        d.mapped("trainer.devices", ("distributed.procs_per_node", int(d.get("trainer.devices"))))
+    else:
+        d.world_unknown("the launcher (torchrun --nproc_per_node, SLURM) sets the world size, not this config")
+    tp = _at(d, "tensor_model_parallel_size")
+    if tp:
+        d.mapped(tp, ("distributed.tensor_parallel", int(d.get(tp))))
+    sp = _at(d, "sequence_parallel")
+    if sp:
+        on, tp_n = d.get(sp) is True, int(d.get(tp) or 1) if tp else 1
+        if tp_n == 1:
+            d.mapped(sp, note="no tensor parallel: nothing to do")
+        elif on:
+            d.mapped(sp, note="fp8launch's tensor parallel is torchtitan's plan, with sequence parallel")
+        else:
+            d.approximated(sp, how="fp8launch's tensor parallel always shards the norms' activations over the sequence (sequence parallel)")
+    notes = []
+    for key, what in (("pipeline_model_parallel_size", "pipeline"), ("context_parallel_size", "context"),
+                      ("virtual_pipeline_model_parallel_size", "virtual pipeline")):
+        where = _at(d, key)
+        if where and int(d.get(where)) > 1:
+            d.none(where, f"fp8launch has no {what} parallelism; those ranks become data-parallel ranks "
+                          "(train.grad_accum_steps keeps the global batch)")
+            notes.append(what)
+        elif where:
+            d.mapped(where, note="off")
+    if notes:
+        d.batch.ranks_note = f"the source's {' and '.join(notes)} parallel ranks are data-parallel ranks here"
+    ep = _at(d, "expert_model_parallel_size")
+    if ep:
+        d.mapped(ep, ("distributed.expert_parallel", int(d.get(ep))))
+
+
+def _strategy(d: Draft) -> None:
+    name = str(d.get("model.optim.name", ""))
+    keys = tuple(k for k in ("model.optim.name", "optimizer.use_distributed_optimizer", "ddp.use_distributed_optimizer") if d.has(k))
+    distributed = "distributed" in name or d.get("optimizer.use_distributed_optimizer") is True or d.get("ddp.use_distributed_optimizer") is True
+    if d.get("model.fsdp") is True:
+        d.approximated("model.fsdp", ("distributed.strategy", "fsdp2"), how="NeMo's torch FSDP (FSDP1): fp8launch shards with FSDP2")
+    elif distributed:
+        d.approximated(keys, ("distributed.strategy", "deepspeed"), ("distributed.deepspeed.zero_stage", 1),
+                       how="Megatron's distributed optimizer shards the optimizer states over the data-parallel ranks: DeepSpeed ZeRO-1")
+    else:
+        d.mapped(keys or "(strategy)", ("distributed.strategy", "ddp"), note="Megatron's DDP")
+    for key in ("model.fsdp_sharding_strategy", "model.fsdp_grad_reduce_dtype", "model.fsdp_sharded_checkpoint"):
+        if d.has(key):
+            d.none(key, "NeMo's FSDP option" + ("" if d.get("model.fsdp") is True else ": FSDP is off"))
+    d.group("ddp", "Megatron's DDP tuning (buckets, overlap): fp8launch's engines tune their own")
+
+
+def _batch_and_steps(d: Draft) -> None:
+    for key, attr in (("micro_batch_size", "micro"), ("global_batch_size", "global_")):
+        where = next((w for w in (f"model.{key}", f"train.{key}", key) if d.has(w)), None)
+        if where:
+            d.note_batch(attr, d.get(where), where)
+    if d.has("trainer.accumulate_grad_batches"):
+        d.mapped("trainer.accumulate_grad_batches", note="NeMo derives the accumulation from global_batch_size")
+    steps = next((k for k in ("trainer.max_steps", "train.train_iters") if d.has(k)), None)
+    if steps:
+        d.mapped(steps, ("train.steps", int(d.get(steps))))
+    seq = next((k for k in ("model.encoder_seq_length", "model.seq_length", "dataset.seq_length", "model.data.seq_length") if d.has(k)
+                and isinstance(d.get(k), int)), None)
+    if seq:
+        d.mapped(seq, ("train.seq_len", int(d.get(seq))))
+        for other in ("model.seq_length", "dataset.seq_length", "model.data.seq_length", "model.max_position_embeddings"):
+            if d.has(other) and other not in d.taken:
+                d.mapped(other, note="the same sequence length")
+    clip = next((k for k in ("trainer.gradient_clip_val", "optimizer.clip_grad") if d.has(k)), None)
+    if clip:
+        d.mapped(clip, ("train.max_grad_norm", float(d.get(clip))))
+    seed = next((k for k in ("model.seed", "rng.seed") if d.has(k)), None)
+    if seed:
+        d.mapped(seed, ("train.seed", int(d.get(seed))))
+
+
+def _optimizer(d: Draft) -> None:
+    o = next((p for p in ("model.optim", "optimizer") if isinstance(d.get(p), dict)), None)
+    if o is None:
+        return
+    name = str(d.get(f"{o}.name", d.get(f"{o}.optimizer", "adam")))
+    key = f"{o}.name" if d.has(f"{o}.name") else f"{o}.optimizer" if d.has(f"{o}.optimizer") else "(optimizer)"
+    if name == "sgd":
+        d.mapped(key, ("train.optimizer", "sgd"))
+    elif "adam" in name or name == "mcore_distributed_optim":  # NeMo's Megatron-Core optimizer: Adam unless optim.optimizer says otherwise
+        d.mapped(key, ("train.optimizer", "adamw"), value=name, note="Megatron's and NeMo's Adam decay the weights decoupled: AdamW")
+    else:
+        d.approximated(key, ("train.optimizer", "adamw"), how=f"fp8launch has adamw, adam and sgd, not {name}")
+    if d.has(f"{o}.lr"):
+        d.mapped(f"{o}.lr", ("train.lr", float(d.get(f"{o}.lr"))))
+    if d.has(f"{o}.weight_decay"):
+        d.mapped(f"{o}.weight_decay", ("train.weight_decay", float(d.get(f"{o}.weight_decay"))))
+    betas = d.get(f"{o}.betas")
+    if betas is not None:
+        d.mapped(f"{o}.betas", ("train.adam_betas", [float(x) for x in betas]))
+    elif d.has(f"{o}.adam_beta1") or d.has(f"{o}.adam_beta2"):
+        d.mapped(tuple(k for k in (f"{o}.adam_beta1", f"{o}.adam_beta2") if d.has(k)),
+                 ("train.adam_betas", [float(d.get(f"{o}.adam_beta1", 0.9)), float(d.get(f"{o}.adam_beta2", 0.999))]))
+    eps = next((k for k in (f"{o}.eps", f"{o}.adam_eps") if d.has(k)), None)
+    if eps:
+        d.mapped(eps, ("train.adam_eps", float(d.get(eps))))
+    wd_all = _get(d, "do_layer_norm_weight_decay") is True
+    source = _at(d, "do_layer_norm_weight_decay") or "(weight decay of norms and biases)"
+    d.mapped(source, ("train.weight_decay_exclude", "none" if wd_all else "norms_and_biases"),
+             note="every parameter decays" if wd_all else "Megatron skips weight decay for 1-D parameters and biases")
+    if d.has(f"{o}.min_lr") and d.has(f"{o}.lr"):
+        d.mapped(f"{o}.min_lr", ("train.min_lr_ratio", round(float(d.get(f"{o}.min_lr")) / float(d.get(f"{o}.lr")), 6)), note="min_lr / lr")
+
+
+def _schedule(d: Draft) -> None:
+    s = next((p for p in ("model.optim.sched", "scheduler") if isinstance(d.get(p), dict)), None)
+    if s is None:
+        return
+    style = d.get(f"{s}.name", d.get(f"{s}.lr_decay_style"))
+    key = f"{s}.name" if d.has(f"{s}.name") else f"{s}.lr_decay_style"
+    if style is not None:
+        if str(style) in ("CosineAnnealing", "cosine"):
+            d.mapped(key, note="cosine decay")
+        elif str(style) in ("constant", "Constant"):
+            d.mapped(key, ("train.min_lr_ratio", 1.0), note="constant after the warm-up")
+        else:
+            d.approximated(key, how=f"{style} becomes fp8launch's cosine decay to the same end")
+    warmup = next((k for k in (f"{s}.warmup_steps", f"{s}.lr_warmup_iters") if d.has(k)), None)
+    if warmup:
+        value = d.get(warmup)
+        if float(value).is_integer():
+            d.mapped(warmup, ("train.warmup_steps", int(value)))
+        else:
+            d.approximated(warmup, ("train.warmup_steps", round(float(value))), how="rounded to whole steps")
+    if d.has(f"{s}.min_lr") and d.has("model.optim.lr"):
+        d.mapped(f"{s}.min_lr", ("train.min_lr_ratio", round(float(d.get(f"{s}.min_lr")) / float(d.get("model.optim.lr")), 6)), note="min_lr / lr")
+    for key in (f"{s}.constant_steps", f"{s}.lr_warmup_init"):
+        if d.has(key):
+            (d.mapped(key, note="0") if float(d.get(key)) == 0 else d.approximated(key, how="fp8launch's schedule has no constant phase"))
+    for key in (f"{s}.max_steps_for_lr_sched", f"{s}.lr_decay_iters", f"{s}.lr_wsd_decay_iters"):
+        if d.has(key):
+            d.approximated(key, how="fp8launch's decay ends at train.steps")
+    start, end = d.get(f"{s}.start_weight_decay"), d.get(f"{s}.end_weight_decay")
+    if start is not None and end is not None:
+        style = str(d.get(f"{s}.weight_decay_incr_style", "constant"))
+        sources = tuple(k for k in (f"{s}.start_weight_decay", f"{s}.end_weight_decay", f"{s}.weight_decay_incr_style") if d.has(k))
+        for e in d.report.setting("train.weight_decay"):  # optimizer.weight_decay: the scheduler's value replaces it
+            e.sets = [(k, v) for k, v in e.sets if k != "train.weight_decay"]
+            e.note = "replaced by the scheduler's start_weight_decay / end_weight_decay"
+        if style == "constant" or float(start) == float(end):
+            d.mapped(sources, ("train.weight_decay", float(end)),
+                     note="Megatron's scheduler sets the weight decay every step (constant: end_weight_decay), over optimizer.weight_decay")
+        else:
+            d.approximated(sources, ("train.weight_decay", float(end)), how=f"a {style} weight-decay ramp: fp8launch's is constant, the end value")
+    d.group(s, "a Megatron schedule option fp8launch has no equivalent for")
+
+
+def _model(d: Draft) -> None:
+    found = {k: _get(d, k) for k in ARCHITECTURE if _at(d, k) and not _at(d, k).startswith("trainer.")}
+    sources = tuple(_at(d, k) for k in found)
+    for builtin, shape in SHAPES.items():
+        if shape and all(found.get(k) == v for k, v in shape.items()):
+            d.mapped(sources, ("train.model", builtin), value=f"{len(found)} settings", note=f"the {builtin} shape")
+            return
+    tokenizer = _get(d, "tokenizer_model") or d.get("tokenizer.tokenizer_model")
+    if isinstance(tokenizer, str) and hub.is_hub_id(tokenizer):
+        hub.model(d, sources or "(model)", tokenizer)
+    elif found:
+        hint = f"{found.get('num_layers', '?')} layers x {found.get('hidden_size', '?')}"
+        d.placeholder(sources, "train.model", hub.DEBUG, f"a Megatron model shape ({hint}) that is no fp8launch builtin: write it as a Hugging "
+                      'Face config.json and set train.model = "hf:DIR"', 'your model as "hf:DIR"')
+    else:
+        d.placeholder("(model)", "train.model", hub.DEBUG, "the config names no model shape (the recipe's Python builds it)",
+                      'your model as "hf:DIR" or "builtin:NAME"')
+
+
+def _data(d: Draft) -> None:
+    prefix = next((k for k in ("model.data.data_prefix", "dataset.data_path", "dataset.blend") if d.has(k)), None)
+    mock = d.get("dataset.mock") is True or d.get("model.data.mock_dataset") is True or (prefix is None and d.has("dataset"))
+    if prefix is None and mock:
+        d.mapped(tuple(k for k in ("dataset.mock", "model.data.mock_dataset") if d.has(k)) or "(dataset)",
+                 ("train.data", "synthetic"), note="mock data")
+    elif prefix is not None:
+        value = d.get(prefix)
+        paths = _paths(value)
+        if len(paths) == 1 and "${" not in paths[0]:
+            d.mapped(prefix, ("train.data", f"megatron:{paths[0]}"), note="a Megatron-Core indexed dataset (PREFIX.bin + PREFIX.idx)")
+        else:
+            d.placeholder(prefix, "train.data", "synthetic", "a blend of Megatron datasets" + (" with ${...} interpolations" if any("${" in p for p in paths) else "")
+                          + ': fp8launch reads one "megatron:PREFIX": merge them (Megatron\'s tools/merge_datasets.py) or pick one',
+                          '"megatron:PREFIX" of your data')
+    for key in ("model.tokenizer.model", "tokenizer.tokenizer_model"):
+        if d.has(key) and key not in d.taken:
+            d.none(key, "fp8launch reads a tokenizer.json (train.tokenizer), for megatron: data only the EOS id (megatron:PREFIX?eos=ID)")
+    d.group("model.data", "Megatron's dataset building (splits, index cache, workers): fp8launch reads the indexed dataset as is")
+    d.group("dataset", "Megatron's dataset building (splits, index cache, workers): fp8launch reads the indexed dataset as is")
+    d.group("model.tokenizer", "the tokenizer: fp8launch's train.tokenizer is a tokenizer.json")
+    d.group("tokenizer", "the tokenizer: fp8launch's train.tokenizer is a tokenizer.json")
+
+
+def _paths(value) -> list[str]:
+    """The dataset prefixes of a data_prefix / blend: a string, [w, p, w, p...], or {train: [...], ...}."""
+    if isinstance(value, dict):
+        value = value.get("train", [])
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        flat = [x for x in value if isinstance(x, str) or isinstance(x, list)]
+        out = []
+        for x in flat:
+            out += [y for y in x if isinstance(y, str)] if isinstance(x, list) else [x]
+        return out
+    return []
+
+
+def _checkpoint_and_logs(d: Draft) -> None:
+    if d.has("checkpoint.save_interval"):
+        d.mapped("checkpoint.save_interval", ("train.checkpoint_every", int(d.get("checkpoint.save_interval"))))
+    if d.has("checkpoint.save"):
+        d.mapped("checkpoint.save", note="fp8launch writes checkpoints to <train.output_dir>/checkpoints")
+    top_k = d.get("exp_manager.checkpoint_callback_params.save_top_k")
+    if top_k is not None:
+        d.approximated("exp_manager.checkpoint_callback_params.save_top_k", ("train.keep_checkpoints", max(1, int(top_k))),
+                       how="fp8launch keeps the newest N checkpoints, not the N best by validation loss")
+    if d.has("trainer.log_every_n_steps"):
+        d.mapped("trainer.log_every_n_steps", ("train.log_every", int(d.get("trainer.log_every_n_steps"))))
+    if d.has("logger.log_interval"):
+        d.mapped("logger.log_interval", ("train.log_every", int(d.get("logger.log_interval"))))
+    if d.get("exp_manager.create_wandb_logger") is True or d.get("logger.wandb_project"):
+        key = "exp_manager.create_wandb_logger" if d.has("exp_manager.create_wandb_logger") else "logger.wandb_project"
+        d.mapped(key, ("log.wandb", True))
+    if d.get("exp_manager.create_tensorboard_logger") is True or d.get("logger.tensorboard_dir"):
+        key = "exp_manager.create_tensorboard_logger" if d.has("exp_manager.create_tensorboard_logger") else "logger.tensorboard_dir"
+        d.mapped(key, ("log.tensorboard", True))
+    for key in ("trainer.val_check_interval", "trainer.limit_val_batches", "validation.eval_interval", "validation.eval_iters",
+                "train.eval_interval", "train.eval_iters"):
+        if d.has(key):
+            d.none(key, "fp8launch evaluates on [eval] data every eval.every steps (set it once the data is local)")
+    d.group("exp_manager", "NeMo's experiment manager (log folders, checkpoint callback, resume): fp8launch keeps everything in train.output_dir "
+                           "and resumes from its newest checkpoint (train.resume)")
+    d.group("trainer", "a PyTorch Lightning trainer option fp8launch has no equivalent for")
+    d.group("checkpoint", "fp8launch checkpoints with DCP into <train.output_dir>/checkpoints (docs/checkpoints.md)")
+    d.group("logger", "fp8launch logs to <train.output_dir> and the trackers of [log]")
+    for key in ("run", "hydra", "defaults", "profiling", "rng", "dist", "comm_overlap", "validation", "train", "s3_checkpointing"):
+        d.group(key, "a launcher / runtime option of the source project fp8launch has no equivalent for")
+    if d.get("model.fsdp") is False:
+        d.mapped("model.fsdp", note="off")
+    d.group("model.ub_tp_comm_overlap_cfg", "Transformer Engine's userbuffers overlap of tensor-parallel communication: fp8launch's async TP "
+                                            "(distributed.async_tp) overlaps them for torchao")
+    d.group("model.nsys_profile", "fp8launch profiles with `fp8launch run --profile N`")
+    d.group("model.optim", "Megatron's distributed-optimizer tuning (buckets, overlap, dtypes): fp8launch's engines tune their own")
+    d.group("model", "a Megatron model option (fusions, kernels, initialization, offloading) fp8launch has no equivalent for")
+
+
+NAMES = ("run.name", "logger.wandb_exp_name", "name")
+
+
+def _name(d: Draft) -> str | None:
+    return next((d.get(k) for k in NAMES if isinstance(d.get(k), str) and "${" not in d.get(k)), None)
+
+
+KEYS = ("trainer.devices", "trainer.num_nodes", "trainer.precision", "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
+        "model.micro_batch_size", "model.global_batch_size", "model.encoder_seq_length", "model.fp8", "model.optim", "exp_manager",
+        "train.train_iters", "train.global_batch_size", "optimizer.adam_beta1", "optimizer.min_lr", "scheduler.lr_warmup_iters",
+        "mixed_precision", "model.seq_length", "dataset.seq_length", "rng.seed", "ddp.use_distributed_optimizer", "fp8", "fp8_hybrid")
+
+KIND = Kind(id="megatron", title="NeMo / Megatron-Bridge YAML",
+            score=lambda data: count(data, KEYS) if any(k in data for k in ("trainer", "model", "mixed_precision", "scheduler", "fp8")) else 0,
+            read=_read, name=_name,
+            other="a NeMo / Megatron setting fp8launch has no equivalent for")

@@ -1,0 +1,141 @@
+"""Make an imported spec plan: plan it exactly as `fp8launch plan` would; where a rule refuses the literal
+translation, move to the nearest setting that plans and report the entry as approximated, naming the rule.
+
+Each fix is a record: the rule it answers and the spec keys it changes, given the draft (so it can read what
+the spec holds); FIXES' order is the order of preference, one move per planning round. A rule with no fix here
+stops the import with the planner's own message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from launcher.errors import SpecError
+from launcher.planning.rules import RULES_BY_ID
+
+from .draft import Draft
+
+MAX_ROUNDS = 12
+
+
+@dataclass(frozen=True, slots=True)
+class Fix:
+    rule: str
+    change: Callable[[Draft], list[tuple[str, Any]]]
+    """(spec key, new value) pairs; [] when this fix cannot help any more."""
+
+
+def _v(d: Draft, key: str, default: Any) -> Any:
+    return d.value(key, default)
+
+
+def _world(d: Draft) -> int:
+    return _v(d, "distributed.nodes", 1) * _v(d, "distributed.procs_per_node", 8)
+
+
+def _no_tp(d: Draft) -> list[tuple[str, Any]]:
+    return [("distributed.tensor_parallel", 1)] + ([("distributed.async_tp", False)] if _v(d, "distributed.async_tp", False) else [])
+
+
+def _halve(key: str) -> Callable[[Draft], list[tuple[str, Any]]]:
+    return lambda d: [(key, _v(d, key, 1) // 2)] if _v(d, key, 1) > 1 else []
+
+
+FIXES = {f.rule: f for f in (
+    # compile vs a recipe: keep the numerics the source asked for, give up compile
+    Fix("TE-DELAYED-COMPILE", lambda d: [("compile.enabled", False)]),
+    Fix("FP8-DDP-COMPILE", lambda d: [("compile.enabled", False)]),
+    Fix("FULLGRAPH-TE", lambda d: [("compile.fullgraph", False)]),
+    Fix("FULLGRAPH-MONITOR", lambda d: [("compile.fullgraph", False)]),
+    Fix("DS-ZERO3-COMPILE", lambda d: [("compile.enabled", False)]),
+    Fix("TP-ASYNC-COMPILE", lambda d: [("distributed.async_tp", False)]),
+    Fix("TP-ASYNC-CPU", lambda d: [("distributed.async_tp", False)]),
+    # torchao float8 all-gather: an FSDP2 + tensorwise feature
+    Fix("FP8-ALLGATHER-STRATEGY", lambda d: [("precision.torchao.fsdp_float8_all_gather", False)]),
+    Fix("FP8-ALLGATHER-RECIPE", lambda d: [("precision.torchao.fsdp_float8_all_gather", False)]),
+    Fix("FP8-PRECOMPUTE-OFFLOAD", lambda d: [("precision.torchao.precompute_scale", False)]),
+    Fix("TORCHAO-BLOCK-PAD", lambda d: [("precision.torchao.pad_inner_dim", False)]),
+    # Transformer Engine
+    Fix("TE-FP8-PARAMS-NO-MASTER", lambda d: [("precision.te.fp8_params", False)]),
+    Fix("TE-FP8-PARAMS-DEEPSPEED", lambda d: [("precision.te.fp8_params", False)]),
+    Fix("TE-BLOCK-FP8-ATTENTION", lambda d: [("precision.te.fp8_dpa", False), ("precision.te.fp8_mha", False)]),
+    Fix("TE-TOKENS-DIV8", lambda d: [("train.seq_len", 8 * math.ceil(_v(d, "train.seq_len", 2048) / 8))]),
+    Fix("TORCHAO-BLOCK-TOKENS", lambda d: [("train.seq_len", 32 * math.ceil(_v(d, "train.seq_len", 2048) / 32))]),
+    Fix("CPU-BACKEND", lambda d: [("launch.device", "auto")]),
+    # MS-AMP
+    Fix("MSAMP-FSDP2", lambda d: [("distributed.strategy", "ddp")]),
+    Fix("MSAMP-ZERO3", lambda d: [("distributed.deepspeed.zero_stage", 2)]),
+    Fix("MSAMP-O3-STRATEGY", lambda d: [("precision.msamp.opt_level", "O2")]),
+    Fix("MSAMP-OPTIMIZER", lambda d: [("train.optimizer", "adamw")]),
+    # parallelism fp8launch runs only in some combinations
+    Fix("TP-BACKEND", lambda d: _no_tp(d)),
+    Fix("TP-MODEL", lambda d: _no_tp(d)),
+    Fix("TP-DIVIDES-PROCS", lambda d: [("distributed.tensor_parallel", math.gcd(_v(d, "distributed.tensor_parallel", 1),
+                                                                                 _v(d, "distributed.procs_per_node", 8)))]),
+    Fix("TP-HEADS", _halve("distributed.tensor_parallel")),
+    Fix("TP-SEQ-LEN", _halve("distributed.tensor_parallel")),
+    Fix("TORCHAO-BLOCK-TP", lambda d: _no_tp(d)),
+    Fix("TP-COMPILE-CPU", lambda d: [("compile.enabled", False)]),
+    Fix("EP-DENSE-MODEL", lambda d: [("distributed.expert_parallel", 1)]),
+    Fix("EP-TENSOR-PARALLEL", lambda d: _no_tp(d)),
+    Fix("EP-DIVIDES-WORLD", lambda d: [("distributed.expert_parallel", math.gcd(_v(d, "distributed.expert_parallel", 1), _world(d)))]),
+    Fix("EP-DIVIDES-EXPERTS", _halve("distributed.expert_parallel")),
+    # a strategy change last: the moves above may have made it moot
+    Fix("TP-STRATEGY", lambda d: [("distributed.strategy", "fsdp2")]),
+    Fix("EP-STRATEGY", lambda d: [("distributed.strategy", "fsdp2")]),
+    # DeepSpeed offload
+    Fix("DS-OFFLOAD-PARAM-STAGE", lambda d: [("distributed.deepspeed.offload_param", "none")]),
+    Fix("DS-OFFLOAD-STAGE0", lambda d: [("distributed.deepspeed.offload_optimizer", "none")]),
+    Fix("DS-NVME-STAGE", lambda d: [("distributed.deepspeed.offload_optimizer", "cpu")]),
+    Fix("DS-NVME-PATH", lambda d: [(k, "cpu") for k in ("distributed.deepspeed.offload_optimizer", "distributed.deepspeed.offload_param")
+                                   if _v(d, k, "none") == "nvme"]),
+    Fix("DS-ON-NAN-SKIP", lambda d: [("train.on_nan", "stop")]),
+    # a model whose every Linear the selection keeps
+    Fix("FP8-NONE-SELECTED", lambda d: [("precision.torchao.skip_small", False)] if _v(d, "precision.torchao.skip_small", True)
+        else [("precision.keep_first_last", False)] if _v(d, "precision.keep_first_last", True) else []),
+)}
+
+
+def settle(draft: Draft, render: Callable[[Draft], str], folder: str, label: str) -> str:
+    """The spec's text once it plans: render, plan in `folder` (a temporary file beside where it will be written, so relative
+    paths resolve as they will), fix what a rule refuses, again. Raises SpecError (its problems naming `label`) when a
+    refusal has no fix."""
+    from launcher.commands.plan import plan_one
+
+    tmp = os.path.join(folder, f".fp8launch-import.{os.getpid()}.tmp.toml")
+    for _ in range(MAX_ROUNDS):
+        draft.prune()
+        draft.finish_batch()
+        text = render(draft)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        try:
+            plan_one(tmp, out_dir=os.path.join(folder, "generated"))
+            return text
+        except SpecError as e:
+            refused = [dataclasses.replace(p, file=label) for p in e.problems if p.severity == "error"]
+            if not apply_fixes(draft, [p.rule for p in refused]):
+                raise SpecError(refused) from None
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    raise SpecError(refused)
+
+
+def apply_fixes(draft: Draft, rules: list[str | None]) -> bool:
+    """Apply the fix of the first refused rule in FIXES' order (one move at a time: a later refusal may be gone after it,
+    e.g. TP-STRATEGY once TP-BACKEND has set tensor_parallel = 1); False when a refused rule has no fix, or the fix no move."""
+    if not rules or any(r not in FIXES for r in rules):
+        return False
+    rule = next(r for r in FIXES if r in rules)
+    changes = FIXES[rule].change(draft)
+    if not changes:
+        return False
+    for key, value in changes:
+        draft.set(key, value)
+        draft.report.refused(key, value, rule, RULES_BY_ID[rule].when)
+    return True

@@ -1,0 +1,101 @@
+"""What `fp8launch import` says about each setting of the source: mapped, approximated (how) or no
+equivalent (why, and what to do). The same lines go to the screen and, as comments, to the top of the
+written spec."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.targets.toml_text import toml_value
+
+MAPPED = "mapped"
+APPROXIMATED = "approximated"
+NONE = "no equivalent"
+STATUSES = (MAPPED, APPROXIMATED, NONE)
+
+UNSET = object()
+"""A source value not given (the entry shows none)."""
+
+
+def one_line(text: str) -> str:
+    """`text` without control characters or line breaks (safe in a TOML comment)."""
+    return " ".join(re.sub(r"[\x00-\x1f\x7f]+", " ", text).split())
+
+
+def shown(value: Any, limit: int = 72) -> str:
+    """A source value as one short line: TOML's spelling where it has one, JSON's else."""
+    try:
+        text = toml_value(value)
+    except TypeError:
+        text = json.dumps(value, default=str, ensure_ascii=False)
+    text = one_line(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(slots=True)
+class Entry:
+    """One setting of the source (or a group of them, or a fact the source leaves to its launcher) and what it became."""
+
+    source: str
+    """Its dotted path in the source, e.g. "fp8_config.backend"; "a, b" for several; "(world size)" for a fact."""
+    status: str
+    """mapped | approximated | no equivalent"""
+    value: Any = UNSET
+    """The source's value (UNSET: none shown)."""
+    sets: list[tuple[str, Any]] = field(default_factory=list)
+    """The spec keys it set, with their values, in order."""
+    note: str = ""
+    """approximated: how; no equivalent: why, and what to do; mapped: an optional remark."""
+    tag: str = ""
+    """Entries made again on each planning attempt (the batch) carry a tag, so they can be replaced."""
+
+    def line(self) -> str:
+        text = self.source if self.value is UNSET else f"{self.source} = {shown(self.value)}"
+        if self.sets:
+            text += " -> " + ", ".join(f"{k} = {shown(v)}" for k, v in self.sets)
+        if self.note:
+            text += f": {self.note}"
+        return f"{self.status:<13}  {one_line(text)}"
+
+
+@dataclass(slots=True)
+class Report:
+    """Every entry, in the order the source was read."""
+
+    entries: list[Entry] = field(default_factory=list)
+
+    def add(self, entry: Entry) -> Entry:
+        self.entries.append(entry)
+        return entry
+
+    def of(self, status: str) -> list[Entry]:
+        return [e for e in self.entries if e.status == status]
+
+    def setting(self, key: str) -> list[Entry]:
+        """The entries that set spec key `key`."""
+        return [e for e in self.entries if any(k == key for k, _ in e.sets)]
+
+    def refused(self, key: str, value: Any, rule: str, why: str) -> None:
+        """A planning rule refused what the entries setting `key` wrote: they now set `value`, approximated, naming the rule."""
+        entries = self.setting(key)
+        if not entries:
+            self.add(Entry(source=f"(rule {rule})", status=APPROXIMATED, sets=[(key, value)], note=f"fp8launch refuses the translation: {why}"))
+            return
+        for e in entries:
+            e.sets = [(k, value if k == key else v) for k, v in e.sets]
+            e.status = APPROXIMATED
+            e.note = (e.note + "; " if e.note else "") + f"{key} = {shown(value)} because rule {rule} refuses the literal value ({why})"
+
+    def summary(self) -> str:
+        counts = {s: len(self.of(s)) for s in STATUSES}
+        return f"{counts[MAPPED]} mapped, {counts[APPROXIMATED]} approximated, {counts[NONE]} with no equivalent"
+
+    def lines(self) -> list[str]:
+        return [e.line() for e in self.entries]
+
+    def comment(self, header: list[str]) -> str:
+        """The comment block at the top of the written spec: `header`, then one line per entry."""
+        return "".join(f"# {line}".rstrip() + "\n" for line in header + self.lines())
