@@ -101,3 +101,18 @@ def test_cpu_plan_and_recipes_accelerate_cannot_express(cli, spec):
     assert r.exit_code == 0
     text = open(os.path.join("out", "b", "accelerate.yaml")).read()
     assert 'distributed_type: "MULTI_CPU"' in text and "use_cpu: true" in text and 'mixed_precision: "bf16"' in text
+
+
+@pytest.mark.parametrize("precision,strategy", [
+    ({"mode": "fp8", "torchao": {"fsdp_float8_all_gather": True}}, "fsdp2"),
+    ({"mode": "fp8", "backend": "te", "te": {"recipe": "delayed"}}, "deepspeed"),
+    ({"mode": "fp8", "backend": "msamp", "msamp": {"opt_level": "O2"}}, "ddp"),
+])
+def test_the_header_names_exactly_the_fp8_config_keys_the_file_writes(precision, strategy):
+    import yaml
+
+    plan = plan_of({"precision": precision, "distributed": {"strategy": strategy}, "export": {"accelerate": True}})
+    text = render(plan, plan_dir="gen")["accelerate.yaml"]
+    header = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
+    named = set(re.findall(r"fp8_config: (.*?) \(Accelerate", header)[0].replace('"', "").replace(",", " ").split()) - {"AO", "TE", "MSAMP"}
+    assert named == set(yaml.safe_load(text)["fp8_config"])

@@ -205,3 +205,25 @@ def test_default_out_without_pyproject_is_generated(cli, spec, tmp_path):
 def test_the_repository_checks_its_committed_configs_without_out():
     r = run_module("plan", "--check", *sorted(str(p.relative_to(REPO)) for p in (REPO / "specs").glob("*.toml")), cwd=REPO)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_engine_line_names_expert_parallelism_and_its_mesh(cli, spec):
+    path = spec('version = 1\nname = "ep"\n[precision]\nmode = "fp8"\n[precision.torchao]\nrecipe = "mxfp8"\n[distributed]\n'
+                'procs_per_node = 4\nexpert_parallel = 2\n[launch]\ndevice = "cpu"\n[train]\nmodel = "builtin:moe-debug"\n')
+    r = cli("plan", path, "--out", "out")
+    assert r.exit_code == 0, r.stderr
+    assert "  engine      fsdp2, 1 node x 4 = world size 4, expert parallel 2 (mesh efsdp 2 x ep 2)\n" in r.stdout
+
+
+def test_plan_says_which_layers_it_keeps_beyond_every_linear_but_the_output_layer(cli, spec):
+    """The field's default (torchtitan's filter_fqns, Megatron's TE layers) runs every Linear but the output layer in
+    FP8; the plan counts the layers and says which ones it keeps beyond that, and why."""
+    small = spec('version = 1\nname = "d"\n[precision]\nmode = "fp8"\n[precision.torchao]\nskip_small = false\n[launch]\ndevice = "cpu"\n')
+    r = cli("plan", small, "--out", "out")
+    assert "  fp8 layers  27 of 29, 84% of the layers' GEMM FLOPs\n" in r.stdout
+    assert ("kept beyond every Linear but the output layer (torchtitan's, Megatron's default): layers.0.attention.wq "
+            "(precision.keep_first_last)\n") in r.stdout
+    big = spec('version = 1\nname = "b"\n[precision]\nmode = "fp8"\nkeep_first_last = false\n[train]\nmodel = "builtin:llama3-8b"\n', name="b.toml")
+    r = cli("plan", big, "--out", "out")
+    # torchao's size rule keeps the 4096 -> 1024 wk / wv of the 32 blocks; the head runs in FP8 here
+    assert "  fp8 layers  161 of 225, " in r.stdout and ": 64 by precision.torchao.skip_small\n" in r.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,27 @@ def test_deepspeed_zero3_initialises_into_its_partition_the_other_stages_hold_th
     z2 = peak(2)
     assert z2.bytes == 4 * params and "whole fp32 model" in z2.how
     assert z3.bytes < z2.bytes / 4
+
+
+def test_an_hf_model_is_estimated_from_its_config_json_as_the_prediction_reads_it(cli, spec, tmp_path):
+    """hf: models got no estimate although planning reads their config.json for the prediction: the parameters
+    (its Linears, embedding and norms) and activations come from the same shapes as a builtin model's."""
+    from launcher.planning.predict.shapes import model_shape
+
+    folder = tmp_path / "llama-3.2-3b"
+    folder.mkdir()
+    (folder / "config.json").write_text((Path(__file__).parent / "data" / "llama-3.2-3b.json").read_text())
+    path = spec('version = 1\nname = "h3"\n[distributed]\nprocs_per_node = 8\n[train]\nmodel = "hf:llama-3.2-3b"\nseq_len = 4096\n',
+                name="h3.toml")
+    shape, _ = model_shape("hf:llama-3.2-3b", str(tmp_path))
+    r = cli("plan", path, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    mem = json.loads(r.stdout)["memory"]
+    assert mem["params"] == shape.params == model_params("hf:llama-3.2-3b", str(tmp_path))
+    assert mem["model_states_bytes_per_gpu"] == 16 * shape.params // 8
+    # activations counted as for a builtin Llama of the same width, depth and vocabulary
+    from launcher.planning.memory import activations
+    from launcher.planning.plan import load_plan  # noqa: F401
+
+    assert mem["activations_bytes_per_gpu"] == int(activations(plan_of({"distributed": {"procs_per_node": 8}, "train": {"seq_len": 4096}}), shape).bytes)
+    assert model_params("hf:llama-3.2-3b") is None  # without the spec's folder the config is not looked for

@@ -43,8 +43,9 @@ def plan_one(path: str, out_dir: str, overrides: list[str] = (), strict: bool = 
     folder = folder_of(plan) if folder_of else os.path.join(out_dir, plan.name)
     plan = dataclasses.replace(plan, spec_dir=spec_dir_from(path, folder))
     files = render(plan, plan_dir=relative_to_root(folder))
-    prediction = predict(plan, os.path.dirname(os.path.abspath(path)))
-    findings = check(Facts(plan=plan, rendered=files, prediction=prediction), stage="plan")
+    spec_folder = os.path.dirname(os.path.abspath(path))
+    prediction = predict(plan, spec_folder)
+    findings = check(Facts(plan=plan, rendered=files, prediction=prediction, spec_folder=spec_folder), stage="plan")
     errors = [f for f in findings if f.is_error or strict]
     warnings = [f for f in findings if f not in errors]
     if errors:
@@ -99,8 +100,9 @@ def plan_record(planned: Planned, changes: list, params: int | None = None) -> d
     from launcher.commands.plan_text import phase_records
     from launcher.planning.memory import estimate, model_params
 
-    n_params = params or model_params(planned.plan.train.model)
-    memory = estimate(planned.plan, n_params) if n_params else None
+    spec_folder = os.path.dirname(os.path.abspath(planned.spec_path))
+    n_params = params or model_params(planned.plan.train.model, spec_folder)
+    memory = estimate(planned.plan, n_params, spec_folder) if n_params else None
     return {"spec": planned.spec_path, "name": planned.plan.name, "folder": planned.folder, "plan": json.loads(planned.files["plan.json"]),
             "memory": None if memory is None else {
                 "params": n_params,

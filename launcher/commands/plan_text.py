@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 
 from launcher.errors import UsageError
 from launcher.planning.memory import estimate, model_params
@@ -17,13 +18,16 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
     written = [c for c in changes if c.status in ("create", "update")]
     status = f"{len(written)} written, {len(changes) - len(written)} unchanged" if written else "unchanged"
     precision = f"fp8 ({p.backend}{_recipe(plan)}, rest in {p.high_precision})" if p.fp8 else p.mode
+    spec_folder = os.path.normpath(os.path.join(folder, plan.spec_dir))  # plan.spec_dir is relative to the plan's folder
     lines = [
         f"{plan.name}: {folder}/ ({status})",
         f"  precision   {precision}",
+        *selection_lines(plan, spec_folder),
         f"  engine      {d.strategy}{f' ZeRO-{d.deepspeed.zero_stage}' if d.strategy == 'deepspeed' else ''}, "
         f"{d.nodes} node{'s' * (d.nodes != 1)} x {d.procs_per_node} = world size {plan.world_size}"
         f"{f', tensor parallel {d.tensor_parallel} (mesh dp {d.data_parallel} x tp {d.tensor_parallel})' if d.tensor_parallel > 1 else ''}"
         f"{', async TP' if d.async_tp else ''}"
+        f"{f', expert parallel {d.expert_parallel} (mesh efsdp {plan.world_size // d.expert_parallel} x ep {d.expert_parallel})' if d.expert_parallel > 1 else ''}"
         f"{', compiled' if plan.compile.enabled else ''}"
         f"{f', activation checkpointing {plan.activation_checkpointing.mode}' if plan.activation_checkpointing.mode != 'none' else ''}",
         f"  batch       {t.micro_batch_size} micro x {t.grad_accum_steps} accum x {d.data_parallel} {'data-parallel ' if d.tensor_parallel > 1 else ''}ranks = {d.global_batch_size} sequences"
@@ -33,9 +37,9 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
     table = precision_table(plan)
     width = max(len(k) for k, _ in ROWS)
     lines += [f"    {key:<{width}}  {table[key]}" for key, _ in ROWS if key in table]
-    params = params or model_params(plan.train.model)
+    params = params or model_params(plan.train.model, spec_folder)
     if params:
-        lines += ["  " + line for line in estimate(plan, params).lines()]
+        lines += ["  " + line for line in estimate(plan, params, spec_folder).lines()]
     else:
         lines.append(f"  model states per GPU: pass --params N to estimate them ({plan.train.model.split(':')[0]}: models are sized when built)")
     if prediction is not None:
@@ -55,6 +59,34 @@ def phase_lines(plan: Plan, params: int | None) -> list[str]:
         speed = f", predicted {speed:.2f}x bf16's tokens/s" if speed is not None else ""
         out.append(f"    {phase['phase']}: steps {phase['first_step']}-{phase['last_step']}: {phase['precision']}{memory}{speed}")
     return out
+
+
+SHOWN_BEYOND = 3
+"""The kept layers `selection_lines` names one by one; beyond that it counts them by reason."""
+
+
+def selection_lines(plan: Plan, spec_folder: str) -> list[str]:
+    """For an FP8 plan whose model planning knows: how many layers run in FP8 and their share of the GEMM FLOPs, and
+    which layers it keeps beyond the field's default (every Linear but the output layer: torchtitan, Megatron), why."""
+    from launcher.planning.predict import selection
+    from launcher.planning.predict.shapes import model_shape
+    from launcher.planning.selection import reason_key
+
+    shape = model_shape(plan.train.model, spec_folder)[0] if plan.precision.fp8 else None
+    if shape is None:
+        return []
+    sel = selection(plan, shape)
+    line = f"  fp8 layers  {sel.fp8} of {sel.total}, {sel.flop_share:.0%} of the layers' GEMM FLOPs"
+    if not sel.beyond:
+        return [line + ("; the output layer kept too (the field's default)" if sel.head_kept else "; the output layer too")]
+    if len(sel.beyond) <= SHOWN_BEYOND:
+        kept = ", ".join(f"{name} ({reason_key(why)})" for name, why in sel.beyond)
+    else:
+        counts: dict[str, int] = {}
+        for _, why in sel.beyond:
+            counts[why] = counts.get(why, 0) + 1
+        kept = ", ".join(f"{n} by {reason_key(why)}" for why, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return [line, f"              kept beyond every Linear but the output layer (torchtitan's, Megatron's default): {kept}"]
 
 
 def phase_records(plan: Plan, params: int | None = None) -> list[dict]:

@@ -109,12 +109,23 @@ class MemoryEstimate:
         return out
 
 
-def estimate(plan: Plan, params: int) -> MemoryEstimate:
-    """Bytes per GPU for `params` parameters trained as `plan` says: the model states, and for a
-    builtin model the activations; the initialisation peak."""
+def estimate(plan: Plan, params: int, spec_folder: str | None = None) -> MemoryEstimate:
+    """Bytes per GPU for `params` parameters trained as `plan` says: the model states, and for a builtin model (or,
+    with `spec_folder`, an hf: model whose config.json is read there) the activations; the initialisation peak."""
     rows = model_states(plan, params)
-    cfg = builtin_config(plan.train.model)
+    cfg = model_config(plan.train.model, spec_folder)
     return MemoryEstimate(params, rows, activations(plan, cfg) if cfg else None, init_peak(plan, params, cfg))
+
+
+def model_config(model: str, spec_dir: str | None = None):
+    """The shape the estimate reads: a builtin model's config; with `spec_dir`, an hf: model's shapes from its
+    config.json (launcher/planning/predict/shapes.py, as the prediction reads them); None otherwise."""
+    cfg = builtin_config(model)
+    if cfg is not None or spec_dir is None or not model.startswith("hf:"):
+        return cfg
+    from launcher.planning.predict.shapes import model_shape
+
+    return model_shape(model, spec_dir)[0]
 
 
 def model_states(plan: Plan, params: int) -> tuple[MemoryRow, ...]:
@@ -159,17 +170,25 @@ def model_states(plan: Plan, params: int) -> tuple[MemoryRow, ...]:
         rows = [MemoryRow("params", "fp32", 4, 1), MemoryRow("grads", "fp32", 4, 1), MemoryRow("optimizer_states", "fp32", 4 * states, 1)]
 
     if p.fp8 and p.backend == "te" and p.te.fp8_params:
-        # quantized_model_init keeps FP8 weights. Only DeepSpeed's bf16/fp16 ZeRO optimizer keeps fp32
-        # master copies (its master_weights row stays); a torch optimizer keeps none (rule TE-FP8-PARAMS-NO-MASTER).
-        rows = [MemoryRow("params", "fp8", 1, rows[0].shards, rows[0].offloaded)] + [r for r in rows if r.name != "params"]
+        # quantized_model_init keeps FP8 weights (1 byte, counted for every parameter: the swapped Linears hold nearly all).
+        # DDP / FSDP2: TE's FusedAdam(master_weights=True) keeps an fp32 master copy of every parameter, laid out as the
+        # optimizer states are (FSDP2: sharded); DeepSpeed's bf16/fp16 ZeRO optimizer keeps its own (its row stays).
+        first = rows[0]
+        rows = [MemoryRow("params", "fp8", 1, first.shards, first.offloaded, first.layout)] + [r for r in rows if r.name != "params"]
+        if not any(r.name == "master_weights" for r in rows):
+            opt = next(r for r in rows if r.name == "optimizer_states")
+            rows.insert(2, MemoryRow("master_weights", "fp32", 4, opt.shards, opt.offloaded, opt.layout))
     return tuple(rows)
 
 
-def model_params(model: str) -> int | None:
-    """Parameter count of a builtin model spec (`builtin:NAME[?layers=N]`), else None (use --params)."""
+def model_params(model: str, spec_dir: str | None = None) -> int | None:
+    """Parameter count of a builtin model spec (`builtin:NAME[?layers=N]`), or with `spec_dir` of an hf: model whose
+    config.json describes a Llama-style decoder (its Linears, embedding and norms; a tied head counted twice); else
+    None (use --params)."""
     cfg = builtin_config(model)
     if cfg is None:
-        return None
+        shape = model_config(model, spec_dir)
+        return shape.params if shape is not None else None
     from launcher.planning.models import param_count
 
     return param_count(cfg)

@@ -44,6 +44,8 @@ class Facts:
     """Type names of the model's weight-matrix layers that are not nn.Linear (no backend converts them), at run time."""
     prediction: typing.Any = None
     """The speed prediction (launcher.planning.predict.Prediction) when planning made one."""
+    spec_folder: str | None = None
+    """The spec file's folder, absolute, where planning knows it (an hf: model's relative path is read from there)."""
     msamp_stack: str | None = None
     """Why the installed MS-AMP cannot run next to the installed packages (launcher.planning.stack), at run time."""
     libaio: bool | None = None
@@ -414,12 +416,6 @@ RULES: tuple[Rule, ...] = (
              "offload (distributed.fsdp2.cpu_offload = true, or distributed.deepspeed.offload_optimizer), or lower train.micro_batch_size / train.seq_len",
          condition=lambda f: _memory_excess(f) is not None,
          detail=lambda f: _memory_excess(f)),
-    Rule(id="TE-FP8-PARAMS-NO-MASTER", severity="error", stage="plan",
-         when="precision.te.fp8_params with DDP or FSDP2 (or an fp32 DeepSpeed run)",
-         why="quantized_model_init keeps only FP8 weights, and the plain torch optimizer these engines use keeps no fp32 master copy: "
-             "every update would be rounded to FP8 and small updates lost. Only DeepSpeed's bf16/fp16 ZeRO optimizer keeps fp32 master weights.",
-         fix='set precision.te.fp8_params = false',
-         condition=lambda f: _fp8(f, "te") and f.plan.precision.te.fp8_params and not _has_master_weights(f)),
 )
 
 
@@ -787,7 +783,7 @@ def _model_shape(f: Facts):
     """The model's shapes when planning knows them (builtin and hf: models), else None."""
     from launcher.planning.predict.shapes import model_shape
 
-    return model_shape(f.plan.train.model, f.plan.spec_dir)[0]
+    return model_shape(f.plan.train.model, f.spec_folder or f.plan.spec_dir)[0]
 
 
 def _layer_names(f: Facts) -> list[str] | None:
@@ -1106,3 +1102,91 @@ def _memory_excess(f: Facts) -> str | None:
     acts = f", activations {est.activations.bytes / 2**30:.1f} GiB" if est.activations else ""
     return (f"the estimate is {peak:.1f} GiB per GPU (model states {est.total_bytes / 2**30:.1f} GiB{acts}) "
             f"but a {gpu.name} has {gpu.memory_gib:g} GiB.")
+
+
+# --- Transformer Engine, true to the library (issue 29) ---
+# Read from Transformer Engine 2.20.2's Python source (the `transformer_engine` wheel): what it does with activation
+# checkpointing under torch.compile, FP8 attention, and FP8 weights. TE-FP8-PARAMS-NO-MASTER is gone: DDP and FSDP2 runs
+# with precision.te.fp8_params now train with TE's FusedAdam keeping an fp32 master copy (launcher/train/precision/te.py).
+
+def _te_like(f: Facts) -> bool:
+    """Transformer Engine modules in the model: backend te, or MS-AMP with use_te (it swaps Linears to te.Linear)."""
+    return _fp8(f, "te") or (_fp8(f, "msamp") and f.plan.precision.msamp.use_te)
+
+
+def _te_attention(f: Facts) -> str:
+    """The precision.te attention keys the spec sets ("" when neither)."""
+    te = f.plan.precision.te
+    return " and ".join(k for k, on in (("precision.te.fp8_dpa", te.fp8_dpa), ("precision.te.fp8_mha", te.fp8_mha)) if on)
+
+
+def _fp8_params(f: Facts) -> bool:
+    return _fp8(f, "te") and f.plan.precision.te.fp8_params
+
+
+_TE_RULES: tuple[Rule, ...] = (
+    Rule(id="TE-AC-COMPILE", severity="error", stage="plan",
+         when="Transformer Engine (backend te, or msamp with use_te) with compile.enabled and activation_checkpointing != none",
+         why="a checkpointed Transformer Engine block recomputes through TE's own checkpoint, which keeps the forward's FP8 state "
+             "for the recompute, and that function is dynamo-disabled (@torch._disable_dynamo on "
+             "transformer_engine.pytorch.distributed.checkpoint): torch.compile of such a block compiles nothing and runs it eagerly. "
+             "torch's checkpoint, which dynamo traces, would recompute outside te.autocast (no FP8 in the recompute; delayed scaling "
+             "records every amax twice).",
+         fix='set activation_checkpointing.mode = "none" (and keep compile.enabled), or compile.enabled = false',
+         condition=lambda f: _te_like(f) and f.plan.compile.enabled and f.plan.activation_checkpointing.mode != "none"),
+    Rule(id="TE-FP8-ATTENTION-MODEL", severity="error", stage="plan",
+         when="precision.te.fp8_dpa or fp8_mha with an hf: or py: model",
+         why="fp8launch runs attention in FP8 by putting te.DotProductAttention in place of the attention it owns (the builtin "
+             "models' causal grouped-query attention core); an hf: or py: model's attention is its own code, which te.autocast "
+             "leaves in high precision, so the recipe's fp8_dpa / fp8_mha would change nothing.",
+         fix='set precision.te.fp8_dpa = false and precision.te.fp8_mha = false, or train.model = "builtin:..."',
+         condition=lambda f: _fp8(f, "te") and bool(_te_attention(f)) and not f.plan.train.model.startswith("builtin:"),
+         detail=lambda f: f"{_te_attention(f)} would change nothing for {f.plan.train.model}: fp8launch swaps only the builtin models' "
+             "attention core for te.DotProductAttention; this model's attention is its own code, which te.autocast leaves in high precision."),
+    Rule(id="TE-FP8-MHA", severity="error", stage="plan",
+         when="precision.te.fp8_mha with a builtin model",
+         why="fp8_mha means the QKV projection hands FP8 outputs straight to DotProductAttention. Transformer Engine does that only "
+             "without rotary embeddings (\"RoPE is only implemented in F16 currently\"), and never under current scaling or MXFP8 "
+             "(transformer_engine/pytorch/attention/multi_head_attention.py, qkv_fp8_output); the builtin models apply rotary "
+             "embeddings between the projection and the attention, so even TE's own MultiheadAttention would run fp8_mha exactly as "
+             "fp8_dpa (FP8 attention GEMMs, high-precision Q/K/V).",
+         fix="set precision.te.fp8_mha = false, and precision.te.fp8_dpa = true for FP8 attention",
+         condition=lambda f: _fp8(f, "te") and f.plan.precision.te.fp8_mha and f.plan.train.model.startswith("builtin:")),
+    Rule(id="TE-FP8-DPA-BACKEND", severity="error", stage="run",
+         when="precision.te.fp8_dpa with recipe current on a GPU below compute capability 10.0, or on sm120",
+         why="Transformer Engine has no FP8 attention backend there: it disables FusedAttention for FP8 current scaling below sm100 "
+             "and for any FP8 attention on sm120, FlashAttention for FP8 training, and the unfused attention for FP8 unless "
+             "NVTE_UnfusedDPA_Emulate_FP8=1 (attention/dot_product_attention/utils.py, get_attention_backend): the first forward "
+             "fails with \"No dot product attention backend is available\".",
+         fix='set precision.te.fp8_dpa = false, or precision.te.recipe = "delayed", or run on an sm100 GPU (B200, GB200)',
+         condition=lambda f: _fp8(f, "te") and f.plan.precision.te.fp8_dpa and f.capability is not None
+             and (f.capability == (12, 0) or (f.plan.precision.te.recipe == "current" and f.capability < (10, 0))),
+         detail=lambda f: f"Transformer Engine has no FP8 attention backend for recipe {f.plan.precision.te.recipe!r} on "
+             f"{capability_text(f.capability)} (FusedAttention is disabled for "
+             + ("FP8 on sm120" if f.capability == (12, 0) else "FP8 current scaling below sm100")
+             + ", FlashAttention for FP8 training, the unfused attention for FP8): the first forward would fail."),
+    Rule(id="TE-FP8-PARAMS-OPTIMIZER", severity="error", stage="plan",
+         when="precision.te.fp8_params with train.optimizer = sgd",
+         why="FP8 weights train only with an optimizer that keeps a high-precision master copy, steps it and re-quantizes the "
+             "weight from it; fp8launch builds Transformer Engine's FusedAdam with master_weights=True for that (adam or adamw).",
+         fix='set train.optimizer = "adamw" (or "adam"), or precision.te.fp8_params = false',
+         condition=lambda f: _fp8_params(f) and f.plan.train.optimizer not in ("adam", "adamw")),
+    Rule(id="TE-FP8-PARAMS-FSDP2-BLOCK", severity="error", stage="plan",
+         when="precision.te.fp8_params under FSDP2 with recipe block, mxfp8 or nvfp4",
+         why="Transformer Engine's FSDP2 all-gather hooks of the block-scaled weights (Float8BlockwiseQTensor, MXFP8Tensor) do not "
+             "take parameters quantized on the GPU before sharding, and NVFP4 weights are not supported under FSDP2 at all (\"the "
+             "block tensor is dequantized before we flatten it for FSDP2\"; TE's tests/pytorch/distributed/fsdp2_tests/"
+             "run_fsdp2_fused_adam.py); fp8launch builds TE modules from the initialised model, before FSDP2 shards it. Per-tensor "
+             "FP8 weights (delayed, current) are all-gathered in FP8 by TE's Float8Tensor.fsdp_pre_all_gather.",
+         fix='set precision.te.recipe = "current" (or "delayed"), or precision.te.fp8_params = false, or distributed.strategy = "ddp"',
+         condition=lambda f: _fp8_params(f) and _strategy(f) == "fsdp2" and f.plan.precision.te.recipe in ("block", "mxfp8", "nvfp4")),
+    Rule(id="TE-FP8-PARAMS-DEEPSPEED-FP32", severity="error", stage="plan",
+         when="precision.te.fp8_params with strategy deepspeed in fp32",
+         why="DeepSpeed's fp32 optimizer steps the parameters themselves: with FP8 weights every update would be rounded to FP8 and "
+             "small updates lost (no master copy), and DeepSpeed's p.data casts quantize a copy (rule TE-FP8-PARAMS-DEEPSPEED).",
+         fix='set precision.te.fp8_params = false, or distributed.strategy = "fsdp2" (or "ddp")',
+         condition=lambda f: _fp8_params(f) and _ds(f) and not _has_master_weights(f)),
+)
+
+RULES += _TE_RULES
+RULES_BY_ID.update({r.id: r for r in _TE_RULES})

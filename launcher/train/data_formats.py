@@ -2,8 +2,11 @@
 
     megatron:PREFIX[?eos=ID|none]   PREFIX.idx + PREFIX.bin, read by their on-disk format with numpy (no
                                     megatron import); the .bin is memory-mapped, never copied
-    hf-dataset:PATH[?column=text]   a folder Dataset.save_to_disk wrote, or one .parquet / .jsonl / .json /
-                                    .arrow file; the column is tokenized by train.tokenizer in this process
+    hf-dataset:PATH[?column=text&split=NAME]
+                                    a folder Dataset.save_to_disk wrote; a folder of .parquet / .jsonl / .json /
+                                    .arrow shards (a Hub download, or its data/ folder: ?split= picks that split's
+                                    files, default train where they are split); or one such file; the column is
+                                    tokenized by train.tokenizer in this process
 
 Documents are laid end to end with one EOS id between consecutive ones (none after the last), so a window
 may span documents. megatron:'s EOS is ?eos=ID, else train.tokenizer's EOS; ?eos=none joins them with
@@ -31,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import struct
 
 import numpy as np
@@ -224,24 +228,73 @@ def _offline(config):
         config.HF_HUB_OFFLINE, config.HF_UPDATE_DOWNLOAD_COUNTS = saved
 
 
-def _load_dataset(path: str, key: str):
-    """The `datasets.Dataset` at `path`: a save_to_disk folder (a DatasetDict's "train" split), or one data file."""
+NOT_DATA = frozenset({"dataset_info.json", "dataset_infos.json", "state.json", "dataset_dict.json", "config.json",
+                      "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"})
+"""JSON files a dataset, model or tokenizer folder holds that are no data shards."""
+
+SPLIT_NAME = re.compile(r"^(train|training|validation|valid|val|dev|test|testing|eval|evaluation)(?=$|[-_.\d])", re.I)
+"""A split named at the start of a file name or folder, as the Hub's data files are (`data/train-00000-of-00004.parquet`,
+`train/0000.parquet`; datasets' DEFAULT_PATTERNS_SPLIT_IN_FILENAME / _IN_DIR)."""
+
+
+def data_shards(folder: str, split: str, key: str, form: str) -> list[str]:
+    """The data files of a folder of shards (a Hub download, or its data/ folder) for `split` ("" = train where the
+    files are split, else every file), in name order. One format; files under hidden folders (.cache, .git) left out."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += [os.path.join(root, f) for f in sorted(files)
+                  if os.path.splitext(f)[1].lower() in HF_FILES and f not in NOT_DATA]
+    if not found:
+        raise InputError(key, f"the folder {folder} holds no .parquet, .jsonl, .json or .arrow file and is not one Dataset.save_to_disk wrote",
+                         "point hf-dataset: at a Hub dataset's folder (or its data/ folder), a save_to_disk folder, or one data file")
+    formats = {HF_FILES[os.path.splitext(f)[1].lower()] for f in found}
+    if len(formats) > 1:
+        raise InputError(key, f"the folder {folder} mixes {', '.join(sorted(formats))} files",
+                         f"point {form} at the folder of one format's shards")
+
+    def split_of(path: str) -> str | None:
+        for part in os.path.relpath(path, folder).split(os.sep):
+            m = SPLIT_NAME.match(part)
+            if m:
+                return {"training": "train", "valid": "validation", "val": "validation", "testing": "test",
+                        "evaluation": "eval"}.get(m.group(1).lower(), m.group(1).lower())
+        return None
+
+    splits = {f: split_of(f) for f in found}
+    named = sorted({s for s in splits.values() if s})
+    want = split.lower() if split else ("train" if named else None)
+    chosen = [f for f in found if want is None or splits[f] == want]
+    if not chosen:
+        raise InputError(key, f"the folder {folder} has no {want!r} files; its splits: {', '.join(named) or 'none named'}",
+                         f"pick one with {form.partition('?')[0]}?split=NAME")
+    return chosen
+
+
+def _load_dataset(path: str, key: str, split: str = "", form: str = "hf-dataset:"):
+    """The `datasets.Dataset` at `path`: a save_to_disk folder (a DatasetDict's "train" split), a folder of data-file
+    shards (`data_shards`), or one data file."""
     try:
         import datasets
     except ImportError as e:
         raise BackendMissing("datasets", INSTALL["datasets"]) from e
-    fix = "point hf-dataset: at a folder Dataset.save_to_disk wrote, or at one .parquet, .jsonl, .json or .arrow file"
-    if os.path.isdir(path):
-        if not any(os.path.isfile(os.path.join(path, n)) for n in ("state.json", "dataset_dict.json")):
-            raise InputError(key, f"the folder {path} is not one Dataset.save_to_disk wrote (no state.json or dataset_dict.json)", fix)
+    fix = ("point hf-dataset: at a folder Dataset.save_to_disk wrote, a folder of .parquet / .jsonl / .json / .arrow shards, "
+           "or one such file")
+    # data_files are glob patterns to datasets: escape the names so that [ ] * ? in them are literal.
+    literal = lambda p: "".join(f"[{c}]" if c in "[]*?" else c for c in os.path.abspath(p))  # noqa: E731
+    if os.path.isdir(path) and _saved_to_disk(path):
+        if split:
+            raise InputError(key, f"?split= picks data files; {path} is a save_to_disk folder", "drop ?split= (its 'train' split is read)")
         load = lambda: datasets.load_from_disk(path)
+    elif os.path.isdir(path):
+        shards = data_shards(path, split, key, form)
+        builder = HF_FILES[os.path.splitext(shards[0])[1].lower()]
+        load = lambda: datasets.load_dataset(builder, data_files=[literal(f) for f in shards], split="train")
     else:
         builder = HF_FILES.get(os.path.splitext(path)[1].lower())
         if builder is None:
             raise InputError(key, f"cannot tell the format of {path} from its name", fix)
-        # data_files is a glob pattern to datasets: escape the name so that [ ] * ? in it are literal.
-        pattern = "".join(f"[{c}]" if c in "[]*?" else c for c in os.path.abspath(path))
-        load = lambda: datasets.load_dataset(builder, data_files=pattern, split="train")
+        load = lambda: datasets.load_dataset(builder, data_files=literal(path), split="train")
     try:
         with _offline(datasets.config):
             ds = load()
@@ -288,15 +341,23 @@ def _tokenize(ds, column: str, tok, path: str, key: str) -> tuple[np.ndarray, in
 
 def hf_dataset_corpus(raw: str, *, spec_dir: str, key: str, tokenizer: str) -> tuple[np.ndarray, str, dict]:
     """(corpus, its description, what identifies it for a resume) of hf-dataset:RAW, tokenized by `tokenizer`."""
-    raw_path, options = split_options(raw, {"column": "text"}, key=key, form="hf-dataset")
+    raw_path, options = split_options(raw, {"column": "text", "split": ""}, key=key, form="hf-dataset")
     form, column = f"hf-dataset:{raw}", options["column"]
     path = resolve_path(raw_path, spec_dir, key)
     if not tokenizer:
         raise InputError("train.tokenizer", f"{key} = {form} is text, and train.tokenizer is not set to turn it into ids",
                          "set train.tokenizer to the model's tokenizer.json, or to a Hugging Face tokenizer folder holding one")
     tok = load_tokenizer(tokenizer, spec_dir)
-    ds = _text_column(_load_dataset(path, key), column, path, key, form)
+    ds = _text_column(_load_dataset(path, key, options["split"], form), column, path, key, form)
     ids, rows = _tokenize(ds, column, tok, path, key)
     joined = f"EOS id {tok.eos} between documents" if tok.eos is not None else "no EOS in the tokenizer: documents joined as they are"
     source = f"hf-dataset:{path} (column '{column}', {rows} documents, tokenized by {tok.file}, {joined})"
-    return ids, source, {"eos": tok.eos, "documents": rows, "column": column, "tokenizer": tok.digest}
+    shards = data_shards(path, options["split"], key, form) if os.path.isdir(path) and not _saved_to_disk(path) else []
+    identity = {"eos": tok.eos, "documents": rows, "column": column, "tokenizer": tok.digest}
+    if shards:  # which files, in which order: a resume must read the same ones
+        identity["files"] = [os.path.relpath(f, path) for f in shards]
+    return ids, source, identity
+
+
+def _saved_to_disk(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, n)) for n in ("state.json", "dataset_dict.json"))

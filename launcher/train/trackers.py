@@ -204,8 +204,14 @@ class TensorBoardTracker(Tracker):
         self.writer.close()
 
 
+WANDB_MODES = {"online": "online", "run": "online", "offline": "offline", "dryrun": "offline"}
+"""WANDB_MODE's values (W&B's docs: online, offline, disabled; "dryrun" and "run" its old names) -> the mode they mean."""
+
+
 class WandbTracker(Tracker):
-    """A W&B run in log.wandb's project (the spec's name when empty), online or offline (<output_dir>/wandb/)."""
+    """A W&B run, online or offline (under <output_dir>/wandb/, or WANDB_DIR). Each of log.wandb's keys the spec leaves
+    empty takes what W&B users set in the environment: WANDB_PROJECT (else the spec name), WANDB_ENTITY (else your
+    default), WANDB_MODE (else online), WANDB_DIR (else the run's output_dir)."""
 
     name = "wandb"
 
@@ -216,14 +222,30 @@ class WandbTracker(Tracker):
 
     @property
     def mode(self) -> str:
-        return self.settings.get("mode") or "online"
+        """The spec's mode, else WANDB_MODE's; WANDB_MODE=disabled beside log.wandb on stops the run (exit 3)."""
+        if self.settings.get("mode"):
+            return self.settings["mode"]
+        env = os.environ.get("WANDB_MODE", "").strip().lower()
+        if env == "disabled":
+            raise EnvironmentProblem(with_fix("log.wandb is on but WANDB_MODE=disabled in the environment: the run would train "
+                                              "without the tracker the spec asks for",
+                                              'unset WANDB_MODE, set log.wandb.mode = "offline", or log.wandb = false'))
+        return WANDB_MODES.get(env, "online")
+
+    @property
+    def project(self) -> str:
+        return self.settings.get("project") or os.environ.get("WANDB_PROJECT") or self.plan.name
+
+    @property
+    def folder(self) -> str:
+        return os.path.abspath(os.environ.get("WANDB_DIR") or self.output_dir)
 
     @property
     def fix(self) -> str:
         if self.mode == "online":
             return ('check the network and your W&B login (`wandb login`, or WANDB_API_KEY), and log.wandb.project / entity; '
                     'or set log.wandb.mode = "offline" and upload later with `wandb sync`')
-        return f"make {self.output_dir} writable, or set log.wandb = false"
+        return f"make {self.folder} writable, or set log.wandb = false"
 
     def _open(self, start, resume_ids) -> str:
         import wandb
@@ -243,9 +265,9 @@ class WandbTracker(Tracker):
         if "WANDB_CONSOLE" not in os.environ:
             extra["console"] = "off"  # the run's lines are in metrics.jsonl; not wrapping stdout/stderr keeps our one-line errors
         run = wandb.init(
-            project=self.settings.get("project") or self.plan.name,
-            entity=self.settings.get("entity") or None,
-            dir=os.path.abspath(self.output_dir),
+            project=self.project,
+            entity=self.settings.get("entity") or os.environ.get("WANDB_ENTITY") or None,
+            dir=self.folder,
             id=resume_id,
             resume="allow" if resume_id else None,
             name=self.plan.name,
@@ -279,8 +301,8 @@ class WandbTracker(Tracker):
 
 
 class MlflowTracker(Tracker):
-    """An MLflow run in the experiment named after the spec: on the server MLFLOW_TRACKING_URI names, else in
-    a file store under <output_dir>/mlruns."""
+    """An MLflow run in the experiment MLFLOW_EXPERIMENT_NAME names (else the spec's name): on the server
+    MLFLOW_TRACKING_URI names, else in a file store under <output_dir>/mlruns."""
 
     name = "mlflow"
 
@@ -291,6 +313,10 @@ class MlflowTracker(Tracker):
     @property
     def uri(self) -> str:
         return os.environ.get("MLFLOW_TRACKING_URI") or pathlib.Path(self.output_dir, MLRUNS_DIR).resolve().as_uri()
+
+    @property
+    def experiment(self) -> str:
+        return os.environ.get("MLFLOW_EXPERIMENT_NAME") or self.plan.name
 
     @property
     def fix(self) -> str:
@@ -309,8 +335,8 @@ class MlflowTracker(Tracker):
 
         uri = self.uri
         self.client = client = MlflowClient(tracking_uri=uri)
-        experiment = client.get_experiment_by_name(self.plan.name)
-        experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.plan.name)
+        experiment = client.get_experiment_by_name(self.experiment)
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.experiment)
         resume_id = resume_ids.get(self.name)
         if resume_id and self._exists(resume_id):
             self.run_id = resume_id
@@ -324,7 +350,7 @@ class MlflowTracker(Tracker):
             self.run_id = run.info.run_id
             # Params once per run: MLflow refuses to change a logged param, and a resumed run keeps its own.
             client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in run_config(self.plan, start).items()])
-        return f"{uri} run {self.run_id} (experiment {self.plan.name!r})"
+        return f"{uri} run {self.run_id} (experiment {self.experiment!r})"
 
     def _exists(self, run_id: str) -> bool:
         from mlflow.exceptions import MlflowException

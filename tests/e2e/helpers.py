@@ -55,10 +55,11 @@ def env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TORCH_EXTENSIONS_DIR": extensions}
 
 
-def run(cwd: Path, *args: str, timeout: float = RUN_TIMEOUT_S) -> tuple[subprocess.CompletedProcess, float]:
-    """`fp8launch ARGS` in `cwd`; returns the result and its wall time."""
+def run(cwd: Path, *args: str, timeout: float = RUN_TIMEOUT_S, extra_env: dict[str, str] | None = None
+        ) -> tuple[subprocess.CompletedProcess, float]:
+    """`fp8launch ARGS` in `cwd` (with `extra_env` on top of the runs' environment); returns the result and its wall time."""
     t0 = time.monotonic()
-    r = subprocess.run([FP8LAUNCH, *args], cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run([FP8LAUNCH, *args], cwd=cwd, env={**env(), **(extra_env or {})}, capture_output=True, text=True, timeout=timeout)
     return r, time.monotonic() - t0
 
 

@@ -1,7 +1,8 @@
 """The whole path of issue 20 through the real CLI: train on a Megatron-Core indexed dataset (written by
-megatron-core's own IndexedDatasetBuilder) with a tokenizer, evaluate on a held-out parquet split through
-`datasets`, follow it in TensorBoard, export the checkpoint, load it in transformers, and find there the
-held-out loss the run reported. 2 processes (FSDP2), 2 steps, a tiny model: ~35 s."""
+megatron-core's own IndexedDatasetBuilder) with a tokenizer, evaluate on the held-out split of a folder of parquet
+shards as a Hub download leaves it (issue 31), through `datasets`, follow it in TensorBoard and in an offline W&B run
+that `wandb = true` gets from WANDB_MODE in the environment (issue 31), export the checkpoint, load it in
+transformers, and find there the held-out loss the run reported. 2 processes (FSDP2), 2 steps, a tiny model: ~40 s."""
 
 from __future__ import annotations
 
@@ -48,15 +49,24 @@ def test_megatron_data_held_out_parquet_tensorboard_export_and_transformers_agre
         builder.add_document(torch.tensor(ids), [len(ids)])
     builder.finalize(str(tmp_path / "corpus.idx"))
     held_out = _documents(1, 40)
-    datasets.Dataset.from_dict({"text": held_out}).to_parquet(str(tmp_path / "valid.parquet"))
+    hub = tmp_path / "hub" / "data"  # repo/data/{train,validation}-0000i-of-0000n.parquet, as `huggingface-cli download` leaves it
+    hub.mkdir(parents=True)
+    (hub.parent / "README.md").write_text("---\nlicense: mit\n---\n")
+    datasets.Dataset.from_dict({"text": _documents(2, 10)}).to_parquet(str(hub / "train-00000-of-00001.parquet"))
+    for i in (0, 1):
+        datasets.Dataset.from_dict({"text": held_out[20 * i:20 * (i + 1)]}).to_parquet(str(hub / f"validation-0000{i}-of-00002.parquet"))
 
     out = tmp_path / "runs" / "path"
     spec = write_spec(tmp_path, "path", **{
         "precision.mode": "fp32", "distributed.strategy": "fsdp2", "train.steps": 2, "train.seq_len": 32,
         "train.model": "builtin:llama-debug?layers=1&vocab=256", "train.data": f"megatron:{tmp_path / 'corpus'}",
-        "train.tokenizer": str(tokenizer), "train.output_dir": str(out), "eval.data": f"hf-dataset:{tmp_path / 'valid.parquet'}",
-        "eval.every": 1, "eval.steps": 2, "log.tensorboard": True})
-    r, _ = run(tmp_path, "run", str(spec))
+        "train.tokenizer": str(tokenizer), "train.output_dir": str(out), "eval.data": f"hf-dataset:{tmp_path / 'hub'}?split=validation",
+        "eval.every": 1, "eval.steps": 2, "log.tensorboard": True, "log.wandb": True})
+    home = tmp_path / "wandb-home"  # W&B offline from the environment, its folders here, its server a closed local port
+    wandb_env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_API_KEY": "",
+                 "WANDB_CONFIG_DIR": str(home / "config"), "WANDB_CACHE_DIR": str(home / "cache"), "WANDB_DATA_DIR": str(home / "data"),
+                 "WANDB_ERROR_REPORTING": "false", "WANDB_PROJECT": "fp8launch-e2e"}
+    r, _ = run(tmp_path, "run", str(spec), extra_env=wandb_env)
     assert r.returncode == 0, r.stderr[-3000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [rec for rec in records if rec["event"] == "eval"]
@@ -68,6 +78,11 @@ def test_megatron_data_held_out_parquet_tensorboard_export_and_transformers_agre
     board = EventAccumulator(str(out / "tensorboard"))
     board.Reload()
     assert [(s.step, s.value) for s in board.Scalars("eval_loss")] == [(e["step"], pytest.approx(e["eval_loss"], rel=1e-6)) for e in evals]
+    from tests.train.test_trackers import wandb_run
+
+    (folder,) = sorted((out / "wandb").glob("offline-run-*"))  # `wandb = true` and WANDB_MODE=offline: offline, not a failed login
+    run_id, config, history = wandb_run(folder)
+    assert history[2]["eval_loss"] == pytest.approx(evals[1]["eval_loss"], rel=1e-6) and records[0]["trackers"]["wandb"].startswith("offline run")
 
     r, _ = run(tmp_path, "export", str(out), "--dtype", "fp32", "--out", str(tmp_path / "hf"))
     assert r.returncode == 0, r.stderr[-3000:]

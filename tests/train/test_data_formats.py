@@ -241,6 +241,34 @@ def test_hf_dataset_parquet_jsonl_and_save_to_disk_give_the_same_windows(hf_file
     assert offline == []  # datasets never reached for the network
 
 
+def hub_folder(root):
+    """A dataset as a Hub download leaves it: README, .gitattributes, data/train-0000x-of-00002.parquet (TEXTS in two
+    shards, in order) and a validation shard (the reversed texts)."""
+    (root / "data").mkdir(parents=True)
+    (root / "README.md").write_text("---\nlicense: mit\n---\n")
+    (root / ".gitattributes").write_text("*.parquet filter=lfs\n")
+    half = len(TEXTS) // 2
+    for i, part in enumerate((TEXTS[:half], TEXTS[half:])):
+        datasets.Dataset.from_dict({"text": part}).to_parquet(str(root / "data" / f"train-0000{i}-of-00002.parquet"))
+    datasets.Dataset.from_dict({"text": TEXTS[::-1]}).to_parquet(str(root / "data" / "validation-00000-of-00001.parquet"))
+    return root
+
+
+def test_hf_dataset_reads_a_hub_folder_of_parquet_shards_by_split(hf_files, tok_dir, offline):
+    """hf-dataset: on a folder of shards (the repository folder or its data/ folder): the train split's files in name
+    order by default, ?split= picks another; the same windows as one file of the same texts."""
+    hub_folder(hf_files / "hub")
+    tok = tokenizers.Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    shards = [f"train-0000{i}-of-00002.parquet" for i in range(2)]
+    for path, files in (("hub", [f"data/{f}" for f in shards]), ("hub/data", shards), ("hub?split=train", [f"data/{f}" for f in shards])):
+        s = stream(f"hf-dataset:{path}", hf_files, tokenizer=str(tok_dir), seed=3)
+        assert same(take(s, 6), take(reference_stream(hf_files, tokenized(tok, TEXTS, EOS), seed=3), 6)), path
+        assert s.state_dict()["files"] == files  # what a resume checks it reads again
+    s = stream("hf-dataset:hub?split=validation", hf_files, tokenizer=str(tok_dir), seed=3)
+    assert same(take(s, 6), take(reference_stream(hf_files, tokenized(tok, TEXTS[::-1], EOS), seed=3), 6))
+    assert s.state_dict()["documents"] == len(TEXTS) and offline == []
+
+
 def test_hf_dataset_column_option(hf_files, tok_dir):
     tok = tokenizers.Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     s = stream("hf-dataset:texts.parquet?column=other", hf_files, tokenizer=str(tok_dir), seed=1)
@@ -270,11 +298,13 @@ def test_hf_dataset_joins_documents_with_nothing_when_the_tokenizer_has_no_eos(h
         ("hf-dataset:texts.parquet", {"tokenizer": "empty-folder"}, "train.tokenizer", r"empty-folder holds no tokenizer\.json"),
         ("hf-dataset:texts.parquet", {"tokenizer": "broken.json"}, "train.tokenizer", r"cannot read .*broken\.json as a tokenizer\.json"),
         ("hf-dataset:notes.txt", {}, "train.data", r"cannot tell the format of .*notes\.txt from its name; fix: point hf-dataset: at a folder"),
-        ("hf-dataset:tok", {}, "train.data", r"the folder .*tok is not one Dataset\.save_to_disk wrote"),
+        ("hf-dataset:tok", {}, "train.data", r"the folder .*tok holds no \.parquet, \.jsonl, \.json or \.arrow file and is not one Dataset\.save_to_disk wrote"),
+        ("hf-dataset:hub?split=test", {}, "train.data", r"the folder .*hub has no 'test' files; its splits: train, validation; fix: pick one with hf-dataset:hub\?split=NAME"),
         ("hf-dataset:texts.parquet", {"vocab_size": 10}, "train.data", r"hf-dataset:.* holds token id \d+, but the model \(train\.model\) has only 10 ids"),
     ],
 )
 def test_hf_dataset_errors_name_the_key_and_exit_2(hf_files, tok_dir, spec, kw, key, pattern):
+    hub_folder(hf_files / "hub")
     (hf_files / "empty-folder").mkdir()
     (hf_files / "broken.json").write_text("{not json")
     (hf_files / "notes.txt").write_text("hello")

@@ -86,9 +86,19 @@ def test_clip_grad_norm_is_torchs():
 def test_report_line_example_from_the_brief():
     r = PrecisionReport(
         backend="torchao", recipe="tensorwise", fp8_layers=26, total_linear=28, fp8_flop_share=0.9712,
-        kept=("layers.0.attention.wq (keep_first_last)", "output (keep_first_last)"))
+        kept=("layers.0.attention.wq (keep_first_last)", "output (keep_first_last)"), head="output")
     assert r.line() == ("precision: fp8 torchao tensorwise, 26 of 28 Linear layers in FP8, 97.1% of GEMM FLOPs; "
-                        "kept in bf16: layers.0.attention.wq (keep_first_last), output (keep_first_last)")
+                        "kept in bf16: output (keep_first_last) and, beyond every Linear but the output layer (torchtitan's and Megatron's "
+                        "default), layers.0.attention.wq (keep_first_last)")
+
+
+def test_report_line_says_what_is_kept_beyond_the_fields_default_only_when_something_is():
+    r = PrecisionReport(backend="torchao", recipe="tensorwise", fp8_layers=27, total_linear=28, fp8_flop_share=0.9,
+                        kept=("output (keep 'output')",), head="output")
+    assert r.line().endswith("; kept in bf16: output (keep 'output')")  # the field's default: nothing to say apart
+    r = PrecisionReport(backend="torchao", recipe="tensorwise", fp8_layers=27, total_linear=28, fp8_flop_share=0.95,
+                        kept=("layers.0.attention.wq (skip_small)",), head="output")
+    assert r.line().endswith("; kept in bf16: layers.0.attention.wq (skip_small)")  # the output layer runs in FP8 here
 
 
 def test_report_line_names_at_most_eight_kept_layers():

@@ -39,7 +39,8 @@ def test_converts_exactly_the_selected_linears_and_reports_them():
     assert r.fp8_flop_share == pytest.approx((122880 - 4096 - 16384) / 122880)
     assert r.kept == ("layers.0.attention.wq (keep_first_last)", "output (keep_first_last)")
     assert r.line() == ("precision: fp8 torchao tensorwise, 13 of 15 Linear layers in FP8, 83.3% of GEMM FLOPs; "
-                        "kept in bf16: layers.0.attention.wq (keep_first_last), output (keep_first_last)")
+                        "kept in bf16: output (keep_first_last) and, beyond every Linear but the output layer (torchtitan's and Megatron's "
+                        "default), layers.0.attention.wq (keep_first_last)")
     assert prec.param_dtype is torch.bfloat16 and prec.grad_scaler is None and not prec.fsdp_float8_all_gather
 
 

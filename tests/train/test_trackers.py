@@ -222,6 +222,38 @@ def test_wandb_offline_run_holds_the_history_and_config(tmp_path):
     assert start["trackers"]["wandb"].startswith(f"offline run {run_id} in ") and "wandb sync" in start["trackers"]["wandb"]
 
 
+def test_wandb_true_takes_mode_project_and_folder_from_the_environment_where_the_spec_says_nothing(tmp_path, monkeypatch):
+    """`[log] wandb = true` with WANDB_MODE=offline, WANDB_PROJECT and WANDB_DIR set (as W&B users do): an offline run
+    in that project and folder (before: the default "online" overrode WANDB_MODE and failed without credentials)."""
+    elsewhere = tmp_path / "wandb-dir"
+    elsewhere.mkdir()
+    monkeypatch.setenv("WANDB_PROJECT", "from-the-env")
+    monkeypatch.setenv("WANDB_DIR", str(elsewhere))
+    out = tmp_path / "run"
+    plan = _plan(out, {"wandb": True})
+    assert plan.log.wandb == {"enabled": True, "project": "", "entity": "", "mode": ""}  # what plan.json keeps: nothing said
+    tracker = build_trackers(plan, enabled=True)[0]
+    assert (tracker.mode, tracker.project, tracker.folder) == ("offline", "from-the-env", str(elsewhere))
+    _session(plan, {1: 3.0})
+    (folder,) = sorted((elsewhere / "wandb").glob("offline-run-*"))
+    _, config, history = wandb_run(folder)
+    assert history[1]["loss"] == 3.0 and not (out / "wandb").exists()
+    # the spec wins where it says something; WANDB_MODE=disabled beside log.wandb on would train without the tracker: refused
+    assert build_trackers(_plan(tmp_path / "b", {"wandb": {"mode": "online", "project": "mine"}}), enabled=True)[0].project == "mine"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    with pytest.raises(EnvironmentProblem, match="WANDB_MODE=disabled"):
+        build_trackers(plan, enabled=True)[0].mode
+
+
+def test_mlflow_experiment_name_comes_from_the_environment_when_set(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "team-runs")
+    plan = _plan(tmp_path / "run", {"mlflow": True})
+    tracker = build_trackers(plan, enabled=True)[0]
+    assert tracker.experiment == "team-runs"
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME")
+    assert tracker.experiment == plan.name
+
+
 def test_mlflow_file_store_holds_the_history_params_and_status(tmp_path):
     out = tmp_path / "run"
     plan = _plan(out, {"mlflow": True})

@@ -189,27 +189,57 @@ def _fp8_copies(plan, s: LinearShape, first_last: set[str]) -> tuple[dict[str, i
     return counts, first
 
 
-def layer_selection(plan, shape: ModelShape) -> tuple[int, dict[str, int]]:
-    """(layers that run in FP8, {reason: layers kept for it}) over every copy of every Linear and expert group of
-    `shape`, by launcher/planning/selection.py's rule as the run applies it."""
+def _choices(plan, shape: ModelShape):
+    """(name, in x out per token, runs in FP8, why kept or None, is the output layer) for every copy of every Linear and
+    expert group of `shape`, by launcher/planning/selection.py's rule as the run applies it."""
     ends = shape.linears[0].name.format(i=0), shape.linears[-1].name.format(i=shape.linears[-1].count - 1)
     first_last = set(ends) if plan.precision.keep_first_last and shape.linears else set()
-    fp8, kept = 0, {}
     for s in shape.linears:
         in_blocks = "{i}" in s.name
         for i in range(s.count):
-            recipe, why = choose(s.name.format(i=i), s.in_features, s.out_features, plan, first_last,
-                                 i if in_blocks else None, shape.n_layers if in_blocks else 0)
-            fp8 += recipe is not None
-            if why:
-                kept[why] = kept.get(why, 0) + 1
+            name = s.name.format(i=i)
+            recipe, why = choose(name, s.in_features, s.out_features, plan, first_last, i if in_blocks else None,
+                                 shape.n_layers if in_blocks else 0)
+            yield name, s.in_features * s.out_features, recipe is not None, why, name == ends[1]
     e = shape.experts
     for i in range(e.first_block, e.first_block + e.count) if e else ():
         recipe, why = choose_experts(e.name.format(i=i), e.dim, e.hidden, plan, i, shape.n_layers)
-        fp8 += recipe is not None
+        yield e.name.format(i=i), 3 * e.dim * e.hidden * e.top_k, recipe is not None, why, False
+
+
+def layer_selection(plan, shape: ModelShape) -> tuple[int, dict[str, int]]:
+    """(layers that run in FP8, {reason: layers kept for it}) over every copy of every Linear and expert group of
+    `shape`, by launcher/planning/selection.py's rule as the run applies it."""
+    fp8, kept = 0, {}
+    for _, _, is_fp8, why, _ in _choices(plan, shape):
+        fp8 += is_fp8
         if why:
             kept[why] = kept.get(why, 0) + 1
     return fp8, kept
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which layers a plan runs in FP8, against the field's default (every Linear but the output layer: torchtitan's
+    filter_fqns, Megatron's TE layers)."""
+
+    fp8: int
+    total: int
+    flop_share: float
+    """FP8 share of the layers' GEMM FLOPs (in x out per token; experts by the rows a token sends them)."""
+    beyond: tuple[tuple[str, str], ...]
+    """(layer, why) for each layer kept that the field's default would run in FP8 (the output layer left out)."""
+    head_kept: str | None
+    """Why the output layer is kept (the field keeps it too), or None when it runs in FP8."""
+
+
+def selection(plan, shape: ModelShape) -> Selection:
+    rows = list(_choices(plan, shape))
+    total_flops = sum(f for _, f, _, _, _ in rows)
+    fp8_flops = sum(f for _, f, on, _, _ in rows if on)
+    return Selection(fp8=sum(1 for r in rows if r[2]), total=len(rows), flop_share=fp8_flops / total_flops if total_flops else 0.0,
+                     beyond=tuple((name, why) for name, _, on, why, head in rows if not on and not head),
+                     head_kept=next((why for _, _, on, why, head in rows if head and not on), None))
 
 
 def _three_gemms(m: int, k: int, n: int) -> tuple[tuple[int, int, int], ...]:

@@ -38,6 +38,8 @@ class PrecisionReport:
     """Expert modules whose grouped GEMMs run in FP8."""
     experts: int = 0
     """Experts in all expert modules together."""
+    head: str = ""
+    """The FQN of the last Linear (the output layer of a decoder): the one layer the field's default keeps."""
 
     def line(self) -> str:
         """The one honest start line."""
@@ -50,9 +52,20 @@ class PrecisionReport:
         text = (f"precision: fp8 {self.backend} {recipe}, {self.fp8_layers} of {self.total_linear} Linear layers{groups} "
                 f"in FP8, {100 * self.fp8_flop_share:.1f}% of GEMM FLOPs")
         if self.kept:
-            shown = ", ".join(self.kept[:MAX_KEPT_IN_LINE])
-            more = len(self.kept) - MAX_KEPT_IN_LINE
-            text += f"; kept in {self.high_precision}: {shown}" + (f" and {more} more" if more > 0 else "")
+            # every Linear but the output layer in FP8 is the field's default (torchtitan's filter_fqns, Megatron's TE
+            # layers): say apart what this run keeps beyond it
+            head = [k for k in self.kept if self.head and k.startswith(self.head + " (")]
+            rest = [k for k in self.kept if k not in head]
+            shown = ", ".join(rest[:MAX_KEPT_IN_LINE])
+            more = len(rest) - MAX_KEPT_IN_LINE
+            beyond = (f"{shown}" + (f" and {more} more" if more > 0 else "")) if rest else ""
+            if head and beyond:
+                text += (f"; kept in {self.high_precision}: {head[0]} and, beyond every Linear but the output layer "
+                         f"(torchtitan's and Megatron's default), {beyond}")
+            elif head:
+                text += f"; kept in {self.high_precision}: {head[0]}"
+            else:
+                text += f"; kept in {self.high_precision}: {beyond}"
         return text
 
 
@@ -106,6 +119,7 @@ def count(
     fp8_flops = sum(_flops(m) for _, m, fp8 in layers if fp8)
     kept = () if mode != "fp8" else tuple(
         f"{fqn or '<root>'} ({reasons.get(fqn) or 'not converted'})" for fqn, _, fp8 in layers if not fp8)
+    plain = [fqn for fqn, m, _ in layers if not grouped(m)]
     return PrecisionReport(
         backend=backend,
         recipe=recipe,
@@ -116,6 +130,7 @@ def count(
         total_linear=len(layers) - len(groups),
         fp8_flop_share=fp8_flops / total if total else 0.0,
         kept=kept,
+        head=plain[-1] if plain else "",
         mode=mode,
         high_precision=high_precision,
         note=note,
