@@ -41,12 +41,21 @@ def param_groups(params: Iterable[torch.nn.Parameter], train: TrainConfig) -> li
     return [g for g in ({"params": decay}, {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
 
 
+def adam_implementation(params) -> dict:
+    """torch's fused Adam/AdamW kernel where every parameter is on a CUDA device (torchtitan's default optimizer
+    implementation, "fused": one kernel for the whole step instead of foreach's several per group); elsewhere torch's
+    default (foreach on CUDA, a loop on CPU), so CPU runs keep the numerics they have."""
+    params = list(params)
+    return {"fused": True} if params and all(p.device.type == "cuda" for p in params) else {}
+
+
 def build_optimizer(params: Iterable[torch.nn.Parameter], train: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW, Adam (with train.adam_betas and adam_eps) or plain SGD (no momentum) over `params`, at `train.lr`."""
+    """AdamW, Adam (with train.adam_betas and adam_eps; fused on CUDA) or plain SGD (no momentum) over `params`, at `train.lr`."""
     groups = param_groups(params, train)
     if train.optimizer in ("adamw", "adam"):
         cls = torch.optim.AdamW if train.optimizer == "adamw" else torch.optim.Adam
-        return cls(groups, lr=train.lr, betas=tuple(train.adam_betas), eps=train.adam_eps, weight_decay=train.weight_decay)
+        return cls(groups, lr=train.lr, betas=tuple(train.adam_betas), eps=train.adam_eps, weight_decay=train.weight_decay,
+                   **adam_implementation(p for g in groups for p in g["params"]))
     if train.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=train.lr, weight_decay=train.weight_decay)
     raise ValueError(f"unknown train.optimizer {train.optimizer!r}")  # the schema allows no other value

@@ -148,3 +148,16 @@ def test_the_zero0_export_reads_the_fp32_copies_of_both_groups():
     assert list(weights) == list(module)
     for name, t in weights.items():
         assert t.dtype == torch.float32 and torch.equal(t.to(torch.bfloat16), module[name]), name
+
+
+def test_adam_runs_torchs_fused_kernel_on_cuda_parameters_only():
+    """torchtitan's default optimizer implementation is fused; on a CPU torch's default stays (same numerics as before)."""
+    from types import SimpleNamespace
+
+    from launcher.train.optim import adam_implementation
+
+    cuda, cpu = SimpleNamespace(device=torch.device("cuda", 0)), SimpleNamespace(device=torch.device("cpu"))
+    assert adam_implementation([cuda, cuda]) == {"fused": True}
+    assert adam_implementation([cuda, cpu]) == {} and adam_implementation([]) == {}
+    opt = build_optimizer(nn.Linear(4, 4).parameters(), make_plan().train)
+    assert opt.defaults["fused"] is None  # CPU parameters: not fused
