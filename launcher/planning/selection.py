@@ -185,35 +185,36 @@ def choose_experts(name: str, dim: int, hidden: int, plan: Plan, block: int | No
     return recipe, None
 
 
-REASON_KEYS = {SMALL: "precision.torchao.skip_small", KEEP_FIRST_LAST: "precision.keep_first_last",
-               KEEP_FIRST_BLOCKS: "precision.keep_first_blocks", KEEP_LAST_BLOCKS: "precision.keep_last_blocks"}
+REASONS = {
+    SMALL: ("precision.torchao.skip_small", "set precision.torchao.skip_small = false (torchao's H100 size rule; off for a CPU smoke run)"),
+    KEEP_FIRST_LAST: ("precision.keep_first_last", "set precision.keep_first_last = false"),
+    KEEP_FIRST_BLOCKS: ("precision.keep_first_blocks", "lower precision.keep_first_blocks"),
+    KEEP_LAST_BLOCKS: ("precision.keep_last_blocks", "lower precision.keep_last_blocks"),
+    DIMS: (DIMS, "set precision.torchao.pad_inner_dim = true (torchao)"),
+}
+"""A kept layer's reason -> (the spec key it comes from, the change that would let the layer run in FP8)."""
+
+
+def _reason(why: str) -> tuple[str, str | None]:
+    if why in REASONS:
+        return REASONS[why]
+    if why.startswith("keep "):
+        return f"precision.keep {why[5:]}", f"remove {why[5:]} from precision.keep"
+    if why.startswith("rule "):
+        match = why[5:].split(":")[0]
+        return f"precision.rules {match}", f"change the mode of the precision.rules entry {match}"
+    return why, None  # no key decides it (a router gate, a backend without grouped GEMMs)
 
 
 def reason_key(why: str) -> str:
     """The spec key (or fact) a kept layer's reason comes from: `precision.torchao.skip_small`, `precision.keep 'x'`,
     `precision.rules 'x'`, or the reason itself where no key decides it (dims, a router gate)."""
-    if why in REASON_KEYS:
-        return REASON_KEYS[why]
-    if why.startswith("keep "):
-        return f"precision.keep {why[5:]}"
-    if why.startswith("rule "):
-        return f"precision.rules {why[5:].split(':')[0]}"
-    return why
+    return _reason(why)[0]
 
 
 def reason_fix(why: str) -> str | None:
-    """The spec change that would let layers kept for `why` run in FP8; None where no key does (a router gate, a
-    backend without grouped GEMMs)."""
-    fixes = {SMALL: "set precision.torchao.skip_small = false (torchao's H100 size rule; off for a CPU smoke run)",
-             KEEP_FIRST_LAST: "set precision.keep_first_last = false", KEEP_FIRST_BLOCKS: "lower precision.keep_first_blocks",
-             KEEP_LAST_BLOCKS: "lower precision.keep_last_blocks", DIMS: "set precision.torchao.pad_inner_dim = true (torchao)"}
-    if why in fixes:
-        return fixes[why]
-    if why.startswith("keep "):
-        return f"remove {why[5:]} from precision.keep"
-    if why.startswith("rule "):
-        return f"change the mode of the precision.rules entry {why[5:].split(':')[0]}"
-    return None
+    """The spec change that would let layers kept for `why` run in FP8; None where no key does."""
+    return _reason(why)[1]
 
 
 def reason(name: str, in_features: int, out_features: int, plan: Plan, first_last: Collection[str],
