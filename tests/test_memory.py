@@ -145,6 +145,7 @@ def test_an_hf_model_is_estimated_from_its_config_json_as_the_prediction_reads_i
     assert r.exit_code == 0, r.stderr
     mem = json.loads(r.stdout)["memory"]
     assert mem["params"] == shape.params == model_params("hf:llama-3.2-3b", str(tmp_path))
+    assert shape.tied and shape.params == 3_212_749_824  # Llama 3.2 3B: 3.21B, the tied embedding counted once
     assert mem["model_states_bytes_per_gpu"] == 16 * shape.params // 8
     # activations counted as for a builtin Llama of the same width, depth and vocabulary
     from launcher.planning.memory import activations

@@ -7,6 +7,7 @@ in module registration order, with the FQN of its first copy (e.g. `layers.0.att
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ class ModelShape:
     linears: tuple[LinearShape, ...]
     experts: ExpertShape | None = None
     """The routed experts of an MoE model (their grouped GEMMs are costed apart from the Linears)."""
+    tied: bool = False
+    """The output layer's weight is the embedding's (tie_word_embeddings): one parameter, two GEMM users."""
 
     @property
     def linear_params(self) -> int:
@@ -68,9 +71,11 @@ class ModelShape:
 
     @property
     def params(self) -> int:
-        """Linear weights + routed experts + the embedding + norms (2 per block and a final one)."""
+        """Linear weights + routed experts + the embedding (once where the output layer shares it) + norms (2 per
+        block and a final one)."""
         experts = self.experts.params if self.experts else 0
-        return self.linear_params + experts + self.vocab_size * self.dim + (2 * self.n_layers + 1) * self.dim
+        embedding = 0 if self.tied else self.vocab_size * self.dim
+        return self.linear_params + experts + embedding + (2 * self.n_layers + 1) * self.dim
 
     @property
     def n_linears(self) -> int:
@@ -160,11 +165,14 @@ def hf_shape(config: dict, source: str) -> ModelShape | None:
     kv = int(text.get("num_key_value_heads") or n_heads)
     head_dim = int(text.get("head_dim") or dim // n_heads)
     fused = text.get("model_type") in HF_FUSED_QKV
-    return _decoder(source, dim=dim, n_layers=n_layers, n_heads=n_heads, kv_heads=kv, head_dim=head_dim, ffn_dim=ffn,
-                    vocab=vocab, prefix="model.layers.{i}",
-                    names=("self_attn.qkv_proj" if fused else "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                           "self_attn.o_proj", "mlp.gate_up_proj" if fused else "mlp.gate_proj", "mlp.down_proj", "mlp.up_proj"),
-                    head="lm_head", fused_qkv=fused, fused_gate_up=fused)
+    shape = _decoder(source, dim=dim, n_layers=n_layers, n_heads=n_heads, kv_heads=kv, head_dim=head_dim, ffn_dim=ffn,
+                     vocab=vocab, prefix="model.layers.{i}",
+                     names=("self_attn.qkv_proj" if fused else "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                            "self_attn.o_proj", "mlp.gate_up_proj" if fused else "mlp.gate_proj", "mlp.down_proj", "mlp.up_proj"),
+                     head="lm_head", fused_qkv=fused, fused_gate_up=fused)
+    # transformers' default is tied embeddings (PretrainedConfig.tie_word_embeddings = True) unless the config says otherwise
+    tied = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", True)))
+    return dataclasses.replace(shape, tied=tied) if shape is not None else None
 
 
 def model_shape(model: str, spec_dir: str = ".") -> tuple[ModelShape | None, str]:
