@@ -34,8 +34,6 @@ PLAN_CASES = {
     "FP8-ALLGATHER-RECIPE": ({"precision": {**TAO, "torchao": {"fsdp_float8_all_gather": True, "recipe": "rowwise"}}},
                              {"precision": {**TAO, "torchao": {"fsdp_float8_all_gather": False, "recipe": "rowwise"}}}),
     "FP8-NO-COMPILE": ({"precision": TAO}, {"precision": TAO, **COMPILED}),
-    "FP8-AC-COMPILE-SLOW": ({"precision": TAO, **COMPILED, "activation_checkpointing": {"mode": "full"}},
-                            {"precision": TAO, **COMPILED, "activation_checkpointing": {"mode": "none"}}),
     "TE-DELAYED-COMPILE": ({"precision": {**TE, "te": {"recipe": "delayed"}}, **COMPILED},
                            {"precision": {**TE, "te": {"recipe": "current"}}, **COMPILED}),
     "TE-BLOCK-FP8-ATTENTION": ({"precision": {**TE, "te": {"recipe": "block", "fp8_dpa": True}}},
@@ -70,8 +68,6 @@ _8B_SEQ_8192 = {"train": {"model": "builtin:llama3-8b", "seq_len": 8192, "micro_
 PLAN_CASES.update({
     "MEMORY-EXCEEDS-GPU": ({**_8B_SEQ_8192, "launch": {"device": "cuda", "gpu": "h100"}},
                            {**_8B_SEQ_8192, "launch": {"device": "cuda", "gpu": "h100"}, "activation_checkpointing": {"mode": "full"}}),
-    "TE-FP8-PARAMS-NO-MASTER": ({"precision": {**TE, "te": {"fp8_params": True}}, "distributed": {"strategy": "fsdp2"}},
-                                {"precision": {**TE, "te": {"fp8_params": False}}, "distributed": {"strategy": "fsdp2"}}),
 })
 
 # --- issue 19: options that crashed or silently did nothing ---
@@ -143,11 +139,13 @@ def test_moe_rowwise_cpu_fix_names_the_rule_that_asked_for_rowwise():
     assert finding.fix.startswith('set precision.torchao.recipe = "mxfp8"')
 
 
-@pytest.mark.parametrize("rule_id", ["FP8-NO-COMPILE", "FP8-AC-COMPILE-SLOW"])
-def test_gpu_speed_advice_is_not_given_for_cpu_runs(rule_id):
-    bad, _ = PLAN_CASES[rule_id]
-    assert rule_id in fired(bad)
-    assert rule_id not in fired({**bad, "launch": {"device": "cpu"}})
+def test_gpu_speed_advice_is_not_given_for_cpu_runs():
+    bad, _ = PLAN_CASES["FP8-NO-COMPILE"]
+    assert "FP8-NO-COMPILE" in fired(bad)
+    assert "FP8-NO-COMPILE" not in fired({**bad, "launch": {"device": "cpu"}})
+    bad, _ = PREDICTION_CASES["FP8-AC-COMPILE-SLOW"]
+    assert "FP8-AC-COMPILE-SLOW" in fired_with_prediction(bad)
+    assert "FP8-AC-COMPILE-SLOW" not in fired_with_prediction({**bad, "launch": {"device": "cpu"}})
 
 
 def test_te_tokens_rule_names_the_numbers():
@@ -488,7 +486,27 @@ PREDICTION_CASES = {
     # the debug model at seq 128: every GEMM too small to pay for its casts; the fix keeps them in bf16
     # (keeping every losing layer would leave none in FP8: FP8-NONE-SELECTED); the fix's larger batch and compile pay for the casts
     "FP8-NO-GAIN": (DEBUG_SEQ128, {**DEBUG_SEQ128, **COMPILED, "train": {**DEBUG_SEQ128["train"], "seq_len": 2048, "micro_batch_size": 8}}),
+    # the debug model at 16k tokens a step gains in FP8, and full checkpointing's recompute turns it into a loss
+    "FP8-AC-COMPILE-SLOW": ({**DEBUG_SEQ128, **COMPILED, "train": {**DEBUG_SEQ128["train"], "seq_len": 2048, "micro_batch_size": 8},
+                             "activation_checkpointing": {"mode": "full"}},
+                            {**DEBUG_SEQ128, **COMPILED, "train": {**DEBUG_SEQ128["train"], "seq_len": 2048, "micro_batch_size": 8},
+                             "activation_checkpointing": {"mode": "none"}}),
 }
+
+
+def test_ac_compile_slow_is_said_only_where_the_prediction_says_the_recompute_loses():
+    """torchtitan's and Axolotl's recommended setups (Llama-3-8B at seq 8192, full checkpointing, compile, FSDP2) gain:
+    no warning there, where it fired for every such spec; where it fires, FP8-NO-GAIN leaves it the word."""
+    titan = {"precision": TAO, **COMPILED, "activation_checkpointing": {"mode": "full"}, "train": {"model": "builtin:llama3-8b", "seq_len": 8192}}
+    assert not fired_with_prediction(titan) & {"FP8-AC-COMPILE-SLOW", "FP8-NO-GAIN"}
+    bad, _ = PREDICTION_CASES["FP8-AC-COMPILE-SLOW"]
+    from launcher.planning.predict import predict
+
+    plan = plan_of(bad)
+    findings = {f.rule.id: f for f in check(Facts(plan=plan, prediction=predict(plan)))}
+    assert "FP8-NO-GAIN" not in findings
+    assert findings["FP8-AC-COMPILE-SLOW"].message.startswith("predicted FP8 tokens/s on 8 x h100 is 0.")
+    assert "with activation_checkpointing.mode = \"full\" and 1." in findings["FP8-AC-COMPILE-SLOW"].message
 
 
 @pytest.mark.parametrize("rule_id", sorted(PREDICTION_CASES))
@@ -545,6 +563,45 @@ K8S_CASES = {
                        {"distributed": {"procs_per_node": 8}, "launch": {**k8s(gpus_per_node=0), "device": "cuda"}}),
 }
 PLAN_CASES.update(K8S_CASES)  # the table-coverage test above reads PLAN_CASES when it runs
+
+
+# --- Transformer Engine, true to the library (issue 29) ---
+TE_CURRENT = {**TE, "te": {"recipe": "current"}}
+TE_PARAMS = {**TE, "te": {"recipe": "current", "fp8_params": True}}
+TE_CASES = {
+    "TE-AC-COMPILE": ({"precision": TE_CURRENT, **COMPILED, "activation_checkpointing": {"mode": "selective"}},
+                      {"precision": TE_CURRENT, **COMPILED, "activation_checkpointing": {"mode": "none"}}),
+    "TE-FP8-ATTENTION-MODEL": ({"precision": {**TE, "te": {"fp8_dpa": True}}, "train": {"model": "py:mod:build"}},
+                               {"precision": {**TE, "te": {"fp8_dpa": True}}, "train": {"model": "builtin:llama-debug"}}),
+    "TE-FP8-MHA": ({"precision": {**TE, "te": {"fp8_mha": True}}}, {"precision": {**TE, "te": {"fp8_dpa": True}}}),
+    "TE-FP8-PARAMS-OPTIMIZER": ({"precision": TE_PARAMS, "train": {"optimizer": "sgd"}},
+                                {"precision": TE_PARAMS, "train": {"optimizer": "adamw"}}),
+    "TE-FP8-PARAMS-FSDP2-BLOCK": ({"precision": {**TE, "te": {"recipe": "block", "fp8_params": True}}, "distributed": {"strategy": "fsdp2"}},
+                                  {"precision": {**TE, "te": {"recipe": "current", "fp8_params": True}}, "distributed": {"strategy": "fsdp2"}}),
+    "TE-FP8-PARAMS-DEEPSPEED-FP32": ({"precision": {**TE_PARAMS, "high_precision": "fp32"}, "distributed": DS},
+                                     {"precision": {**TE_PARAMS, "high_precision": "fp32"}, "distributed": {"strategy": "ddp"}}),
+}
+PLAN_CASES.update(TE_CASES)
+RUN_CASES["TE-FP8-DPA-BACKEND"] = ({"precision": {**TE, "te": {"recipe": "current", "fp8_dpa": True}}},
+                                   {"device": "cuda", "capability": (9, 0)}, {"device": "cuda", "capability": (10, 0)})
+
+
+@pytest.mark.parametrize("rule_id", sorted(TE_CASES))
+def test_te_rule_fires_and_its_fix_silences_it(rule_id):
+    bad, fixed = TE_CASES[rule_id]
+    assert rule_id in fired(bad)
+    assert rule_id not in fired(fixed)
+
+
+def test_fp8_weights_plan_under_ddp_and_fsdp2_and_fp8_dpa_with_delayed_on_hopper():
+    for strategy in ("ddp", "fsdp2"):
+        errors = {f.rule.id for f in check(Facts(plan=plan_of({"precision": TE_PARAMS, "distributed": {"strategy": strategy}})))
+                  if f.is_error}
+        assert not errors, errors
+    assert "TE-FP8-DPA-BACKEND" not in fired({"precision": {**TE, "te": {"recipe": "delayed", "fp8_dpa": True}}},
+                                             device="cuda", capability=(9, 0))
+    assert "TE-FP8-DPA-BACKEND" in fired({"precision": {**TE, "te": {"recipe": "delayed", "fp8_dpa": True}}},
+                                         device="cuda", capability=(12, 0))
 
 
 @pytest.mark.parametrize("rule_id", sorted(K8S_CASES))

@@ -5,6 +5,7 @@ themselves run in tests/e2e/test_support_matrix.py (CPU) and tests/gpu/test_supp
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -62,7 +63,8 @@ def test_pairs_only_where_both_options_apply():
 def test_the_doc_is_current():
     path = REPO / "docs" / "support-matrix.md"
     assert path.read_text() == document(REPO), "regenerate it: make support-matrix"
-    assert "g05 trained" in path.read_text()  # the H100 results of benchmarks/results/support_matrix_gpu.json, matched by config
+    # the H100 results of benchmarks/results/support_matrix_gpu.json, matched by config (row names move with the rule table)
+    assert re.search(r"Status, from .*: g\d+ trained", path.read_text())
 
 
 def test_check_fails_on_a_stale_doc(tmp_path):

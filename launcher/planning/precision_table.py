@@ -67,6 +67,8 @@ def precision_table(plan: Plan) -> dict[str, str]:
             weight_comm = "fp8 e4m3 (float8 all-gather)"
     elif p.fp8 and p.backend == "te":
         gemm = _TE_GEMM[p.te.recipe].format(fmt="e4m3 fwd / e5m2 grads" if p.te.fp8_format == "HYBRID" else "e4m3")
+        if p.te.fp8_params and d.strategy == "fsdp2":
+            weight_comm = "fp8 (TE's FP8 weights all-gathered as FP8)"
     elif p.fp8 and p.backend == "msamp":
         gemm = "fp8 e4m3 fwd / e5m2 grads (MS-AMP)"
         grad_reduce = "fp8 (MS-AMP scaled all-reduce)"
@@ -112,12 +114,12 @@ def _stored(plan: Plan, rows: dict) -> str:
 def _master(plan: Plan, rows: dict) -> str:
     row = rows.get("master_weights")
     if row is None:  # the optimizer steps the stored weights themselves
-        if rows["params"].dtype == "fp8":  # a torch optimizer keeps no copy: rule TE-FP8-PARAMS-NO-MASTER refuses the plan
-            return "none: the torch optimizer would step the fp8 weights (refused: TE-FP8-PARAMS-NO-MASTER)"
         return f"{rows['params'].dtype} (the stored weights)"
     if _msamp(plan):
         return row.dtype if row.dtype == "fp32" else f"{row.dtype} with scale"
-    return f"{row.dtype} (in the ZeRO optimizer)"
+    if plan.distributed.strategy == "deepspeed":
+        return f"{row.dtype} (in the ZeRO optimizer)"
+    return f"{row.dtype} (TE FusedAdam's master copy of the fp8 weights)"
 
 
 def _states(row) -> str:

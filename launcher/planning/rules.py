@@ -97,6 +97,27 @@ class Finding:
         return with_fix(self.message, self.fix or self.rule.fix)
 
 
+def _ac_slow(f: Facts) -> str | None:
+    """Why activation checkpointing costs FP8 its gain here (the prediction with it below 1.0, without it at or above),
+    or None: not FSDP2 + compile + checkpointing, no prediction, a CPU run, or FP8 gains (or loses) either way."""
+    p = f.plan
+    pr = f.prediction
+    if not (_fp8(f) and _strategy(f) == "fsdp2" and p.compile.enabled and p.activation_checkpointing.mode != "none"
+            and _speed_matters(f) and pr is not None and pr.fp8_vs_bf16 is not None and pr.fp8_vs_bf16 < 1.0):
+        return None
+    import dataclasses
+
+    from launcher.planning.predict import predict
+
+    without = predict(dataclasses.replace(p, activation_checkpointing=dataclasses.replace(p.activation_checkpointing, mode="none")),
+                      f.spec_folder or p.spec_dir)
+    if without.fp8_vs_bf16 is None or without.fp8_vs_bf16 < 1.0:
+        return None
+    return (f"predicted FP8 tokens/s on {pr.gpus} x {pr.gpu} is {pr.fp8_vs_bf16:.2f}x bf16's with activation_checkpointing.mode = "
+            f"\"{p.activation_checkpointing.mode}\" and {without.fp8_vs_bf16:.2f}x without: the recompute of each checkpointed block's "
+            "forward, with its casts, costs more than its FP8 GEMMs save.")
+
+
 def _counted(reasons) -> list[tuple[str, int]]:
     """(reason, how many) for each distinct reason, the most frequent first."""
     counts: dict[str, int] = {}
@@ -258,11 +279,13 @@ RULES: tuple[Rule, ...] = (
          fix="set compile.enabled = true",
          condition=lambda f: _fp8(f, "torchao") and not f.plan.compile.enabled and _speed_matters(f)),
     Rule(id="FP8-AC-COMPILE-SLOW", severity="warning", stage="plan",
-         when='fp8 + fsdp2 + compile + activation_checkpointing != none (on a GPU: not for launch.device = "cpu")',
-         why="FP8 with FSDP2, compile and activation checkpointing tends to be slower than bf16 (Axolotl docs).",
-         fix='measure with `fp8launch bench`; or set activation_checkpointing.mode = "none"',
-         condition=lambda f: _fp8(f) and _strategy(f) == "fsdp2" and f.plan.compile.enabled and f.plan.activation_checkpointing.mode != "none"
-         and _speed_matters(f)),
+         when="fp8 + fsdp2 + compile + activation_checkpointing != none, where the prediction says the recompute turns FP8's gain "
+              "into a loss (it gains without checkpointing); a GPU run",
+         why="FP8 with FSDP2, compile and activation checkpointing tends to be slower than bf16 (Axolotl docs): the recompute "
+             "repeats each checkpointed block's forward with its casts. Said where the prediction supports it, not as blanket "
+             "advice (torchtitan's and Axolotl's own recommended setups gain).",
+         fix='measure with `fp8launch bench --profile`; or set activation_checkpointing.mode = "selective" (or "none" where memory allows)',
+         condition=lambda f: _ac_slow(f) is not None, detail=lambda f: _ac_slow(f)),
     Rule(id="TE-DELAYED-COMPILE", severity="error", stage="plan",
          when='te recipe "delayed" + compile.enabled',
          why='Transformer Engine: "DelayedScaling is not supported under torch.compile" (check_recipe_support).',
@@ -503,7 +526,8 @@ RULES = RULES + TP_RULES
 def _no_gain(f: Facts) -> bool:
     pr = f.prediction
     return (_fp8(f) and _speed_matters(f) and pr is not None and pr.fp8_vs_bf16 is not None and pr.fp8_vs_bf16 < 1.0
-            and pr.n_fp8 > 0)  # no FP8 layer at all: FP8-NONE-SELECTED says so
+            and pr.n_fp8 > 0  # no FP8 layer at all: FP8-NONE-SELECTED says so
+            and _ac_slow(f) is None)  # the recompute is what loses: FP8-AC-COMPILE-SLOW says so
 
 
 PART_WORDS = {"fp8_casts": "the float8 casts", "recompute": "activation checkpointing's recompute", "optimizer": "the optimizer step "

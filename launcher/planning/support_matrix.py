@@ -126,7 +126,7 @@ ELSEWHERE: dict[str, str] = {
     "precision.te.fp8_dpa": "tests/train/test_precision_te.py (and rule TE-BLOCK-FP8-ATTENTION)",
     "precision.te.fp8_mha": "tests/train/test_precision_te.py (and rule TE-BLOCK-FP8-ATTENTION)",
     "precision.te.swap": "tests/train/test_precision_te.py",
-    "precision.te.fp8_params": "refused with every engine: rules TE-FP8-PARAMS-NO-MASTER (DDP, FSDP2) and TE-FP8-PARAMS-DEEPSPEED",
+    "precision.te.fp8_params": "tests/train/test_te_features.py (TE's FP8 weights with FusedAdam's fp32 master copy on DDP and FSDP2, stand-in TE); tests/gpu/test_te_gpu.py; rules TE-FP8-PARAMS-*",
     "precision.te.interval": "removed in Transformer Engine 2.2; rule TE-REMOVED-KEY refuses it",
     "precision.te.override_linear_precision": "removed in Transformer Engine 2.2; rule TE-REMOVED-KEY refuses it",
     "precision.msamp.use_te": "tests/train/test_precision_msamp.py",

@@ -6,7 +6,8 @@
         optim/                   DCP: optimizer state, keyed by the same FQNs
         deepspeed/               DeepSpeed only, instead of model/ and optim/: save_checkpoint(tag="ds") + zero_to_fp32.py
         rank-00000.pt ...        per rank: RNG states, data position, lr schedule, grad scaler, counters,
-                                 and the modules' `_extra_state` (Transformer Engine's FP8 scaling state)
+                                 the modules' `_extra_state`, and Transformer Engine's delayed-scaling state
+                                 (scale and amax history per module and tensor role) as plain tensors
         COMPLETE.json            written last: step, world size, strategy, versions, seconds taken
       .tmp-step-300/             a save in progress (or one a crash interrupted): never loaded
 
@@ -21,6 +22,14 @@ on rank 0, DDP's replicated tensors are written once; the FQNs carry no `module.
 `_orig_mod.` (torch.compile), `_checkpoint_wrapped_module.` or `_fsdp_wrapped_module.`. A
 DCP checkpoint loads into DDP or FSDP2 at any world size (DCP reshards). DeepSpeed uses its
 own save_checkpoint/load_checkpoint, with the same marker, rank files and parameter names.
+
+Transformer Engine: TE 2.x pickles DelayedScaling's state into `_extra_state` and refuses to unpickle
+it on load unless NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1. fp8launch never writes that pickle: the TE
+modules' `_extra_state` is saved empty (the payload TE ignores) and their scales and amax histories
+go into the rank file as plain tensors, restored through TE's own fp8_meta before the first forward
+(launcher/train/precision/te_state.py), so a resumed delayed-scaling run continues as the
+uninterrupted one. Stateless recipes (current, block, mxfp8, nvfp4) have nothing to keep. A
+checkpoint written before (holding TE's pickle) is refused by TE; that refusal is reported as such.
 
 Usage, in every rank (every call is collective), with the loop's TrainState:
 
@@ -58,6 +67,7 @@ from launcher.errors import EnvironmentProblem, LauncherError
 from launcher.train.checkpoint_dcp import _load_dcp, _save_dcp
 from launcher.train.checkpoint_deepspeed import _clean_param_names, clean_fqn
 from launcher.errors import InputError
+from launcher.train.precision import te_state
 from launcher.train.rng import rng_state, set_rng_state
 
 if typing.TYPE_CHECKING:
@@ -196,13 +206,13 @@ class CheckpointManager:
     # -- saving ---------------------------------------------------------------------------
 
     def save(self, step: int, *, model: Any, optimizer: Any = None, scheduler: Any = None, deepspeed_engine: Any = None,
-             grad_scaler: Any = None, data_state: dict | None = None, extra: dict | None = None) -> str:
+             grad_scaler: Any = None, data_state: dict | None = None, extra: dict | None = None, precision: Any = None) -> str:
         """Write checkpoint `step` atomically, then remove the ones beyond `keep`. Collective: every
         rank calls it with its own state. Returns the checkpoint's path once it is complete everywhere.
 
         DDP/FSDP2: `model` (the wrapped model), `optimizer`, `scheduler`. DeepSpeed: `deepspeed_engine`
         (its own checkpoint holds model, optimizer, lr schedule and loss scale). `data_state` and
-        `extra` are this rank's (plain values and tensors)."""
+        `extra` are this rank's (plain values and tensors). `precision` is unused here; load takes it."""
         start = time.monotonic()
         rank_state = {
             "format_version": FORMAT_VERSION, "step": step, "rank": self.rank, "world_size": self.world_size,
@@ -219,10 +229,12 @@ class CheckpointManager:
             if self.format == "deepspeed":
                 if deepspeed_engine is None:
                     raise ValueError("strategy deepspeed: pass deepspeed_engine= (Engine.train_state() names it)")
-                with _clean_param_names(deepspeed_engine):
+                # TE modules' _extra_state empty in DeepSpeed's files: their scaling state goes into the rank file
+                with _clean_param_names(deepspeed_engine), te_state.empty_extra_state(deepspeed_engine.module):
                     deepspeed_engine.save_checkpoint(os.path.join(tmp, "deepspeed"), tag=DS_TAG)
             else:
                 float8_scales, rank_state["fp8_extra_state"] = _save_dcp(tmp, model, optimizer)
+            rank_state["te_scaling"] = te_state.scaling_state(_inner(deepspeed_engine.module if deepspeed_engine is not None else model))
         except (OSError, CheckpointException) as e:
             raise _write_error(tmp, e) from e
         self._each_rank(lambda: _write_rank_file(os.path.join(tmp, _rank_file(self.rank)), rank_state))
@@ -264,10 +276,11 @@ class CheckpointManager:
     # -- loading --------------------------------------------------------------------------
 
     def load(self, path: str, *, model: Any, optimizer: Any = None, scheduler: Any = None, deepspeed_engine: Any = None,
-             grad_scaler: Any = None) -> LoadedState:
+             grad_scaler: Any = None, precision: Any = None) -> LoadedState:
         """Restore model, optimizer, lr schedule, grad scaler, FP8 scale state and this rank's RNG
         from checkpoint `path` (from `resolve_resume`). Collective. Returns the step, this rank's
-        data position and `extra` for the loop to restore."""
+        data position and `extra` for the loop to restore. `precision`: the run's (a Transformer Engine
+        one restores the delayed-scaling state the rank file holds)."""
         marker = read_marker(path)
         if marker is None:
             raise InputError(KEY, f"{path} is not a complete checkpoint (no readable {MARKER})", 'set train.resume = "auto"')
@@ -305,6 +318,9 @@ class CheckpointManager:
         own = self.rank < saved_ws
         state = self._each_rank(lambda: _read_rank_file(os.path.join(path, _rank_file(self.rank if own else 0))))
         try:
+            # TE's scaling state first, as TE's own _load_from_state_dict sets its extra state before copying FP8 weights
+            _restore_te_scaling(_inner(deepspeed_engine.module if deepspeed_engine is not None else model),
+                                state.get("te_scaling") or {}, precision)
             if self.format == "deepspeed":
                 with _clean_param_names(deepspeed_engine):
                     loaded, _ = deepspeed_engine.load_checkpoint(
@@ -315,6 +331,14 @@ class CheckpointManager:
             else:
                 _load_dcp(path, model, optimizer, state.get("fp8_extra_state") or {}, marker.get("float8_precomputed_scale", False))
         except (RuntimeError, ValueError, KeyError, CheckpointException) as e:
+            if te_state.is_te_refusal(e):
+                raise InputError(
+                    KEY,
+                    f"{path} holds Transformer Engine's pickled delayed-scaling state (written before fp8launch kept it as plain "
+                    f"tensors) and Transformer Engine refuses to unpickle it: \"{_te_refusal_line(e)}\"",
+                    f'if you trust this checkpoint (your own run\'s), resume with launch.env {te_state.UNSAFE_PICKLE_ENV} = "1", '
+                    "or start fresh in a new train.output_dir",
+                ) from e
             raise InputError(
                 KEY,
                 f"{path} does not fit this run's model and optimizer ({_first_line(e)})",
@@ -362,7 +386,7 @@ class CheckpointManager:
         if path is None:
             return None
         engine = state.engine
-        loaded = self.load(path, **engine.train_state(), grad_scaler=engine.precision.grad_scaler)
+        loaded = self.load(path, **engine.train_state(), grad_scaler=engine.precision.grad_scaler, precision=engine.precision)
         state.step = loaded.step
         state.tokens_seen = int(loaded.extra.get("tokens_seen", 0))
         state.skipped_steps = int(loaded.extra.get("skipped_steps", 0))
@@ -414,6 +438,31 @@ class CheckpointManager:
         if error is not None:
             raise error
         return result
+
+
+def _inner(model: Any) -> Any:
+    """The user's model inside DDP (whose module names carry "module."); any other model as it is."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def _restore_te_scaling(model: Any, saved: dict, precision: Any) -> None:
+    """The rank file's Transformer Engine delayed-scaling state back into the model's TE modules."""
+    if not saved:
+        return
+    delayed_recipe = getattr(precision, "delayed_recipe", None)
+    if delayed_recipe is None:
+        raise ValueError(f"the checkpoint holds Transformer Engine delayed-scaling state of {len(saved)} module(s) and this run's "
+                         "precision is not Transformer Engine")
+    te_state.restore_scaling_state(model, saved, delayed_recipe)
+
+
+def _te_refusal_line(error: BaseException) -> str:
+    while error is not None and te_state.REFUSAL not in str(error):
+        error = error.__cause__ or error.__context__
+    text = str(error) if error is not None else ""
+    return text[text.index(te_state.REFUSAL):].split(". ")[0] if te_state.REFUSAL in text else text
 
 
 def _describe(error: BaseException | None) -> tuple[str, int, str | None] | None:

@@ -3,25 +3,30 @@ torch.distributed.checkpoint, sharded, with plain tensors and the FP8 extra stat
 
 from __future__ import annotations
 
-import io
 import os
 
 import torch
+
+from launcher.train.precision import te_state
 
 # -- DCP (DDP, FSDP2) ---------------------------------------------------------------------
 
 def _save_dcp(tmp: str, model, optimizer) -> tuple[bool, dict]:
     """Weights and optimizer state, sharded. Returns whether torchao float8 weights carried
-    precomputed scales (loading recomputes them), and this rank's modules' `_extra_state`."""
+    precomputed scales (loading recomputes them), and this rank's modules' `_extra_state`: Transformer
+    Engine modules' empty (their scaling state goes to the rank file as plain tensors, te_state.py),
+    any other module's as it gives it."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    weights, extra_state = _split_extra_state(_plain(get_model_state_dict(model)))
+    with te_state.empty_extra_state(model):  # never TE's pickle, which TE 2.x refuses to load back
+        state = get_model_state_dict(model)
+    weights, extra_state = _split_extra_state(_plain(state))
     dcp.save(weights, checkpoint_id=os.path.join(tmp, "model"))
     if optimizer is not None:
         dcp.save(_plain(get_optimizer_state_dict(model, optimizer)), checkpoint_id=os.path.join(tmp, "optim"))
     scales = any(w._precomputed_scale is not None for w in _float8_weights(model))
-    return scales, {k: _as_tensor(v) for k, v in extra_state.items()}
+    return scales, extra_state
 
 
 def _load_dcp(path: str, model, optimizer, extra_state: dict, float8_precomputed_scale: bool) -> None:
@@ -78,18 +83,10 @@ def _plain(tree):
 
 
 def _split_extra_state(state: dict) -> tuple[dict, dict]:
-    """(weights, extra state). Modules' `_extra_state` (Transformer Engine's FP8 scaling state: amax
-    history, scales) is per rank and changes size as it fills, which DCP cannot load into: it goes to
-    the rank files, and `model/` holds the high-precision weights only."""
+    """(weights, extra state). Modules' `_extra_state` is per rank and may change size, which DCP cannot
+    load into: it goes to the rank files, and `model/` holds the weights only."""
     weights = {k: v for k, v in state.items() if not k.endswith("._extra_state") and k != "_extra_state"}
     return weights, {k: v for k, v in state.items() if k not in weights}
-
-
-def _as_tensor(value):
-    """An `_extra_state` value the rank file can hold with weights_only: TE's BytesIO as uint8 bytes."""
-    if isinstance(value, io.BytesIO):
-        return torch.frombuffer(bytearray(value.getvalue()), dtype=torch.uint8)
-    return value
 
 
 def _float8_weights(model) -> list:

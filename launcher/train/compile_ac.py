@@ -10,7 +10,10 @@ blocks as they end up, which are the units FSDP2 shards.
   With Transformer Engine the recompute goes through TE's own `checkpoint`
   (transformer_engine.pytorch.distributed.checkpoint): torch's checkpoint would recompute
   outside `te.autocast`, so the recomputed GEMMs would not be FP8 and delayed scaling would
-  record every amax twice. TE's keeps the forward's FP8 state for the recompute.
+  record every amax twice. TE's keeps the forward's FP8 state for the recompute. TE's checkpoint is
+  dynamo-disabled (`@torch._disable_dynamo`, transformer_engine/pytorch/distributed.py): a compiled block
+  around it would run eagerly, compiling nothing. So TE with both activation checkpointing and compile is
+  refused up front (rule TE-AC-COMPILE, checked again here for a hand-edited plan.json).
 - compile.enabled: each block goes through torch.compile(mode=compile.mode,
   fullgraph=compile.fullgraph); the embedding, final norm and head stay eager. A block holding
   grouped experts (MoE) is compiled as torchtitan compiles one: each part on its own (attention,
@@ -39,6 +42,10 @@ def prepare_blocks(model: nn.Module, plan: Plan, precision=None) -> list[nn.Modu
     apply_precision returned (a Transformer Engine one brings TE's checkpoint)."""
     blocks = transformer_blocks(model)
     mode = plan.activation_checkpointing.mode
+    if mode != "none" and plan.compile.enabled and getattr(precision, "te", None) is not None:
+        from launcher.planning.rules import Facts, rule_error
+
+        raise rule_error("TE-AC-COMPILE", Facts(plan=plan))
     if mode != "none":
         fn = checkpoint_fn(precision)
         blocks = [checkpointed(model, b, fn) if _checkpoints(i, mode) else b for i, b in enumerate(blocks)]

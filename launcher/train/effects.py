@@ -20,7 +20,10 @@ Each effect, and where it is read:
 - async_tp: inductor's micro-pipeline TP pass on and symmetric memory enabled for that TP group;
 - expert_parallel: total experts / experts each rank holds, read from the grouped experts' DTensor weights
   (the size of the "ep" mesh dimension they are Shard(0) over; 1 without, or without grouped experts);
-- monitor_hooks: FP8 layers the FP8 monitor hooks on its sampled steps (0 with the monitor off).
+- monitor_hooks: FP8 layers the FP8 monitor hooks on its sampled steps (0 with the monitor off);
+- fp8_weights (only where the model stores weights in FP8: Transformer Engine's precision.te.fp8_params):
+  {"count": parameters stored as TE quantized tensors, "master": the dtype of the optimizer's master copy of
+  them ("master_param" in TE FusedAdam's state; None where it keeps none)}.
 """
 
 from __future__ import annotations
@@ -111,10 +114,16 @@ def all_gather_dtype(model: nn.Module, fp8_modules: set[int]) -> str | None:
     if not params:
         return None
     chosen = [p for p in params if id(p._module_info.module) in fp8_modules] if fp8_modules else params
+    from launcher.train.precision.te import is_quantized_weight
+
     dtypes = set()
     for p in chosen or params:
         local = p._sharded_local_tensor
-        if hasattr(local, "fsdp_pre_all_gather") and isinstance(getattr(local, "_data", None), torch.Tensor):
+        if hasattr(local, "fsdp_pre_all_gather") and is_quantized_weight(local):
+            # Transformer Engine's FP8 weights (precision.te.fp8_params) all-gather their 1-byte `_data`
+            # (Float8Tensor.fsdp_pre_all_gather) and are rebuilt as FP8 tensors after it
+            dtypes.add(_te_fp8_dtype(local))
+        elif hasattr(local, "fsdp_pre_all_gather") and isinstance(getattr(local, "_data", None), torch.Tensor):
             # torchao's MX/NVFP4 training wrappers all-gather `_data.to(mp_policy.param_dtype)`
             # (torchao/prototype/moe_training/tensor.py) and cast after the all-gather
             dtypes.add(_dtype_name(p.mp_policy.param_dtype or local._data.dtype))
@@ -124,6 +133,17 @@ def all_gather_dtype(model: nn.Module, fp8_modules: set[int]) -> str | None:
         else:
             dtypes.add(_dtype_name(p.mp_policy.param_dtype or p.sharded_param.dtype))
     return "+".join(sorted(dtypes))
+
+
+def _te_fp8_dtype(local) -> str:
+    """The float8 format of a TE quantized weight: its `_fp8_dtype` (tex.DType.kFloat8E4M3 / kFloat8E5M2), else its data's."""
+    fp8 = str(getattr(local, "_fp8_dtype", ""))
+    for te_name, name in (("E4M3", "float8_e4m3fn"), ("E5M2", "float8_e5m2")):
+        if te_name in fp8:
+            return name
+    data = getattr(local, "_data", None)
+    return _dtype_name(data.dtype) if isinstance(data, torch.Tensor) and data.dtype.is_floating_point and data.element_size() == 1 \
+        else type(local).__name__
 
 
 def optimizer_class(engine: Engine) -> str:
@@ -158,13 +178,28 @@ def tp_group(model: nn.Module):
     return None
 
 
+def fp8_weights(engine: Engine) -> dict[str, Any] | None:
+    """{"count", "master"} of the parameters stored as quantized (FP8) tensors, None where there are none."""
+    from launcher.train.precision.te import is_quantized_weight
+
+    quantized = [p for p in engine.module.parameters() if is_quantized_weight(p)]
+    if not quantized:
+        return None
+    state = getattr(engine.optimizer, "state", None)
+    masters = [(state.get(p) or {}).get("master_param") if isinstance(state, dict) else None for p in quantized]
+    master = "+".join(sorted({_dtype_name(m.dtype) for m in masters})) if all(isinstance(m, torch.Tensor) for m in masters) else None
+    return {"count": len(quantized), "master": master}
+
+
 def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None) -> dict[str, Any]:
-    """Every effect (EFFECT_KEYS) of the wrapped model, its optimizer and the monitor."""
+    """Every effect (EFFECT_KEYS) of the wrapped model, its optimizer and the monitor; `fp8_weights` where the
+    model stores FP8 weights."""
     from launcher.train.expert_parallel import expert_parallel_degree
     from launcher.train.tensor_parallel import async_tp_active
 
     group = tp_group(engine.module)
-    return {
+    weights = fp8_weights(engine)
+    return {**({"fp8_weights": weights} if weights else {}),
         "all_gather_dtype": all_gather_dtype(engine.model, set(fp8_modules)) if engine.name == "fsdp2" else None,
         **blocks_effects(engine.module),
         "optimizer": optimizer_class(engine),
@@ -239,6 +274,11 @@ def expected(plan: Plan, n_blocks: int) -> dict[str, tuple[str, Any]]:
         out["expert_parallel"] = ("distributed.expert_parallel", d.expert_parallel)
     if plan.monitor.fp8_stats_every > 0 and p.fp8 and p.backend in ("torchao", "te"):
         out["monitor_hooks"] = ("monitor.fp8_stats_every", AT_LEAST_ONE)
+    if p.fp8 and p.backend == "te" and p.te.fp8_params:
+        out["fp8_weights.count"] = ("precision.te.fp8_params", AT_LEAST_ONE)
+        out["fp8_weights.master"] = ("precision.te.fp8_params", "float32")
+        if d.strategy == "fsdp2" and p.te.recipe in ("delayed", "current"):
+            out["all_gather_dtype"] = ("precision.te.fp8_params", ("float8_e4m3fn", "float8_e5m2"))
     return out
 
 
@@ -297,4 +337,7 @@ def effects_line(effects: dict[str, Any]) -> str:
         parts.append(f"expert parallel {effects['expert_parallel']}")
     if effects["monitor_hooks"]:
         parts.append(f"monitor hooks {effects['monitor_hooks']} FP8 layers")
+    if effects.get("fp8_weights"):
+        w = effects["fp8_weights"]
+        parts.append(f"{w['count']} weights stored in FP8, master copy {w['master'] or 'none'}")
     return "effects: " + ", ".join(parts)

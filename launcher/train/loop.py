@@ -218,7 +218,7 @@ class Trainer:
         what = f"loss {loss}" + (f", gradient norm {norm}" if norm is not None else "")
         latest = self._last_checkpoint()
         where = f"last complete checkpoint: {latest or 'none yet'}"
-        causes = f"likely causes ({likely_causes(self.plan, self.state.engine.precision.report, resumed=self.resumed_from is not None)})"
+        causes = f"likely causes ({likely_causes(self.plan, self.state.engine.precision.report)})"
         again = ('make the change and resume from that checkpoint (train.resume = "auto", or its path)' if latest
                  else "make the change and start again")
         if self.plan.train.on_nan == "stop":
@@ -338,7 +338,7 @@ def _how_to_continue(resume: str, *, from_it: bool = True) -> str:
     return f'continue{where} with train.resume = "auto" (this run has train.resume = "{resume}")'
 
 
-def likely_causes(plan: Plan, report, *, resumed: bool = False) -> str:
+def likely_causes(plan: Plan, report) -> str:
     """What usually makes the loss non-finite with this precision, and what to try; for the divergence message."""
     p = plan.precision
     lr = "the learning rate (lower train.lr or raise train.warmup_steps), or a bad batch in the data"
@@ -354,11 +354,10 @@ def likely_causes(plan: Plan, report, *, resumed: bool = False) -> str:
         return f"FP8 e4m3 range exceeded in a {recipe}-scaled GEMM (keep the offending layers in precision.keep), or {lr}"
     if backend == "te":
         if recipe == "delayed":
-            stale = ("; this run resumed from a checkpoint, and a stale amax history after a resume is a classic cause: "
-                     "recalibrate with a few low-lr steps") if resumed else ""
+            # (a resumed run continues with the checkpoint's amax histories and scales: launcher/train/precision/te_state.py)
             return ("Transformer Engine's delayed scaling takes each scale from the amax history of earlier steps, so a sudden "
                     "activation spike overflows e4m3 (raise precision.te.margin, shorten precision.te.amax_history_len, or use "
-                    f"precision.te.recipe = \"current\"){stale}; or {lr}")
+                    f"precision.te.recipe = \"current\"); or {lr}")
         return f"Transformer Engine's {recipe} scaling ran out of FP8 range (keep the offending layers in precision.keep), or {lr}"
     if backend == "msamp":
         return ("MS-AMP's FP8 gradients and scaled optimizer state overflowed (its loss scaling): try "

@@ -5,13 +5,11 @@ recorded signatures; the application is tested with a stand-in for the TE librar
 from __future__ import annotations
 
 import contextlib
-import enum
 import importlib.util
 import types
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from launcher.planning.install import INSTALL
@@ -23,6 +21,7 @@ from launcher.train.precision.te_recipe import RECIPE_CLASS, recipe_kwargs, unre
 from launcher.train.precision.te_swap import swap_plan
 
 from .te_2_20 import TE_FORMATS, TE_MODULE_ARGS, TE_RECIPE_FIELDS
+from .test_te_standin import fake_te  # noqa: F401 - test_precision_msamp imports it from here
 
 from ._precision import TinyLlama, fp8_plan, make_plan
 
@@ -72,85 +71,7 @@ def test_unread_fields_name_what_the_recipe_ignores():
     assert unread_fields(te_plan(recipe="nvfp4", fp8_format="E4M3").precision.te, TE_DEFAULTS) == ("fp8_format",)
 
 
-# --- a stand-in for the TE library calls ----------------------------------------------------------
-
-def fake_te():
-    """transformer_engine.pytorch and .common.recipe look-alikes: they check constructor keyword
-    names against TE 2.20.2's (TE_MODULE_ARGS / TE_RECIPE_FIELDS) and record what happened."""
-    log = types.SimpleNamespace(built=[], quantized_init=[], autocast=[], in_quantized_init=False, in_autocast=None)
-
-    def _check(name, kwargs):
-        unknown = set(kwargs) - TE_MODULE_ARGS[name]
-        assert not unknown, f"te.{name} takes no {unknown}"
-        log.built.append((name, dict(kwargs)))
-
-    class Linear(nn.Module):
-        def __init__(self, in_features, out_features, **kw):
-            super().__init__()
-            _check("Linear", {"in_features": in_features, "out_features": out_features, **kw})
-            self.in_features, self.out_features = in_features, out_features
-            self.fp8_weight = log.in_quantized_init
-            self.weight = nn.Parameter(torch.zeros(out_features, in_features, dtype=kw.get("params_dtype"),
-                                                   device=kw.get("device")))
-            self.bias = nn.Parameter(torch.zeros(out_features)) if kw.get("bias", True) else None
-            kw["init_method"](self.weight)
-
-        def forward(self, x):
-            return F.linear(x, self.weight, self.bias)
-
-    class _Norm(nn.Module):
-        name = ""
-
-        def __init__(self, normalized_shape, eps=1e-5, **kw):
-            super().__init__()
-            _check(self.name, {"normalized_shape": normalized_shape, "eps": eps, **kw})
-            self.eps, self.zero_centered = eps, kw.get("zero_centered_gamma", False)
-            self.weight = nn.Parameter(torch.full((normalized_shape,), 7.0))
-
-    class LayerNorm(_Norm):
-        name = "LayerNorm"
-
-        def __init__(self, normalized_shape, **kw):
-            super().__init__(normalized_shape, **kw)
-            self.bias = nn.Parameter(torch.full((normalized_shape,), 7.0))
-
-        def forward(self, x):
-            return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
-
-    class RMSNorm(_Norm):
-        name = "RMSNorm"
-
-        def forward(self, x):
-            w = self.weight + 1 if self.zero_centered else self.weight
-            return F.rms_norm(x.float(), self.weight.shape, eps=self.eps).type_as(x) * w
-
-    @contextlib.contextmanager
-    def quantized_model_init(enabled=True, recipe=None):
-        log.quantized_init.append(recipe)
-        log.in_quantized_init = True
-        yield
-        log.in_quantized_init = False
-
-    @contextlib.contextmanager
-    def autocast(enabled=True, recipe=None):
-        log.autocast.append(recipe)
-        log.in_autocast = recipe
-        yield
-        log.in_autocast = None
-
-    Format = enum.Enum("Format", {f: f for f in TE_FORMATS})
-
-    def recipe_class(name):
-        def build(**kwargs):
-            assert set(kwargs) <= TE_RECIPE_FIELDS[name], set(kwargs) - TE_RECIPE_FIELDS[name]
-            return types.SimpleNamespace(cls=name, **kwargs)
-        return build
-
-    te = types.SimpleNamespace(Linear=Linear, LayerNorm=LayerNorm, RMSNorm=RMSNorm, autocast=autocast,
-                               quantized_model_init=quantized_model_init)
-    te_recipe = types.SimpleNamespace(Format=Format, **{c: recipe_class(c) for c in TE_RECIPE_FIELDS})
-    return te, te_recipe, log
-
+# --- the TE stand-in (tests/train/test_te_standin.py): TE 2.20's signatures, FP8 casts, extra state ------------
 
 class NormsModel(nn.Module):
     """Every norm kind fp8launch may swap, and the ones it must not."""
@@ -250,15 +171,17 @@ def test_apply_swaps_copies_weights_and_the_model_computes_the_same():
     assert type(model.norm) is te.RMSNorm
     assert torch.equal(model.layers[1].feed_forward.w2.weight, ref.layers[1].feed_forward.w2.weight)
     tokens = torch.randint(0, 256, (2, 16))
+    torch.testing.assert_close(model(tokens), ref(tokens), rtol=0, atol=0)  # outside te.autocast: the same model
     with prec.autocast():
         out = model(tokens)
         assert log.in_autocast is prec.recipe
     assert log.in_autocast is None
-    torch.testing.assert_close(out, ref(tokens), rtol=0, atol=0)
+    assert not torch.equal(out, ref(tokens))  # inside: the swapped GEMMs read FP8 operands
+    torch.testing.assert_close(out, ref(tokens), rtol=0.1, atol=0.05)
     assert not log.quantized_init
     r = prec.report
     assert (r.backend, r.recipe, r.fp8_layers, r.total_linear) == ("te", "delayed", 13, 15)
-    assert r.line().startswith("precision: fp8 te delayed (HYBRID, 5 norms in TE), 13 of 15 Linear layers in FP8 ")
+    assert r.line().startswith("precision: fp8 te delayed (HYBRID, 5 norms in TE), 13 of 15 Linear layers in FP8, 83.3% of GEMM FLOPs")
     assert r.kept == ("layers.0.attention.wq (keep_first_last)", "output (keep_first_last)")
 
 
@@ -277,7 +200,13 @@ def test_fp8_params_builds_only_linears_under_quantized_model_init():
     assert log.quantized_init == [prec.recipe] * 13
     assert model.layers[1].attention.wq.fp8_weight is True
     assert not hasattr(model.norm, "fp8_weight")
-    assert "fp8 weights" in prec.report.line()
+    assert isinstance(model.layers[1].attention.wq.weight, te.Float8Tensor) and type(model.norm.weight) is nn.Parameter
+    assert "fp8 weights, fp32 master copy in FusedAdam" in prec.report.line()
+    # the high-precision initial values were taken off the FP8 weights, for the optimizer's master copy
+    assert set(prec.high_precision_init) == {f"layers.{i}.{m}.weight" for i in (0, 1) for m in (
+        "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")} | {
+        "layers.1.attention.wq.weight"}
+    assert model.layers[1].attention.wq.weight.get_high_precision_init_val() is None
 
 
 def test_autocast_nests_torch_autocast_for_what_stays_in_torch():
@@ -331,3 +260,68 @@ def test_nothing_swapped_is_fp8_not_applied(monkeypatch):
         apply_precision(TinyLlama(), te_plan(swap=["rmsnorm"]), CPU)
     assert e.value.rule == "FP8-NOT-APPLIED"
     assert fp8_plan().precision.te.swap == ("linear", "layernorm", "rmsnorm")
+
+
+# --- issue 29: attention, FP8 weights' optimizer, TE's current and older names ------------------------------------
+
+def test_fp8_dpa_plans_te_attention_for_the_builtin_cores_with_te_2_20_keywords():
+    llama = pytest.importorskip("launcher.train.models.llama")
+    model = llama.Llama(llama.SIZES["llama-debug"])
+    cfg = model.config
+    plan = te_plan(fp8_dpa=True)
+    cores = [s for s in swap_plan(model, plan.precision.te, plan) if s.kind == "attention"]
+    assert [s.fqn for s in cores] == [f"layers.{i}.attention.core" for i in range(cfg.n_layers)]
+    assert all(s.swapped for s in cores)
+    assert cores[0].kwargs == {"num_attention_heads": cfg.n_heads, "kv_channels": cfg.head_dim, "num_gqa_groups": cfg.kv_heads,
+                               "attention_dropout": 0.0, "qkv_format": "bshd", "attn_mask_type": "causal"}
+    assert set(cores[0].kwargs) <= TE_MODULE_ARGS["DotProductAttention"]
+    off = [s for s in swap_plan(model, te_plan().precision.te, te_plan()) if s.kind == "attention"]
+    assert {s.reason for s in off} == {"precision.te.fp8_dpa is false"}
+
+
+def test_fp8_dpa_without_an_attention_core_is_refused_by_the_run():
+    te, te_recipe, _ = fake_te()  # TinyLlama's attention calls SDPA itself: like an hf: / py: model's
+    with pytest.raises(LauncherError) as e:
+        te_backend.apply_te(TinyLlama(), te_plan(fp8_dpa=True), CPU, te=te, te_recipe=te_recipe)
+    assert e.value.rule == "TE-FP8-ATTENTION-MODEL"
+
+
+def test_fused_adam_gets_the_plans_optimizer_with_an_fp32_master_copy():
+    from launcher.train.precision.te_recipe import fused_adam_args
+
+    from .te_2_20 import TE_OPTIMIZER_ARGS
+
+    plan = make_plan(precision={"mode": "fp8", "backend": "te", "te": {"fp8_params": True}},
+                     train={"optimizer": "adam", "lr": 2e-3, "weight_decay": 0.1})
+    args = fused_adam_args(plan)
+    assert args == {"lr": 2e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1, "adam_w_mode": False,
+                    "master_weights": True, "master_weight_dtype": torch.float32}
+    assert set(args) <= TE_OPTIMIZER_ARGS["FusedAdam"]
+    with pytest.raises(LauncherError) as e:
+        fused_adam_args(make_plan(precision={"mode": "fp8", "backend": "te", "te": {"fp8_params": True}}, train={"optimizer": "sgd"}))
+    assert e.value.rule == "TE-FP8-PARAMS-OPTIMIZER"
+
+
+def test_te_2_x_names_first_and_the_deprecated_ones_only_where_they_are_all_there_is():
+    from launcher.train.precision.te import quantized_init, te_autocast
+
+    te, te_recipe, log = fake_te()
+    recipe = te_recipe.DelayedScaling()
+    with te_autocast(te, recipe):
+        assert log.in_autocast is recipe
+    entered = []
+    older = types.SimpleNamespace(fp8_autocast=lambda enabled, fp8_recipe: entered.append(fp8_recipe) or contextlib.nullcontext(),
+                                  fp8_model_init=lambda enabled=True: entered.append("fp8_model_init") or contextlib.nullcontext())
+    with te_autocast(older, recipe), quantized_init(older, recipe):  # TE 1.x: neither recipe= nor the high-precision value
+        pass
+    assert entered == [recipe, "fp8_model_init"]
+    with quantized_init(te, recipe):
+        assert log.quantized_init == [recipe]
+
+
+def test_a_recipe_class_the_installed_te_lacks_stops_the_run_naming_it():
+    te, te_recipe, _ = fake_te()
+    del te_recipe.Float8CurrentScaling  # a TE older than 2.2
+    with pytest.raises(EnvironmentProblem, match="no recipe class Float8CurrentScaling") as e:
+        te_backend.apply_te(TinyLlama(), te_plan(recipe="current"), CPU, te=te, te_recipe=te_recipe)
+    assert "Transformer Engine 2.20 has it" in str(e.value)

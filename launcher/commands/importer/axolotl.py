@@ -282,7 +282,7 @@ def _schedule(d: Draft) -> None:
         if steps and not d.placeholders.get("train.steps"):
             d.mapped("warmup_ratio", ("train.warmup_steps", round(_num(d.get("warmup_ratio")) * steps)))
         else:
-            d.none("warmup_ratio", "a share of the steps, which the YAML does not fix: set train.warmup_steps")
+            d.none("warmup_ratio", "a share of the steps, and the YAML sets no step count; set train.warmup_steps")
     d.group("lr_scheduler_kwargs", "fp8launch's schedule has warmup_steps, steps and min_lr_ratio only")
 
 

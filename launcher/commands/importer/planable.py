@@ -60,7 +60,6 @@ FIXES = {f.rule: f for f in (
     Fix("FP8-PRECOMPUTE-OFFLOAD", lambda d: [("precision.torchao.precompute_scale", False)]),
     Fix("TORCHAO-BLOCK-PAD", lambda d: [("precision.torchao.pad_inner_dim", False)]),
     # Transformer Engine
-    Fix("TE-FP8-PARAMS-NO-MASTER", lambda d: [("precision.te.fp8_params", False)]),
     Fix("TE-FP8-PARAMS-DEEPSPEED", lambda d: [("precision.te.fp8_params", False)]),
     Fix("TE-BLOCK-FP8-ATTENTION", lambda d: [("precision.te.fp8_dpa", False), ("precision.te.fp8_mha", False)]),
     Fix("TE-TOKENS-DIV8", lambda d: [("train.seq_len", 8 * math.ceil(_v(d, "train.seq_len", 2048) / 8))]),

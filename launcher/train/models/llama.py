@@ -18,7 +18,8 @@ from torch import nn
 
 from launcher.planning.models import SIZES, LlamaConfig, param_count, parse_builtin
 
-__all__ = ["SIZES", "LlamaConfig", "Llama", "param_count", "parse_builtin", "RMSNorm", "Attention", "FeedForward", "TransformerBlock"]
+__all__ = ["SIZES", "LlamaConfig", "Llama", "param_count", "parse_builtin", "RMSNorm", "CoreAttention", "Attention", "FeedForward",
+           "TransformerBlock"]
 
 INIT_STD = 0.02
 
@@ -52,14 +53,32 @@ def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device) -> tuple[tor
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (batch, heads, seq, head_dim) query or key vectors by position, in fp32."""
+    """Rotate query or key vectors by position, in fp32; `cos`/`sin` broadcast over x's layout
+    ((seq, head_dim) for (batch, heads, seq, head_dim); (seq, 1, head_dim) for (batch, seq, heads, head_dim))."""
     xf = x.float()
     x1, x2 = xf.chunk(2, dim=-1)
     return (xf * cos + torch.cat((-x2, x1), dim=-1) * sin).type_as(x)
 
 
+class CoreAttention(nn.Module):
+    """Causal scaled-dot-product attention over projected, rotated heads: q (batch, seq, heads, head_dim),
+    k and v (batch, seq, kv_heads, head_dim) -> (batch, seq, heads * head_dim). No parameters: a precision
+    backend may put its own attention in its place (Transformer Engine's DotProductAttention with
+    qkv_format "bshd", attn_mask_type "causal" and num_gqa_groups = kv_heads computes the same)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, s = q.shape[:2]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if k.shape[1] != q.shape[1]:
+            # Query head i reads key/value head i // n_rep (n_rep is the same on every TP rank).
+            n_rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out.transpose(1, 2).reshape(b, s, -1)
+
+
 class Attention(nn.Module):
-    """Causal grouped-query self-attention."""
+    """Causal grouped-query self-attention: projections, rotary embeddings, then `core` (CoreAttention)."""
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -68,23 +87,20 @@ class Attention(nn.Module):
         self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
         self.wk = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.core = CoreAttention()
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         # Head counts from the projections' widths (-1), not the config: under tensor parallelism
         # wq/wk/wv are column-sharded and each rank holds n_heads / tp and n_kv_heads / tp heads.
-        q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
         cos, sin = rope_cos_sin(s, self.head_dim, self.rope_theta, x.device)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (seq, 1, head_dim): over the heads of (batch, seq, heads, head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.n_kv_heads != self.n_heads:
-            # Query head i reads key/value head i // n_rep (n_rep is the same on every TP rank).
-            n_rep = self.n_heads // self.n_kv_heads
-            k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        return self.wo(self.core(q, k, v))
 
 
 class FeedForward(nn.Module):

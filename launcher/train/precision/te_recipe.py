@@ -51,3 +51,16 @@ def unread_fields(te: TEConfig, defaults: dict) -> tuple[str, ...]:
     """precision.te recipe fields set to a non-default value that the chosen recipe never reads
     (`defaults`: the schema's precision.te defaults). The start line names them."""
     return tuple(f for f in SPEC_FIELDS if f not in READS[te.recipe] and getattr(te, f) != defaults.get(f))
+
+
+def fused_adam_args(plan) -> dict:
+    """Keyword arguments of transformer_engine.pytorch.optimizers.FusedAdam(params, **args) for precision.te.fp8_params
+    (read from TE 2.20.2, optimizers/fused_adam.py): train.optimizer's Adam mode, lr, betas, eps and weight decay, and an
+    fp32 master copy of every parameter (master_weights), which it steps and re-quantizes the FP8 weights from."""
+    import torch
+
+    t = plan.train
+    if t.optimizer not in ("adam", "adamw"):
+        raise rule_error("TE-FP8-PARAMS-OPTIMIZER")  # planning refuses it; a hand-edited plan.json could hold it
+    return {"lr": t.lr, "betas": tuple(t.adam_betas), "eps": t.adam_eps, "weight_decay": t.weight_decay,
+            "adam_w_mode": t.optimizer == "adamw", "master_weights": True, "master_weight_dtype": torch.float32}

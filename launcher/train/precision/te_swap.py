@@ -9,6 +9,11 @@ Candidates, in module registration order:
 - RMSNorm-like modules ("rmsnorm": class name contains "RMSNorm", a 1-D `weight` and `eps` or
   `variance_epsilon`: torch.nn.RMSNorm, Hugging Face *RMSNorm, the builtin Llama) -> te.RMSNorm.
   Gemma's RMSNorm computes x * (1 + weight): it maps to zero_centered_gamma=True.
+- the builtin models' attention core (launcher/train/models/llama.py CoreAttention: causal, grouped-query,
+  rotary embeddings applied before it, q/k/v as (batch, seq, heads, head_dim)) -> te.DotProductAttention
+  with qkv_format "bshd", attn_mask_type "causal", num_gqa_groups = the KV heads, when precision.te.fp8_dpa
+  is set (the recipe's fp8_dpa then runs its GEMMs in FP8). It has no weights to copy. Other models'
+  attention is theirs: rule TE-FP8-ATTENTION-MODEL refuses fp8_dpa / fp8_mha for hf: and py: models.
 """
 
 from __future__ import annotations
@@ -34,9 +39,9 @@ ZERO_CENTERED_RMSNORM = ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm", "Gemm
 class Swap:
     fqn: str
     kind: str
-    """linear | layernorm | rmsnorm"""
+    """linear | layernorm | rmsnorm | attention"""
     te_class: str
-    """Linear | LayerNorm | RMSNorm: the attribute of transformer_engine.pytorch to build."""
+    """Linear | LayerNorm | RMSNorm | DotProductAttention: the attribute of transformer_engine.pytorch to build."""
     kwargs: dict = field(default_factory=dict)
     """Constructor arguments (te.py adds device and, for Linear, init_method)."""
     params: tuple[tuple[str, str], ...] = ()
@@ -121,12 +126,31 @@ def _rmsnorm(fqn: str, m: nn.Module, reason: str | None) -> Swap:
     return Swap(fqn=fqn, kind="rmsnorm", te_class="RMSNorm", kwargs=kwargs, params=(("weight", "weight"),))
 
 
+def _core_attention(fqn: str, m: nn.Module, parent: nn.Module, te: TEConfig, plan: Plan) -> Swap:
+    reason = None if te.fp8_dpa else "precision.te.fp8_dpa is false"
+    reason = reason or _keep_glob(fqn, plan)
+    heads, kv_heads, head_dim = (getattr(parent, a, None) for a in ("n_heads", "n_kv_heads", "head_dim"))
+    if reason is None and None in (heads, kv_heads, head_dim):
+        reason = "its attention module names no n_heads / n_kv_heads / head_dim"
+    if reason is not None:
+        return Swap(fqn=fqn, kind="attention", te_class="DotProductAttention", reason=reason)
+    return Swap(fqn=fqn, kind="attention", te_class="DotProductAttention", kwargs={
+        "num_attention_heads": heads, "kv_channels": head_dim, "num_gqa_groups": kv_heads, "attention_dropout": 0.0,
+        "qkv_format": "bshd", "attn_mask_type": "causal"})
+
+
 def swap_plan(model: nn.Module, te: TEConfig, plan: Plan) -> list[Swap]:
-    """One Swap per candidate module (Linear, LayerNorm, RMSNorm-like), in registration order:
-    replaced (reason None) or kept, with why."""
+    """One Swap per candidate module (Linear, LayerNorm, RMSNorm-like, the builtin attention core), in
+    registration order: replaced (reason None) or kept, with why."""
+    from launcher.train.models.llama import CoreAttention
+
     fp8_reasons = select.classify(model, plan)
     out = []
     for fqn, m in model.named_modules():
+        if isinstance(m, CoreAttention):
+            parent = model.get_submodule(fqn.rpartition(".")[0]) if "." in fqn else model
+            out.append(_core_attention(fqn, m, parent, te, plan))
+            continue
         kind = _kind(m)
         if kind is None:
             continue
@@ -140,6 +164,11 @@ def swap_plan(model: nn.Module, te: TEConfig, plan: Plan) -> list[Swap]:
         else:
             out.append(_rmsnorm(fqn, m, reason or _keep_glob(fqn, plan)))
     return out
+
+
+def attention_swaps(swaps: list[Swap]) -> list[Swap]:
+    """The attention cores replaced by te.DotProductAttention."""
+    return [s for s in swaps if s.kind == "attention" and s.swapped]
 
 
 def linear_reasons(swaps: list[Swap]) -> dict[str, str | None]:

@@ -1,0 +1,173 @@
+"""Transformer Engine features that used to do nothing, trained in this process with the stand-in TE
+(tests/train/test_te_standin.py): FP8 attention (precision.te.fp8_dpa) on a builtin model, FP8 weights with a
+master copy (precision.te.fp8_params) under DDP and FSDP2, and the refusals: fp8_mha, FP8 attention of a model
+fp8launch does not own, TE with activation checkpointing and compile."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+from launcher.errors import LauncherError
+from launcher.planning.rules import Facts, check
+from launcher.train.compile_ac import prepare_blocks
+from launcher.train.precision import te as te_backend
+from tests.support import plan_from
+
+from ._engine_setup import train_in_process
+from .test_te_resume import losses, standin, te_cpu_plan  # noqa: F401 - standin is a fixture
+from .test_te_standin import DotProductAttention, Float8Tensor, fake_te
+
+CPU = torch.device("cpu")
+
+
+def train(tmp_path, name, **keys):
+    """(metrics.jsonl records, the Trainer) of a TE run in this process."""
+    out = tmp_path / name
+    plan = te_cpu_plan(tmp_path / f"plan-{name}", **{"train.output_dir": str(out), "train.checkpoint_every": 0,
+                                                      "train.checkpoint_at_end": False, **keys})
+    trainer = train_in_process(plan, stream=io.StringIO())
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()], trainer
+
+
+# --- precision.te.fp8_dpa -----------------------------------------------------------------------------------------
+
+def test_fp8_dpa_puts_te_attention_in_the_builtin_models_and_runs_it_in_fp8(tmp_path, standin):
+    records, trainer = train(tmp_path, "dpa", **{"precision.te.recipe": "delayed", "precision.te.fp8_dpa": True})
+    start = records[0]
+    assert start["layers"]["layers.0.attention.core"] == "fp8 dpa" and start["layers"]["layers.1.attention.core"] == "fp8 dpa"
+    assert start["layers"]["layers.0.attention.wq"] == "fp8 delayed"
+    assert "2 attention cores in FP8 (te.DotProductAttention)" in start["precision"]
+    cores = [m for m in trainer.state.engine.module.modules() if isinstance(m, DotProductAttention)]
+    assert len(cores) == 2
+    for core in cores:  # q, k, v cast to FP8: three GEMMs' worth of scaling state, filled by the steps
+        history = core.fp8_meta["scaling_fwd"].amax_history
+        assert history.shape[1] == 9 and history[:, :3].abs().sum() > 0
+        assert (core.fp8_meta["scaling_fwd"].scale[:3] != 1).all()  # the scales moved off their initial 1
+
+
+def test_without_fp8_dpa_the_attention_stays_ours(tmp_path, standin):
+    records, trainer = train(tmp_path, "plain", **{"precision.te.recipe": "current", "train.steps": 2})
+    assert "layers.0.attention.core" not in records[0]["layers"]
+    assert not any(isinstance(m, DotProductAttention) for m in trainer.state.engine.module.modules())
+
+
+def test_fp8_attention_of_a_model_fp8launch_does_not_own_is_refused(tmp_path):
+    for model in ("hf:./model", "py:mod:build"):
+        plan = plan_from({"precision": {"mode": "fp8", "backend": "te", "te": {"fp8_dpa": True}}, "train": {"model": model}})
+        assert "TE-FP8-ATTENTION-MODEL" in {f.rule.id for f in check(Facts(plan=plan), "plan")}
+
+
+def test_fp8_mha_is_refused_with_tes_reason():
+    plan = plan_from({"precision": {"mode": "fp8", "backend": "te", "te": {"fp8_mha": True}}})
+    (finding,) = [f for f in check(Facts(plan=plan), "plan") if f.rule.id == "TE-FP8-MHA"]
+    assert "RoPE is only implemented in F16 currently" in finding.message and "precision.te.fp8_dpa = true" in finding.fix
+    te, te_recipe, _ = fake_te()  # a hand-edited plan.json is refused by the run as well
+    from ._precision import TinyLlama
+
+    with pytest.raises(LauncherError) as e:
+        te_backend.apply_te(TinyLlama(), plan, CPU, te=te, te_recipe=te_recipe)
+    assert e.value.rule == "TE-FP8-MHA"
+
+
+# --- precision.te.fp8_params --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_fp8_weights_train_with_an_fp32_master_copy(tmp_path, standin, strategy):
+    keys = {"precision.te.recipe": "current", "distributed.strategy": strategy, "train.steps": 12, "train.lr": 1e-2}
+    records, trainer = train(tmp_path, "fp8w", **keys, **{"precision.te.fp8_params": True})
+    effects = records[0]["effects"]
+    assert effects["fp8_weights"] == {"count": 15, "master": "float32"} and effects["optimizer"] == "FusedAdam"
+    assert effects["all_gather_dtype"] == ("float8_e4m3fn" if strategy == "fsdp2" else None)  # FSDP2 gathers 1-byte weights
+    engine = trainer.state.engine
+    w = engine.module.layers[0].feed_forward.w1.weight
+    local = w._local_tensor if strategy == "fsdp2" else w
+    assert isinstance(local, Float8Tensor) and local._data.dtype is torch.float8_e4m3fn
+    master = engine.optimizer.state[w]["master_param"]
+    master = master._local_tensor if strategy == "fsdp2" else master
+    # the master copy holds what FP8 cannot: the weight is its FP8 rounding
+    assert master.dtype is torch.float32 and not torch.equal(master, local.dequantize())
+    torch.testing.assert_close(Float8Tensor.quantize(master).dequantize(), local.dequantize(), rtol=0, atol=0)
+    got = losses(records)
+    assert sum(list(got.values())[-3:]) < sum(list(got.values())[:3])  # it learns
+    twin, _ = train(tmp_path, "hp-weights", **keys)  # the same run with high-precision weights learns alike
+    assert abs(sum(losses(twin).values()) - sum(got.values())) / len(got) < 0.1
+
+
+def test_the_master_copy_starts_from_the_high_precision_initial_weights(standin):
+    """Not from their FP8 rounding: TE keeps the initial value (preserve_high_precision_init_val) for it."""
+    from ._precision import TinyLlama, make_plan
+
+    te, te_recipe = te_backend._te()
+    model = TinyLlama()
+    initial = model.layers[1].feed_forward.w1.weight.detach().clone()
+    plan = make_plan(precision={"mode": "fp8", "backend": "te", "te": {"recipe": "current", "fp8_params": True}},
+                     distributed={"strategy": "ddp", "procs_per_node": 1})
+    prec = te_backend.apply_te(model, plan, CPU, te=te, te_recipe=te_recipe)
+    _, opt = prec.wrap_optimizer(model, torch.optim.AdamW(model.parameters()))
+    assert type(opt).__name__ == "FusedAdam" and opt.master_weights and opt.adam_w_mode
+    w = model.layers[1].feed_forward.w1.weight
+    assert torch.equal(opt.state[w]["master_param"], initial) and not torch.equal(w.dequantize(), initial)
+    assert prec.high_precision_init == {}  # handed over, not kept twice
+
+
+@pytest.mark.parametrize("data,rule", [
+    ({"train": {"optimizer": "sgd"}}, "TE-FP8-PARAMS-OPTIMIZER"),
+    ({"distributed": {"strategy": "fsdp2"}, "precision": {"te": {"recipe": "mxfp8"}}}, "TE-FP8-PARAMS-FSDP2-BLOCK"),
+    ({"distributed": {"strategy": "deepspeed"}, "precision": {"high_precision": "fp32"}}, "TE-FP8-PARAMS-DEEPSPEED-FP32"),
+    ({"distributed": {"strategy": "deepspeed"}}, "TE-FP8-PARAMS-DEEPSPEED"),
+])
+def test_fp8_weights_are_refused_only_where_te_cannot(data, rule):
+    precision = {"mode": "fp8", "backend": "te", **data.get("precision", {})}
+    precision["te"] = {"fp8_params": True, **precision.get("te", {})}
+    plan = plan_from({**data, "precision": precision})
+    assert rule in {f.rule.id for f in check(Facts(plan=plan), "plan")}
+    for strategy in ("ddp", "fsdp2"):  # the planned cases: nothing refuses them
+        ok = plan_from({"precision": {"mode": "fp8", "backend": "te", "te": {"fp8_params": True, "recipe": "current"}},
+                        "distributed": {"strategy": strategy}})
+        assert not [f for f in check(Facts(plan=ok), "plan") if f.is_error and "FP8-PARAMS" in f.rule.id]
+
+
+# --- activation checkpointing and compile ---------------------------------------------------------------------------
+
+def test_te_with_activation_checkpointing_and_compile_is_refused_up_front():
+    spec = {"precision": {"mode": "fp8", "backend": "te", "te": {"recipe": "current"}}, "compile": {"enabled": True},
+            "activation_checkpointing": {"mode": "full"}}
+    plan = plan_from(spec)
+    (finding,) = [f for f in check(Facts(plan=plan), "plan") if f.rule.id == "TE-AC-COMPILE"]
+    assert "dynamo-disabled" in finding.message and "compiles nothing" in finding.message
+    te, te_recipe, _ = fake_te()
+    from ._precision import TinyLlama
+
+    model = TinyLlama()
+    prec = te_backend.apply_te(model, plan, CPU, te=te, te_recipe=te_recipe)
+    with pytest.raises(LauncherError) as e:  # a hand-edited plan.json: refused before any block is wrapped
+        prepare_blocks(model, plan, prec)
+    assert e.value.rule == "TE-AC-COMPILE"
+    assert type(model.layers[0]).__name__ == "Block"
+
+
+def compiled_ops(fn, *args) -> list[str]:
+    """The ops torch.compile really put in graphs when running fn(*args) (a backend that records them)."""
+    ops: list[str] = []
+
+    def record(gm, example_inputs):
+        ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=record)(*args)
+    return ops
+
+
+def test_tes_checkpoint_is_what_dynamo_cannot_trace():
+    """Why: compiled around TE's checkpoint, the checkpointed GEMM never reaches a graph (it runs eagerly)."""
+    te, te_recipe, _ = fake_te()
+    lin = te.Linear(16, 16, params_dtype=torch.float32)
+    x = torch.randn(4, 16, requires_grad=True)
+    assert any("linear" in op for op in compiled_ops(lambda x: lin(x) * 2, x))  # without the checkpoint it compiles
+    ops = compiled_ops(lambda x: te.distributed.checkpoint(lin, x, use_reentrant=False) * 2, x)
+    assert not any("linear" in op or "checkpoint" in op for op in ops), ops
