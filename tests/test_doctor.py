@@ -236,8 +236,13 @@ def test_cli_text_says_a_reason_shared_by_every_recipe_once(cli, monkeypatch):
     assert te == ["fp8 te: every recipe               no    Transformer Engine and MS-AMP run only on CUDA GPUs; torchao FP8 is the "
                   "backend that runs on CPU; fix: set precision.backend = \"torchao\", or launch.device = \"cuda\""]
     assert sum("the transformer_engine package is not importable here" in line for line in lines) == 1
-    assert sum("the msamp package is not importable here" in line for line in lines) == 1
-    assert [line.split(":")[0] for line in lines if line.startswith("fp8 msamp")] == ["fp8 msamp"]
+    # each MS-AMP opt level names its own native equivalent (launcher/planning/levels.py): one row per level
+    assert sum("the msamp package is not importable here" in line for line in lines) == 3
+    msamp = [line for line in lines if line.startswith("fp8 msamp")]
+    assert [line.split()[:3] for line in msamp] == [["fp8", "msamp", "O1"], ["fp8", "msamp", "O2"], ["fp8", "msamp", "O3"]]
+    assert 'precision.grad_reduce = "fp8", precision.master_weights = "bf16" (`fp8launch init --preset msamp-o1`' in msamp[0]
+    assert 'precision.optimizer_states = "fp8" (`fp8launch init --preset msamp-o2`' in msamp[1]
+    assert 'distributed.strategy = "fsdp2", precision.torchao.fsdp_float8_all_gather = true' in msamp[2]
     assert [line.split()[:3] for line in lines if line.startswith("fp8 torchao")] == [
         ["fp8", "torchao", "tensorwise"], ["fp8", "torchao", "rowwise"], ["fp8", "torchao", "rowwise_with_gw_hp"],
         ["fp8", "torchao", "mxfp8"], ["fp8", "torchao", "nvfp4"]]

@@ -209,8 +209,8 @@ def assess_plan(machine: Machine, plan: Plan) -> Support:
     reasons: dict[str, str | None] = {}  # reason -> rule id; ordered, without duplicates
 
     def missing(package: str) -> None:
-        detail = RULES_BY_ID["BACKEND-MISSING"].detail(Facts(plan=plan, missing_package=package))
-        reasons[with_fix(detail, f"install it: {INSTALL[package]}")] = "BACKEND-MISSING"
+        facts, rule = Facts(plan=plan, missing_package=package), RULES_BY_ID["BACKEND-MISSING"]
+        reasons[with_fix(rule.detail(facts), rule.fix_of(facts))] = "BACKEND-MISSING"
 
     if not machine.has("torch"):
         missing("torch")
