@@ -166,5 +166,8 @@ def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: d
 
         precision.recount(engine.module)
         raise_run_errors(plan, env.device, fp8_layers=precision.report.fp8_layers)
+    from launcher.train.grad_reduce import install
+
     return DeepSpeedEngine(model=engine, module=engine.module, optimizer=ds_optimizer, scheduler=scheduler,
-                           precision=precision, accum_steps=plan.train.grad_accum_steps)
+                           precision=precision, accum_steps=plan.train.grad_accum_steps,
+                           grad_reduction=install(engine, plan, "deepspeed", world_size=env.world_size))
