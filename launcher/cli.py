@@ -3,6 +3,7 @@ print, and exit; errors become messages and exit codes in one place (`_errors`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -142,10 +143,13 @@ def doctor(fmt: str, spec_path: str | None) -> None:
 @click.option("--model", help="builtin:NAME, hf:PATH or py:module:function [default: the largest builtin that fits].")
 @click.option("--nodes", type=click.IntRange(min=1), help="[default: 1]")
 @click.option("--procs-per-node", type=click.IntRange(min=1), help="[default: one per GPU; 2 on a CPU-only machine]")
+@click.option("--preset", type=click.Choice(["msamp-o1", "msamp-o2", "msamp-o3"]),
+              help="MS-AMP's opt level natively with torchao: O1 FP8 gradient reduction + bf16 master weights, O2 + FP8 Adam "
+                   "moments, O3 + FSDP2 with float8 all-gather (docs/precision.md).")
 @click.option("--out", help="The file to write [default: NAME.toml].")
 @click.option("--force", is_flag=True, help="Overwrite --out when it exists.")
 @_errors
-def init(name, backend, strategy, model, nodes, procs_per_node, out, force) -> None:
+def init(name, backend, strategy, model, nodes, procs_per_node, preset, out, force) -> None:
     """Write a starter spec for this machine's GPUs (or a CPU smoke spec), checked like `plan`.
 
     On a terminal, asks for each value not given, offering what it detected."""
@@ -158,7 +162,13 @@ def init(name, backend, strategy, model, nodes, procs_per_node, out, force) -> N
     if out:
         check_target(out, force)
     machine = gather()
-    choices = Choices(name=name, backend=backend, strategy=strategy, model=model, nodes=nodes, procs_per_node=procs_per_node, out=out)
+    choices = Choices(name=name, backend=backend, strategy=strategy, model=model, nodes=nodes, procs_per_node=procs_per_node, out=out,
+                      preset=preset)
+    if preset:  # MS-AMP's level with torchao: nothing to ask about the backend
+        from launcher.commands.init import check_preset
+
+        check_preset(choices)
+        choices = dataclasses.replace(choices, backend="torchao")
     if sys.stdin.isatty() and sys.stdout.isatty():
         choices = interview(machine, choices, _ask)
     decision = decide(machine, choices)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import builtins
 import json
 from importlib import metadata
@@ -236,9 +237,14 @@ def test_cli_text_says_a_reason_shared_by_every_recipe_once(cli, monkeypatch):
     assert te == ["fp8 te: every recipe               no    Transformer Engine and MS-AMP run only on CUDA GPUs; torchao FP8 is the "
                   "backend that runs on CPU; fix: set precision.backend = \"torchao\", or launch.device = \"cuda\""]
     assert sum("the transformer_engine package is not importable here" in line for line in lines) == 1
-    assert sum("the msamp package is not importable here" in line for line in lines) == 1
-    assert [line.split(":")[0] for line in lines if line.startswith("fp8 msamp")] == ["fp8 msamp"]
-    assert [line.split()[:3] for line in lines if line.startswith("fp8 torchao")] == [
+    # each MS-AMP opt level names its own native equivalent (launcher/planning/levels.py): one row per level
+    assert sum("the msamp package is not importable here" in line for line in lines) == 3
+    msamp = [line for line in lines if line.startswith("fp8 msamp")]
+    assert [line.split()[:3] for line in msamp] == [["fp8", "msamp", "O1"], ["fp8", "msamp", "O2"], ["fp8", "msamp", "O3"]]
+    assert 'precision.grad_reduce = "fp8", precision.master_weights = "bf16" (`fp8launch init --preset msamp-o1`' in msamp[0]
+    assert 'precision.optimizer_states = "fp8" (`fp8launch init --preset msamp-o2`' in msamp[1]
+    assert 'distributed.strategy = "fsdp2", precision.torchao.fsdp_float8_all_gather = true' in msamp[2]
+    assert [line.split()[:3] for line in lines if line.startswith("fp8 torchao") and "natively" not in line] == [
         ["fp8", "torchao", "tensorwise"], ["fp8", "torchao", "rowwise"], ["fp8", "torchao", "rowwise_with_gw_hp"],
         ["fp8", "torchao", "mxfp8"], ["fp8", "torchao", "nvfp4"]]
 
@@ -288,3 +294,17 @@ def test_python_m_launcher_doctor(tmp_path):
     proc = run_module("doctor", "--format", "json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["machine"]["packages"]["torchao"] == metadata.version("torchao")
+
+
+def test_msamp_levels_natively_are_rows_of_their_own():
+    """MS-AMP's opt levels as `init --preset` writes them (torchao FP8 + the level keys): they run where torchao does,
+    and name torchao where it is missing (the low-bit Adam is torchao's)."""
+    here = doctor.diagnose(CPU_TORCHAO)
+    assert [(s.label, s.supported) for s in here.levels] == [
+        ("fp8 torchao msamp-o1 natively", True), ("fp8 torchao msamp-o2 natively", True), ("fp8 torchao msamp-o3 natively", True)]
+    assert "MS-AMP's levels natively (fp8launch init --preset ...; docs/precision.md):" in here.text()
+    assert [s["label"] for s in here.to_json()["levels"]] == [s.label for s in here.levels]
+    without = doctor.diagnose(dataclasses.replace(CPU_TORCHAO, packages={**CPU_TORCHAO.packages, "torchao": None}))
+    assert all(not s.supported and "BACKEND-MISSING" in s.rules for s in without.levels)
+    bf16 = doctor.level_plan("msamp-o2")
+    assert "torchao" in doctor.packages_needed(dataclasses.replace(bf16, precision=dataclasses.replace(bf16.precision, mode="bf16")))

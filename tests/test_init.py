@@ -259,3 +259,39 @@ def test_the_model_that_fits_comes_from_the_size_table(model):
     exact = 2 * 16 * model_params(model) / 1024**3  # model states take half of the GPU: exactly the budget
     assert _fit_model(machine(exact), "ddp", 1) == model
     assert _fit_model(machine(exact * 0.999), "ddp", 1) != model
+
+
+@pytest.mark.parametrize("preset, level, strategy", [("msamp-o1", "O1", "ddp"), ("msamp-o2", "O2", "ddp"), ("msamp-o3", "O3", "fsdp2")])
+@pytest.mark.parametrize("machine", [H100X8, CPU_TORCHAO], ids=["h100x8", "cpu"])
+def test_msamp_presets_write_the_levels_natively_and_plan(tmp_path, preset, level, strategy, machine):
+    """--preset msamp-oN: torchao FP8 with the keys launcher/planning/levels.py gives MS-AMP's level (O1/O2 under DDP,
+    where MS-AMP enters them; O3 with FSDP2 and float8 all-gather); the spec plans with no error rule."""
+    from launcher.planning.levels import MSAMP_LEVELS
+
+    d = decide(machine, Choices(preset=preset))
+    text = render_spec(d)
+    data = tomllib.loads(text)
+    p = data["precision"]
+    assert (p["mode"], p["backend"], data["distributed"]["strategy"]) == ("fp8", "torchao", strategy)
+    for key, value in MSAMP_LEVELS[level].items():
+        node = data
+        for part in key.split("."):
+            node = node[part]
+        assert node == value, key
+    assert p.get("optimizer_states", "fp32") == ("fp32" if level == "O1" else "fp8")
+    assert preset in d.name and f"MS-AMP's {level} level natively" in text
+    plan = planned(tmp_path, text).plan
+    assert (plan.precision.grad_reduce, plan.precision.master_weights) == ("fp8", "bf16")
+
+
+def test_a_preset_refuses_the_flags_that_contradict_it(cli, tmp_path):
+    r = cli("init", "--preset", "msamp-o3", "--strategy", "ddp", "--out", "x.toml")
+    assert r.exit_code == 2 and "--preset msamp-o3 is MS-AMP's O3 level: ZeRO-style sharding, natively FSDP2" in r.stderr
+    r = cli("init", "--preset", "msamp-o2", "--backend", "te", "--out", "x.toml")
+    assert r.exit_code == 2 and "--backend te contradicts it" in r.stderr
+    r = cli("init", "--preset", "msamp-o2", "--strategy", "deepspeed", "--out", "x.toml")
+    assert r.exit_code == 2 and "LEVELS-DEEPSPEED" in r.stderr
+    assert not (tmp_path / "x.toml").exists()
+    r = cli("init", "--preset", "msamp-o2", "--out", "o2.toml")
+    assert r.exit_code == 0, r.stderr
+    assert 'optimizer_states = "fp8"' in (tmp_path / "o2.toml").read_text()

@@ -153,3 +153,33 @@ def test_an_hf_model_is_estimated_from_its_config_json_as_the_prediction_reads_i
 
     assert mem["activations_bytes_per_gpu"] == int(activations(plan_of({"distributed": {"procs_per_node": 8}, "train": {"seq_len": 4096}}), shape).bytes)
     assert model_params("hf:llama-3.2-3b") is None  # without the spec's folder the config is not looked for
+
+
+@pytest.mark.parametrize("states, per_param", [("fp32", 8), ("bf16", 4), ("fp8", 2 * (1 + 4 / 256)), ("int8", 2 * (1 + 4 / 256))])
+def test_optimizer_states_and_master_weights_set_the_rows(states, per_param):
+    """precision.optimizer_states: two moments of that many bytes (fp8 / int8: codes + one fp32 scale per 256 values);
+    precision.master_weights = "bf16": bf16 parameters and gradients, no fp32 copy; sharded by FSDP2 as before."""
+    ddp = rows({"precision": {"optimizer_states": states}, "distributed": {"strategy": "ddp", "procs_per_node": 2}})
+    assert ddp == {"params": 4 * P, "grads": 4 * P, "optimizer_states": per_param * P, "total": (8 + per_param) * P}
+    o3 = rows({"precision": {"mode": "fp8", "optimizer_states": states, "master_weights": "bf16"}, "distributed": {"procs_per_node": 8}})
+    assert o3 == pytest.approx({"params": 2 * P / 8, "grads": 2 * P / 8, "optimizer_states": per_param * P / 8, "total": (4 + per_param) * P / 8})
+
+
+def test_msamp_levels_natively_in_bytes_per_parameter():
+    """MS-AMP's chart in bytes per parameter with the native keys (launcher/planning/levels.py): 16 today, 12 for O1
+    (bf16 weights and gradients, fp32 moments), ~6 for O2 (+ fp8 moments), the same sharded for O3."""
+    from launcher.planning.levels import MSAMP_LEVELS
+
+    def spec(level):
+        data: dict = {"distributed": {"strategy": "ddp", "procs_per_node": 1}}
+        for key, value in MSAMP_LEVELS[level].items():
+            node = data
+            *parents, leaf = key.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        return data
+
+    assert rows(spec("O1"))["total"] == 12 * P
+    assert rows(spec("O2"))["total"] == pytest.approx((4 + 2 * (1 + 4 / 256)) * P)
+    assert rows(spec("O3"))["total"] == pytest.approx((4 + 2 * (1 + 4 / 256)) * P)  # one rank: FSDP2 shards over 1

@@ -354,3 +354,23 @@ def test_blackwell_gemm_scale_is_the_least_squares_fit_to_the_fit_points(tmp_pat
     finally:
         cost.BLACKWELL_GEMM_EFF.update(saved)
     assert min(sse, key=sse.get) == cost.BLACKWELL_GEMM_SCALE
+
+
+def test_the_prediction_counts_the_gradient_reductions_bytes_in_its_payload():
+    """grad_comm_bytes: what a rank sends per step for the gradient reduction (launcher/planning/levels.py), which each
+    step record measures: DDP's ring all-reduce of every gradient, half of bf16's in FP8 (+ 1/64 for the scales)."""
+    from launcher.planning.levels import grad_comm_bytes
+    from launcher.planning.memory import model_params
+    from launcher.planning.predict import predict
+    from tests.support import plan_from
+
+    def bytes_of(**precision):
+        plan = plan_from({"precision": precision, "distributed": {"strategy": "ddp", "procs_per_node": 4}})
+        pr = predict(plan)
+        assert pr.grad_comm_bytes == grad_comm_bytes(plan, model_params(plan.train.model))
+        assert pr.to_json()["grad_comm_bytes"] == round(pr.grad_comm_bytes)
+        return pr.grad_comm_bytes
+
+    fp32, bf16, fp8 = bytes_of(), bytes_of(grad_reduce="bf16"), bytes_of(grad_reduce="fp8")
+    params = model_params("builtin:llama-debug")
+    assert fp32 == 2 * 3 / 4 * 4 * params and bf16 == fp32 / 2 and fp8 == pytest.approx(bf16 / 2 * (1 + 4 / 256))

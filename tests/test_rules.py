@@ -646,3 +646,59 @@ def test_memory_exceeds_gpu_names_the_figures_and_only_fires_for_gpu_plans():
     assert "MEMORY-EXCEEDS-GPU" not in fired({**_8B_SEQ_8192, "launch": {"device": "cpu"}})
     # a bigger GPU holds it
     assert "MEMORY-EXCEEDS-GPU" not in fired({**_8B_SEQ_8192, "launch": {"device": "cuda", "gpu": "b200"}})
+
+
+# -- MS-AMP's levels natively (issue 30) ----------
+DDP_BF16 = {"mode": "bf16"}
+PLAN_CASES.update({
+    "OPTIMIZER-STATES-SGD": ({"precision": {**DDP_BF16, "optimizer_states": "fp8"}, "train": {"optimizer": "sgd"}},
+                             {"precision": {**DDP_BF16, "optimizer_states": "fp8"}, "train": {"optimizer": "adamw"}}),
+    "MASTER-WEIGHTS-OPTIMIZER": ({"precision": {**DDP_BF16, "master_weights": "bf16"}, "train": {"optimizer": "sgd"}},
+                                 {"precision": {**DDP_BF16, "master_weights": "bf16"}, "train": {"optimizer": "adam"}}),
+    "MASTER-WEIGHTS-COMPUTE": ({"precision": {**TAO, "high_precision": "fp32", "master_weights": "bf16"}},
+                               {"precision": {**TAO, "high_precision": "bf16", "master_weights": "bf16"}}),
+    "LEVELS-DEEPSPEED": ({"precision": {**DDP_BF16, "optimizer_states": "int8"}, "distributed": DS},
+                         {"precision": {**DDP_BF16, "optimizer_states": "int8"}, "distributed": {"strategy": "fsdp2"}}),
+    "GRAD-REDUCE-DEEPSPEED": ({"precision": {**DDP_BF16, "grad_reduce": "fp8"}, "distributed": DS},
+                              {"precision": {**DDP_BF16, "grad_reduce": "auto"}, "distributed": DS}),
+    "GRAD-REDUCE-FSDP2-FP32": ({"precision": {**DDP_BF16, "grad_reduce": "fp32"}, "distributed": {"strategy": "fsdp2", "fsdp2": {"reduce_dtype": "bf16"}}},
+                               {"precision": {**DDP_BF16, "grad_reduce": "fp32"}, "distributed": {"strategy": "fsdp2", "fsdp2": {"reduce_dtype": "fp32"}}}),
+    "LEVELS-BACKEND": ({"precision": {**MSAMP, "optimizer_states": "fp8"}, "distributed": {"strategy": "ddp"}},
+                       {"precision": {**TAO, "optimizer_states": "fp8"}, "distributed": {"strategy": "ddp"}}),
+})
+
+
+def test_the_level_keys_default_to_todays_training():
+    from launcher.planning.read import defaults
+
+    p = defaults()["precision"]
+    assert (p["optimizer_states"], p["grad_reduce"], p["master_weights"]) == ("fp32", "auto", "fp32")
+    plan = plan_of({})
+    assert (plan.precision.optimizer_states, plan.precision.grad_reduce, plan.precision.master_weights) == ("fp32", "auto", "fp32")
+
+
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+def test_an_msamp_spec_that_cannot_run_here_names_its_native_keys(level):
+    """MSAMP-STACK, CPU-BACKEND and a missing MS-AMP name the keys that give the spec's opt level natively, and those keys
+    plan without an error (the O3 ones with FSDP2 on 2 ranks, where float8 all-gather applies)."""
+    from launcher.planning.levels import MSAMP_LEVELS, native_keys
+
+    strategy = {"strategy": "deepspeed", "deepspeed": {"zero_stage": 2}} if level == "O3" else {"strategy": "ddp"}
+    spec = {"precision": {**MSAMP, "msamp": {"opt_level": level}}, "distributed": strategy}
+    plan = plan_of(spec)
+    stack = [f for f in check(Facts(plan=plan, msamp_stack="MS-AMP 0.4.0 ... DeepSpeed 0.19.8."), "run") if f.rule.id == "MSAMP-STACK"]
+    missing = [f for f in check(Facts(plan=plan, missing_package="msamp"), "run") if f.rule.id == "BACKEND-MISSING"]
+    on_cpu = [f for f in check(Facts(plan=plan_of({**spec, "launch": {"device": "cpu"}})), "plan") if f.rule.id == "CPU-BACKEND"]
+    for finding in stack + missing + on_cpu:
+        assert native_keys(level) in finding.text and f"--preset msamp-{level.lower()}" in finding.text, finding.text
+    assert len(stack) == len(missing) == len(on_cpu) == 1
+    native: dict = {"distributed": {"procs_per_node": 2}}
+    for key, value in MSAMP_LEVELS[level].items():
+        node = native
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    native.setdefault("distributed", {}).setdefault("strategy", "ddp")
+    native["precision"]["torchao"] = {**native["precision"].get("torchao", {}), "skip_small": False}
+    assert not [f.rule.id for f in check(Facts(plan=plan_of(native)), "plan") if f.is_error]

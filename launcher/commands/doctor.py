@@ -209,8 +209,8 @@ def assess_plan(machine: Machine, plan: Plan) -> Support:
     reasons: dict[str, str | None] = {}  # reason -> rule id; ordered, without duplicates
 
     def missing(package: str) -> None:
-        detail = RULES_BY_ID["BACKEND-MISSING"].detail(Facts(plan=plan, missing_package=package))
-        reasons[with_fix(detail, f"install it: {INSTALL[package]}")] = "BACKEND-MISSING"
+        facts, rule = Facts(plan=plan, missing_package=package), RULES_BY_ID["BACKEND-MISSING"]
+        reasons[with_fix(rule.detail(facts), rule.fix_of(facts))] = "BACKEND-MISSING"
 
     if not machine.has("torch"):
         missing("torch")
@@ -254,6 +254,8 @@ def packages_needed(plan: Plan) -> list[str]:
 
     p = plan.precision
     out = [BACKEND_PACKAGE[q.plan.precision.backend] for q in phases(plan) if q.plan.precision.fp8]  # any phase that trains in FP8
+    if p.optimizer_states != "fp32" or p.master_weights == "bf16":  # torchao's low-bit Adam (launcher/train/optim_lowbit.py)
+        out.append("torchao")
     if p.fp8 and p.backend == "msamp" and p.msamp.use_te:
         out.append("transformer_engine")
     if plan.distributed.strategy == "deepspeed":
@@ -303,6 +305,33 @@ def synthetic_plan(mode: str, backend: str | None = None, recipe: str | None = N
     return resolve(source)
 
 
+@cache
+def level_plan(preset: str, procs: int = 1) -> Plan:
+    """MS-AMP's opt level as `fp8launch init --preset` writes it natively (launcher/planning/levels.py): torchao FP8 with
+    the level keys, under DDP (O1, O2) or FSDP2 (O3)."""
+    from launcher.planning.levels import MSAMP_LEVELS, PRESETS
+
+    spec: dict = {"version": 1, "name": "doctor", "distributed": {"strategy": "ddp", "procs_per_node": procs},
+                  "precision": {"torchao": {"skip_small": False}}}
+    for key, value in MSAMP_LEVELS[PRESETS[preset]].items():
+        node = spec
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    source = SpecSource(path="<doctor>", data=spec, sha256="")
+    validate(source)
+    return resolve(source)
+
+
+def assess_levels(machine: Machine) -> list[Support]:
+    """Whether each MS-AMP level runs here natively (`fp8launch init --preset msamp-oN`), labelled by its preset."""
+    from launcher.planning.levels import PRESETS
+
+    procs = max(1, len(machine.gpus))
+    return [dataclasses.replace(assess_plan(machine, level_plan(preset, procs)), recipe=f"{preset} natively") for preset in PRESETS]
+
+
 # --- reports ------------------------------------------------------------------------------------
 
 
@@ -314,6 +343,8 @@ class Diagnosis:
     supports: tuple[Support, ...]
     spec_path: str | None = None
     spec: Support | None = None
+    levels: tuple[Support, ...] = ()
+    """MS-AMP's opt levels natively (`init --preset msamp-oN`): whether each runs here."""
 
     @property
     def problem(self) -> str | None:
@@ -339,6 +370,7 @@ class Diagnosis:
         return {"machine": self.machine.to_json(), "support": [s.to_json() for s in self.supports],
                 "fp8_usable": fp8_usable(list(self.supports)),
                 "spec": None if self.spec is None else {"path": self.spec_path, **self.spec.to_json()},
+                "levels": [s.to_json() for s in self.levels],
                 "problem": self.problem}
 
     def text(self) -> str:
@@ -359,6 +391,11 @@ class Diagnosis:
         for label, s in grouped(self.supports):
             out.append(f"{label:<34} {'yes' if s.supported else 'no':<5} {s.note if s.supported else s.reasons[0]}")
             out += [f"{'':<40} {r}" for r in s.reasons[1:]]
+        if self.levels:
+            out += ["", "MS-AMP's levels natively (fp8launch init --preset ...; docs/precision.md):"]
+            for s in self.levels:
+                out.append(f"{s.label:<34} {'yes' if s.supported else 'no':<5} {s.note if s.supported else s.reasons[0]}")
+                out += [f"{'':<40} {r}" for r in s.reasons[1:]]
         if self.spec is not None:
             verdict = f"yes, {self.spec.note}" if self.spec.supported else "no"
             out += ["", f"{self.spec_path}: {self.spec.label}: {verdict}"]
@@ -390,4 +427,5 @@ def diagnose(machine: Machine, spec_path: str | None = None) -> Diagnosis:
         from launcher.commands.plan import plan_one
 
         spec = assess_plan(machine, plan_one(spec_path, out_dir="generated").plan)
-    return Diagnosis(machine=machine, supports=tuple(assess(machine)), spec_path=spec_path, spec=spec)
+    return Diagnosis(machine=machine, supports=tuple(assess(machine)), spec_path=spec_path, spec=spec,
+                     levels=tuple(assess_levels(machine)))

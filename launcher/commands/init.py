@@ -45,6 +45,8 @@ class Choices:
     procs_per_node: int | None = None
     out: str | None = None
     """The file to write; its name, when a valid spec name, is the default name."""
+    preset: str | None = None
+    """msamp-o1 | msamp-o2 | msamp-o3: MS-AMP's opt level with torchao and the level keys (launcher/planning/levels.py)."""
 
 
 @frozen
@@ -67,6 +69,11 @@ class Decision:
     """The detected hardware, for the header comment."""
     why: str
     """Why this precision, for the header comment and the command's output."""
+    preset: str | None = None
+    """The MS-AMP level written natively (msamp-o1 / o2 / o3), or None."""
+    optimizer_states: str = "fp32"
+    grad_reduce: str = "auto"
+    master_weights: str = "fp32"
 
     @property
     def smoke(self) -> bool:
@@ -78,13 +85,48 @@ class Decision:
 
     def summary(self) -> str:
         precision = " ".join(x for x in (self.mode, self.backend, self.recipe) if x)
+        if self.preset:
+            precision += (f" ({self.preset}: {self.optimizer_states} moments, gradients reduced in {self.grad_reduce}, "
+                          f"{self.master_weights} master weights)")
         engine = self.strategy + (" + compile" if self.compile else "") + (" + float8 all-gather" if self.float8_all_gather else "")
         return (f"{precision}, {engine}, {self.nodes} node{'s' * (self.nodes != 1)} x {self.procs_per_node} "
                 f"proc{'s' * (self.procs_per_node != 1)} on {'CPU' if self.smoke else 'GPU'}, {self.model}")
 
 
+def preset_keys(preset: str | None) -> dict:
+    """The spec keys of `--preset` (launcher/planning/levels.py), checked against nothing else yet."""
+    from launcher.planning.levels import MSAMP_LEVELS, PRESETS
+
+    return dict(MSAMP_LEVELS[PRESETS[preset]]) if preset else {}
+
+
+def check_preset(choices: Choices) -> None:
+    """A preset is MS-AMP's level with torchao: refuse the flags that contradict it (UsageError)."""
+    from launcher.errors import UsageError
+    from launcher.planning.levels import PRESETS
+
+    if choices.preset is None:
+        return
+    keys = preset_keys(choices.preset)
+    if choices.backend not in (None, "torchao"):
+        raise UsageError(f"--preset {choices.preset} is MS-AMP's {PRESETS[choices.preset]} level natively, with torchao's FP8; "
+                         f"--backend {choices.backend} contradicts it: drop --backend (or --preset)")
+    wanted = keys.get("distributed.strategy")
+    if wanted and choices.strategy not in (None, wanted):
+        raise UsageError(f"--preset {choices.preset} is MS-AMP's {PRESETS[choices.preset]} level: ZeRO-style sharding, natively "
+                         f"FSDP2; --strategy {choices.strategy} contradicts it: drop --strategy, or use --preset msamp-o2")
+    if choices.strategy == "deepspeed":
+        raise UsageError(f"--preset {choices.preset} sets precision.optimizer_states / grad_reduce / master_weights, which DeepSpeed "
+                         "does not take (rules LEVELS-DEEPSPEED, GRAD-REDUCE-DEEPSPEED): use --strategy fsdp2 or ddp")
+
+
 def decide(machine: Machine, choices: Choices = Choices()) -> Decision:
     """Resolve every value of the starter spec: the choices first, detection for the rest."""
+    check_preset(choices)
+    if choices.preset:
+        keys = preset_keys(choices.preset)
+        # O1 / O2: MS-AMP enters them through msamp.initialize under DDP, so DDP is their default; O3 is FSDP2
+        choices = dataclasses.replace(choices, backend="torchao", strategy=choices.strategy or keys.get("distributed.strategy", "ddp"))
     rows = {(s.backend, s.recipe): s for s in assess(machine) if s.fp8}
     backend = choices.backend
     if backend is None:
@@ -99,10 +141,12 @@ def decide(machine: Machine, choices: Choices = Choices()) -> Decision:
     compile_ = gpu_target and strategy == "fsdp2" and backend != "msamp"  # compile costs ~20 s of warm-up on CPU
     all_gather = backend == "torchao" and strategy == "fsdp2" and nodes * procs > 1
     hardware = machine.gpu_text() if machine.gpus else "a GPU machine (this one has no GPU)" if gpu_target else "a CPU-only machine"
+    levels = {k.removeprefix("precision."): v for k, v in preset_keys(choices.preset).items()
+              if k in ("precision.optimizer_states", "precision.grad_reduce", "precision.master_weights")}
     decision = Decision(
         name="", mode=mode, backend=backend, recipe=recipe, strategy=strategy, device="auto" if gpu_target else "cpu",
         model=model, nodes=nodes, procs_per_node=procs, compile=compile_, float8_all_gather=all_gather,
-        hardware=hardware, why=_why(machine, choices, backend, rows))
+        hardware=hardware, why=_why(machine, choices, backend, rows), preset=choices.preset, **levels)
     name = choices.name or (choices.out and name_from_path(choices.out)) or default_name(decision)
     return dataclasses.replace(decision, name=name)
 
@@ -113,6 +157,11 @@ def _high_precision(machine: Machine) -> str:
 
 
 def _why(machine: Machine, choices: Choices, backend: str | None, rows: dict) -> str:
+    if choices.preset:
+        from launcher.planning.levels import PRESETS
+
+        return (f"MS-AMP's {PRESETS[choices.preset]} level natively (--preset {choices.preset}): torchao FP8 GEMMs with the "
+                "optimizer states, gradient reduction and master weights that level keeps in 8 / 16 bits")
     if choices.backend:
         return f"fp8 with {backend}, as asked"
     if backend and machine.gpus:
@@ -142,7 +191,7 @@ def default_name(d: Decision) -> str:
     parts = [p for p in re.split(r"[:/?]", d.model) if p and p != "config.json"]
     word = parts[1] if d.model.startswith("builtin:") else parts[-1]
     short = re.sub(r"[^a-z0-9._-]+", "-", word.lower()).strip("-._")
-    parts = [short or "model", d.mode, d.backend, "cpu" if d.smoke else d.strategy]
+    parts = [short or "model", d.mode, d.backend, d.preset, "cpu" if d.smoke else d.strategy]
     return "-".join(p for p in parts if p)[:64].rstrip("-._")
 
 
@@ -171,6 +220,7 @@ def render_spec(d: Decision) -> str:
     ]
     if d.mode == "fp8":
         out += [f"backend = {toml_value(d.backend)}", _line('high_precision = "bf16"', "everything not in FP8")]
+        out += _level_lines(d)
         out += _backend_section(d)
     out += ["", "[distributed]", f"strategy = {toml_value(d.strategy)}", f"nodes = {d.nodes}",
             _line(f"procs_per_node = {d.procs_per_node}", "processes on one machine, over gloo" if d.smoke else "one process per GPU")]
@@ -194,6 +244,17 @@ def render_spec(d: Decision) -> str:
         out += [f"seq_len = {seq_len}", "micro_batch_size = 1", "steps = 1000", "lr = 3e-4", "warmup_steps = 100",
                 "log_every = 10", "checkpoint_every = 500"]
     return "\n".join(out) + "\n"
+
+
+def _level_lines(d: Decision) -> list[str]:
+    """The MS-AMP level's keys (--preset), each with what it keeps in how many bits."""
+    if not d.preset:
+        return []
+    lines = [_line(f"grad_reduce = {toml_value(d.grad_reduce)}", "gradient all-reduce / reduce-scatter in FP8, summed in fp32"),
+             _line(f"master_weights = {toml_value(d.master_weights)}", "bf16 weights, stochastic rounding, no fp32 copy")]
+    if d.optimizer_states != "fp32":
+        lines.append(_line(f"optimizer_states = {toml_value(d.optimizer_states)}", "Adam's moments in FP8 (torchao AdamWFp8)"))
+    return lines
 
 
 def _backend_section(d: Decision) -> list[str]:

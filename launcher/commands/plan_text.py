@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from launcher.errors import UsageError
+from launcher.planning.levels import reduce_payload
 from launcher.planning.memory import estimate, model_params
 from launcher.targets.files import Change
 from launcher.planning.plan import Plan
@@ -44,6 +45,9 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
         lines.append(f"  model states per GPU: pass --params N to estimate them ({plan.train.model.split(':')[0]}: models are sized when built)")
     if prediction is not None:
         lines.append(f"  {prediction.line()}")
+        if prediction.grad_comm_bytes:
+            lines.append(f"  gradient reduction: {prediction.grad_comm_bytes / 2**20:,.1f} MiB sent per rank and step in "
+                         f"{reduce_payload(plan)} (each step record's grad_comm_bytes measures it)")
     lines += phase_lines(plan, params)
     return "\n".join(lines)
 

@@ -21,7 +21,6 @@ from typing import Mapping
 
 from launcher.commands.doctor import packages_needed
 from launcher.errors import EnvironmentProblem, with_fix
-from launcher.planning.install import INSTALL
 from launcher.planning.plan import Plan
 from launcher.planning.rules import RULES_BY_ID, Facts
 from launcher.planning.rules import check as check_rules
@@ -39,8 +38,9 @@ def check(plan: Plan, *, local: bool, gpu_here: bool | None = None, environ: Map
         return
     for package in ["torch", *packages_needed(plan)]:
         if not importable(package):
-            detail = RULES_BY_ID["BACKEND-MISSING"].detail(Facts(plan=plan, missing_package=package))
-            raise EnvironmentProblem(with_fix(detail, f"install it: {INSTALL[package]}"), rule="BACKEND-MISSING")
+            facts = Facts(plan=plan, missing_package=package)
+            rule = RULES_BY_ID["BACKEND-MISSING"]
+            raise EnvironmentProblem(with_fix(rule.detail(facts), rule.fix_of(facts)), rule="BACKEND-MISSING")
     facts = Facts(plan=plan, msamp_stack=msamp_problem(plan.distributed.strategy), libaio=libaio_present(environ))
     for finding in check_rules(facts, "run"):
         if finding.is_error:

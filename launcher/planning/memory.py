@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.planning.levels import MOMENTS, STATE_BYTES
 from launcher.planning.models import builtin_config
 from launcher.planning.plan import Plan
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-STATES_PER_PARAM = {"adamw": 2, "adam": 2, "sgd": 0}  # exp_avg + exp_avg_sq; plain SGD (no momentum) keeps none
+STATES_PER_PARAM = MOMENTS  # exp_avg + exp_avg_sq; plain SGD (no momentum) keeps none
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +136,11 @@ def model_states(plan: Plan, params: int) -> tuple[MemoryRow, ...]:
     states = STATES_PER_PARAM[plan.train.optimizer]
     hp = p.compute_dtype
     rows: list[MemoryRow]
+    # precision.optimizer_states: the moments' bytes (codes + block scales for fp8 / int8; torchao keeps tensors under
+    # 4096 values in full precision, a rounding error for a real model); precision.master_weights = "bf16": the
+    # parameters and their gradients are bf16 and there is no fp32 copy (launcher/planning/levels.py)
+    state_dtype, state_bytes = p.optimizer_states, states * STATE_BYTES[p.optimizer_states]
+    weight_dtype = "bf16" if p.master_weights == "bf16" else "fp32"
 
     if p.fp8 and p.backend == "msamp":
         # MS-AMP keeps FP8 weights and gradients (ScalingTensor); O2+ also FP16 master weights and
@@ -155,8 +161,9 @@ def model_states(plan: Plan, params: int) -> tuple[MemoryRow, ...]:
         tp = d.tensor_parallel
         n = d.data_parallel * tp
         layout = f"dp {d.data_parallel} x tp {tp}" if tp > 1 else ""
-        rows = [MemoryRow("params", "fp32", 4, n, off, layout), MemoryRow("grads", "fp32", 4, n, off, layout),
-                MemoryRow("optimizer_states", "fp32", 4 * states, n, off, layout)]
+        rows = [MemoryRow("params", weight_dtype, BYTES[weight_dtype], n, off, layout),
+                MemoryRow("grads", weight_dtype, BYTES[weight_dtype], n, off, layout),
+                MemoryRow("optimizer_states", state_dtype, state_bytes, n, off, layout)]
     elif d.strategy == "deepspeed":
         z, ds = d.deepspeed.zero_stage, d.deepspeed
         low = hp in ("bf16", "fp16")
@@ -166,8 +173,9 @@ def model_states(plan: Plan, params: int) -> tuple[MemoryRow, ...]:
         if low:
             rows.append(MemoryRow("master_weights", "fp32", 4, n if z >= 1 else 1, ds.offload_optimizer != "none"))
         rows.append(MemoryRow("optimizer_states", "fp32", 4 * states, n if z >= 1 else 1, ds.offload_optimizer != "none"))
-    else:  # DDP: everything replicated; autocast computes in the low dtype from fp32 weights
-        rows = [MemoryRow("params", "fp32", 4, 1), MemoryRow("grads", "fp32", 4, 1), MemoryRow("optimizer_states", "fp32", 4 * states, 1)]
+    else:  # DDP: everything replicated; autocast computes in the low dtype from fp32 weights (or bf16 master weights)
+        rows = [MemoryRow("params", weight_dtype, BYTES[weight_dtype], 1), MemoryRow("grads", weight_dtype, BYTES[weight_dtype], 1),
+                MemoryRow("optimizer_states", state_dtype, state_bytes, 1)]
 
     if p.fp8 and p.backend == "te" and p.te.fp8_params:
         # quantized_model_init keeps FP8 weights (1 byte, counted for every parameter: the swapped Linears hold nearly all).
@@ -200,8 +208,8 @@ def _compute_bytes(plan: Plan) -> int:
 
 def _residual_bytes(plan: Plan) -> int:
     """The residual stream's dtype: fp32 where the parameters are fp32 (DDP, fp32 runs: the
-    embedding's output is fp32), else the compute dtype (FSDP2's param_dtype, DeepSpeed's cast)."""
-    if plan.precision.compute_dtype == "fp32" or plan.distributed.strategy == "ddp":
+    embedding's output is fp32), else the compute dtype (FSDP2's param_dtype, DeepSpeed's cast, bf16 master weights)."""
+    if plan.precision.compute_dtype == "fp32" or (plan.distributed.strategy == "ddp" and plan.precision.master_weights != "bf16"):
         return 4
     return _compute_bytes(plan)
 
@@ -244,8 +252,8 @@ def weight_copy_bytes(plan: Plan, cfg, checkpointed: int = 0) -> float:
     the head, kept in high precision, is copied then."""
     from launcher.planning.models import linear_params_per_layer
 
-    if plan.distributed.strategy != "ddp" or plan.precision.compute_dtype == "fp32":
-        return 0.0
+    if plan.distributed.strategy != "ddp" or plan.precision.compute_dtype == "fp32" or plan.precision.master_weights == "bf16":
+        return 0.0  # (bf16 master weights are bf16 already: autocast has nothing to copy)
     n = cfg.dim * cfg.vocab_size
     if not plan.precision.fp8:
         n += (cfg.n_layers - checkpointed) * linear_params_per_layer(cfg)

@@ -101,6 +101,12 @@ class PrecisionConfig:
     """Later precision phases (launcher/planning/schedule.py)."""
     keep: tuple[str, ...]
     """fnmatch globs of module FQNs kept in high precision."""
+    optimizer_states: str = "fp32"
+    """fp32 | bf16 | fp8 | int8: dtype of Adam's moments (launcher/train/optim_lowbit.py)."""
+    grad_reduce: str = "auto"
+    """auto | fp32 | bf16 | fp8: payload of the gradient all-reduce / reduce-scatter (launcher/train/grad_reduce.py)."""
+    master_weights: str = "fp32"
+    """fp32 | bf16: bf16 parameters updated with stochastic rounding, no fp32 copy."""
     torchao: TorchaoConfig
     te: TEConfig
     msamp: MsampConfig

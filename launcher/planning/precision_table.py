@@ -53,7 +53,7 @@ def precision_table(plan: Plan) -> dict[str, str]:
     grad_reduce = "fp32"
 
     if d.strategy == "ddp":
-        grad_reduce = "fp32 (gradients of fp32 weights)"
+        grad_reduce = "bf16 (gradients of bf16 master weights)" if p.master_weights == "bf16" else "fp32 (gradients of fp32 weights)"
     elif d.strategy == "fsdp2":
         weight_comm = hp
         grad_reduce = d.fsdp2.reduce_dtype
@@ -73,19 +73,39 @@ def precision_table(plan: Plan) -> dict[str, str]:
         gemm = "fp8 e4m3 fwd / e5m2 grads (MS-AMP)"
         grad_reduce = "fp8 (MS-AMP scaled all-reduce)"
 
+    if p.grad_reduce != "auto" and d.strategy in ("ddp", "fsdp2"):
+        grad_reduce = _GRAD_REDUCE[p.grad_reduce][d.strategy]
+    weight_grads = "fp8 (MS-AMP)" if p.fp8 and p.backend == "msamp" else grad_reduce.split(" ")[0]
+    if p.grad_reduce == "fp8":  # FP8 on the wire only: the gradients are accumulated in the parameters' dtype
+        weight_grads = rows["grads"].dtype
+
     table = {
         "gemm": gemm,
         "other_compute": hp,
         "weights": stored,
         "weight_comm": weight_comm,
         "grad_reduce": grad_reduce,
-        "weight_grads": "fp8 (MS-AMP)" if p.fp8 and p.backend == "msamp" else grad_reduce.split(" ")[0],
+        "weight_grads": weight_grads,
         "master_weights": master,
         "optimizer_states": states,
     }
     if d.tensor_parallel > 1:
         table["tp_comm"] = tp_comm(plan)
     return table
+
+
+_GRAD_REDUCE = {
+    "fp8": {"ddp": "fp8 e4m3, one fp32 scale per 256 values (communication hook: reduce-scatter + all-gather, fp32 sum)",
+            "fsdp2": "fp8 e4m3, one fp32 scale per 256 values (custom reduce-scatter, fp32 sum)"},
+    "bf16": {"ddp": "bf16 (communication hook)", "fsdp2": "bf16 (custom reduce-scatter)"},
+    "fp32": {"ddp": "fp32 (communication hook)", "fsdp2": "fp32 (custom reduce-scatter)"},
+}
+"""precision.grad_reduce -> strategy -> the payload as the gradient reduction sends it (launcher/train/grad_reduce.py)."""
+
+_STATES = {"fp8": "fp8 e4m3 first and second moment, one fp32 scale per 256 values (torchao AdamWFp8)",
+           "int8": "8-bit dynamic-tree codes, one fp32 scale per 256 values (torchao AdamW8bit)",
+           "bf16": "bf16 first and second moment"}
+"""precision.optimizer_states -> the moments as fp8launch's optimizer keeps them (launcher/train/optim_lowbit.py)."""
 
 
 def tp_comm(plan: Plan) -> str:
@@ -113,6 +133,8 @@ def _stored(plan: Plan, rows: dict) -> str:
 
 def _master(plan: Plan, rows: dict) -> str:
     row = rows.get("master_weights")
+    if row is None and plan.precision.master_weights == "bf16":
+        return "bf16: the stored weights, updated with stochastic rounding (no fp32 copy)"
     if row is None:  # the optimizer steps the stored weights themselves
         return f"{rows['params'].dtype} (the stored weights)"
     if _msamp(plan):
@@ -127,4 +149,4 @@ def _states(row) -> str:
         return "none (plain SGD)"
     if row.dtype == "fp8+fp16":
         return "fp8 first moment, fp16 second moment"
-    return row.dtype
+    return _STATES.get(row.dtype, row.dtype)

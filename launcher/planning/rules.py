@@ -126,6 +126,11 @@ def _counted(reasons) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
+MSAMP_OWN_ENVIRONMENT = ("run MS-AMP in its own environment (torch 2.1-2.2, Transformer Engine 1.1-1.7, DeepSpeed 0.13.1: "
+                         "its Docker image ghcr.io/azure/msamp)")
+"""Where MS-AMP 0.4 still runs (rule MSAMP-STACK)."""
+
+
 def _speed_matters(f: Facts) -> bool:
     """A GPU run: on launch.device = "cpu" FP8 runs torch's reference kernels for numerics and the pipeline, and
     advice about GPU speed is noise (a CPU smoke spec would fail `plan --strict` for nothing)."""
@@ -398,7 +403,8 @@ RULES: tuple[Rule, ...] = (
          when='launch.device = "cpu" with backend te or msamp',
          why="Transformer Engine and MS-AMP run only on CUDA GPUs; torchao FP8 is the backend that runs on CPU.",
          fix='set precision.backend = "torchao", or launch.device = "cuda"',
-         condition=lambda f: (_fp8(f, "te") or _fp8(f, "msamp")) and f.plan.launch.device == "cpu"),
+         condition=lambda f: (_fp8(f, "te") or _fp8(f, "msamp")) and f.plan.launch.device == "cpu",
+         fix_for=lambda f: _msamp_level_fix(f, 'set launch.device = "cuda"') if _fp8(f, "msamp") else RULES_BY_ID["CPU-BACKEND"].fix),
     Rule(id="ACCELERATE-UNSUPPORTED", severity="error", stage="plan",
          when="export.accelerate with a recipe Accelerate's config file cannot select (torchao rowwise*, TE current/block/nvfp4), or kept blocks",
          why="accelerate.yaml selects torchao's default (tensorwise) and TE's DelayedScaling or MXFP8 only; writing it anyway would train with another recipe than the spec says.",
@@ -430,7 +436,8 @@ RULES: tuple[Rule, ...] = (
          fix="install it: " + "; ".join(f"{name}: {INSTALL[package]}" for name, package in
                                         (("torchao", "torchao"), ("te", "transformer_engine"), ("msamp", "msamp"), ("deepspeed", "deepspeed"))),
          condition=lambda f: f.missing_package is not None,
-         detail=lambda f: f"the {f.missing_package} package is not importable here."),
+         detail=lambda f: f"the {f.missing_package} package is not importable here.",
+         fix_for=lambda f: backend_missing_fix(f.plan, f.missing_package) if f.missing_package else RULES_BY_ID["BACKEND-MISSING"].fix),
     # --- issue 10: real-scale memory and GPU-only faults ---
     Rule(id="MEMORY-EXCEEDS-GPU", severity="warning", stage="plan",
          when="the memory estimate (model states + activations) of a GPU plan exceeds the memory of launch.gpu",
@@ -747,7 +754,8 @@ RULES += (
          why="MS-AMP's last release is 0.4.0 (2024-02); it needs Transformer Engine <= 1.7 and, through DeepSpeed, DeepSpeed 0.13 "
              "(it pins 0.13.1), and Accelerate marks it deprecated. Plan for torchao or Transformer Engine.",
          fix='set precision.backend = "torchao" (or "te")',
-         condition=lambda f: _fp8(f, "msamp")),
+         condition=lambda f: _fp8(f, "msamp"),
+         fix_for=lambda f: _msamp_level_fix(f, 'set precision.backend = "te"')),
     Rule(id="EFFECT-MISSING", severity="error", stage="run",
          when="after setup, before step 1: a feature the spec asks for did not take effect on the live objects (the start "
               "record's effects: compiled and checkpointed blocks, fullgraph, FSDP2's all-gather dtype, the optimizer class, "
@@ -763,10 +771,10 @@ RULES += (
               "DeepSpeed integration, or neither installed)",
          why="MS-AMP 0.4 imports transformer_engine_extensions (renamed transformer_engine_torch in TE 1.8) and, for DeepSpeed, "
              "AMP from deepspeed.runtime.engine (removed after DeepSpeed 0.13).",
-         fix="run MS-AMP in its own environment (torch 2.1-2.2, Transformer Engine 1.1-1.7, DeepSpeed 0.13.1: its Docker image "
-             'ghcr.io/azure/msamp), or set precision.backend = "torchao" (or "te")',
+         fix=MSAMP_OWN_ENVIRONMENT + ', or set precision.backend = "torchao" (or "te")',
          condition=lambda f: _fp8(f, "msamp") and f.msamp_stack is not None,
-         detail=lambda f: f.msamp_stack),
+         detail=lambda f: f.msamp_stack,
+         fix_for=lambda f: _msamp_level_fix(f, MSAMP_OWN_ENVIRONMENT)),
 )
 
 def _block(f: Facts) -> str | None:
@@ -1214,3 +1222,114 @@ _TE_RULES: tuple[Rule, ...] = (
 
 RULES += _TE_RULES
 RULES_BY_ID.update({r.id: r for r in _TE_RULES})
+
+
+# --- MS-AMP's levels natively (issue 30): optimizer states, gradient reduction, master weights ---------------------
+
+def _levels_asked(f: Facts) -> list[str]:
+    """The level keys this plan sets to something other than their default, as 'key = "value"'."""
+    p = f.plan.precision
+    asked = (("optimizer_states", p.optimizer_states, "fp32"), ("grad_reduce", p.grad_reduce, "auto"),
+             ("master_weights", p.master_weights, "fp32"))
+    return [f'precision.{k} = "{v}"' for k, v, default in asked if v != default]
+
+
+def _states_or_master(f: Facts) -> list[str]:
+    return [k for k in _levels_asked(f) if not k.startswith("precision.grad_reduce")]
+
+
+def backend_missing_fix(plan: Plan, package: str) -> str:
+    """How to get a missing package; for MS-AMP also its opt level natively (it is on no package index)."""
+    fix = f"install it: {INSTALL[package]}"
+    return _msamp_level_fix(Facts(plan=plan), fix) if package == "msamp" and plan.precision.backend == "msamp" else fix
+
+
+def _msamp_level_fix(f: Facts, first: str) -> str:
+    """`first`, or MS-AMP's opt level natively (launcher/planning/levels.py)."""
+    from launcher.planning.levels import native_fix
+
+    return f"{first}, or use {native_fix(f.plan.precision.msamp.opt_level)}"
+
+
+_LEVEL_RULES: tuple[Rule, ...] = (
+    Rule(id="OPTIMIZER-STATES-SGD", severity="error", stage="plan",
+         when="precision.optimizer_states != fp32 with train.optimizer = sgd",
+         why="fp8launch's SGD is plain SGD without momentum: it keeps no optimizer states, so there is nothing to store in "
+             "8 or 16 bits; the setting would be a silent no-op.",
+         fix='set precision.optimizer_states = "fp32", or train.optimizer = "adamw" (its two moments then take that dtype)',
+         condition=lambda f: f.plan.precision.optimizer_states != "fp32" and f.plan.train.optimizer == "sgd",
+         detail=lambda f: f'precision.optimizer_states = "{f.plan.precision.optimizer_states}" with train.optimizer = "sgd": '
+             "plain SGD (no momentum) keeps no optimizer states."),
+    Rule(id="MASTER-WEIGHTS-OPTIMIZER", severity="error", stage="plan",
+         when='precision.master_weights = "bf16" with train.optimizer = sgd',
+         why="bf16 weights without an fp32 copy need their update rounded stochastically, or every update smaller than half a "
+             "bf16 step (2^-8 of the weight) is lost; fp8launch does that in torchao's Adam kernel (bf16_stochastic_round), "
+             "which SGD does not go through.",
+         fix='set train.optimizer = "adamw" (or "adam"), or precision.master_weights = "fp32"',
+         condition=lambda f: f.plan.precision.master_weights == "bf16" and f.plan.train.optimizer == "sgd"),
+    Rule(id="MASTER-WEIGHTS-COMPUTE", severity="error", stage="plan",
+         when='precision.master_weights = "bf16" with a compute dtype other than bf16 (precision.mode fp32 / fp16, or fp8 '
+              "with high_precision fp32 / fp16)",
+         why="bf16 master weights are the parameters themselves: the model computes from bf16 weights, which an fp32 run "
+             "would have to upcast everywhere (it does not: the GEMMs would fail on mixed dtypes) and an fp16 run would round "
+             "again to fp16's narrower range.",
+         fix='set precision.mode = "bf16" (or precision.high_precision = "bf16" with fp8), or precision.master_weights = "fp32"',
+         condition=lambda f: f.plan.precision.master_weights == "bf16" and f.plan.precision.compute_dtype != "bf16",
+         detail=lambda f: f'precision.master_weights = "bf16" in a {f.plan.precision.compute_dtype} run: the model would compute '
+             "from bf16 weights in another dtype."),
+    Rule(id="LEVELS-DEEPSPEED", severity="error", stage="plan",
+         when="precision.optimizer_states != fp32 or precision.master_weights = bf16 with strategy deepspeed",
+         why="DeepSpeed's ZeRO optimizer keeps its own fp32 master partitions (bf16 / fp16 runs) and steps the optimizer on flat "
+             "partitions whose sizes follow the world size, not torchao's 256-value blocks, so neither 8-bit states nor a "
+             "bf16-only master would take effect as asked. FSDP2 is ZeRO-3's sharding with per-parameter shards torchao's "
+             "optimizers step.",
+         fix='set distributed.strategy = "fsdp2" (ZeRO-3-style sharding) or "ddp"; or precision.optimizer_states = "fp32" and '
+             'precision.master_weights = "fp32"',
+         condition=lambda f: _ds(f) and bool(_states_or_master(f)),
+         detail=lambda f: " and ".join(_states_or_master(f)) + " with DeepSpeed, whose ZeRO optimizer keeps fp32 master partitions "
+             "and steps flat partitions: the setting would not take effect."),
+    Rule(id="GRAD-REDUCE-DEEPSPEED", severity="error", stage="plan",
+         when="precision.grad_reduce != auto with strategy deepspeed",
+         why="DeepSpeed reduces gradients in its own reducer and ZeRO optimizer (bucketed reduce / reduce-scatter), which take "
+             "no communication hook; its nearest setting is communication_data_type (fp32, fp16 or bf16 payloads, no FP8), which "
+             "follows the model's dtype by default: bf16 in a bf16 run, half of fp32's bytes.",
+         fix='set precision.grad_reduce = "auto" (DeepSpeed reduces in the model\'s dtype: bf16 with precision.high_precision = '
+             '"bf16"), or distributed.strategy = "ddp" or "fsdp2" for an FP8 reduction',
+         condition=lambda f: _ds(f) and f.plan.precision.grad_reduce != "auto",
+         detail=lambda f: f'precision.grad_reduce = "{f.plan.precision.grad_reduce}" with DeepSpeed, whose own reducer takes no '
+             "custom reduction (its nearest setting, communication_data_type, has no FP8 and follows the model's dtype)."),
+    Rule(id="GRAD-REDUCE-FSDP2-FP32", severity="error", stage="plan",
+         when='precision.grad_reduce = "fp32" with strategy fsdp2 and distributed.fsdp2.reduce_dtype = "bf16"',
+         why="FSDP2 casts the gradients to its MixedPrecisionPolicy's reduce_dtype before the reduce-scatter: they are already "
+             "rounded to bf16 when the payload is chosen, and sending them as fp32 doubles the bytes for nothing.",
+         fix='set distributed.fsdp2.reduce_dtype = "fp32" (gradients reduced and summed in fp32), or precision.grad_reduce = "auto"',
+         condition=lambda f: _strategy(f) == "fsdp2" and f.plan.precision.grad_reduce == "fp32"
+             and f.plan.distributed.fsdp2.reduce_dtype == "bf16"),
+    Rule(id="LEVELS-BACKEND", severity="error", stage="plan",
+         when="precision.optimizer_states, grad_reduce or master_weights set with backend msamp; master_weights = bf16 with "
+              "backend te; optimizer_states != fp32 with precision.te.fp8_params",
+         why="MS-AMP sets all three itself from precision.msamp.opt_level (its FP8 all-reduce, LBAdamW's fp8 / fp16 moments, "
+             "fp16 master weights); Transformer Engine's modules are built in their own dtype when swapped in (a bf16 master "
+             "copy would be replaced), and with fp8_params TE's FusedAdam keeps the fp32 master and the states.",
+         fix='set precision.msamp.opt_level for MS-AMP (or precision.backend = "torchao" for these keys); with te, leave '
+             'precision.master_weights = "fp32" and, with fp8_params, precision.optimizer_states = "fp32"',
+         condition=lambda f: bool(_levels_backend(f)),
+         detail=lambda f: _levels_backend(f)),
+)
+
+
+def _levels_backend(f: Facts) -> str:
+    p = f.plan.precision
+    if _fp8(f, "msamp") and _levels_asked(f):
+        return (" and ".join(_levels_asked(f)) + f" with MS-AMP, which sets its optimizer states, gradient reduction and master "
+                f"weights from precision.msamp.opt_level = \"{p.msamp.opt_level}\".")
+    if _fp8(f, "te") and p.master_weights == "bf16":
+        return 'precision.master_weights = "bf16" with Transformer Engine, whose swapped-in modules are built in their own dtype.'
+    if _fp8(f, "te") and p.te.fp8_params and p.optimizer_states != "fp32":
+        return (f'precision.optimizer_states = "{p.optimizer_states}" with precision.te.fp8_params, whose FusedAdam keeps the '
+                "fp32 master weights and the states.")
+    return ""
+
+
+RULES += _LEVEL_RULES
+RULES_BY_ID.update({r.id: r for r in _LEVEL_RULES})

@@ -130,6 +130,15 @@ ELSEWHERE: dict[str, str] = {
     "precision.te.interval": "removed in Transformer Engine 2.2; rule TE-REMOVED-KEY refuses it",
     "precision.te.override_linear_precision": "removed in Transformer Engine 2.2; rule TE-REMOVED-KEY refuses it",
     "precision.msamp.use_te": "tests/train/test_precision_msamp.py",
+    "precision.optimizer_states": "tests/e2e/test_levels.py (fp8 under DDP and FSDP2 with resume; int8 and bf16 trained by "
+                                  "test_every_level_value_trains; each against its measured bytes); tests/train/test_levels.py; "
+                                  "rules OPTIMIZER-STATES-SGD, LEVELS-DEEPSPEED, LEVELS-BACKEND",
+    "precision.grad_reduce": "tests/e2e/test_levels.py (fp8 under DDP and FSDP2, bf16 and fp32 by test_every_level_value_trains; "
+                             "auto: every run of the matrix above, its effects.grad_reduce checked); tests/train/test_levels.py "
+                             "(the FP8 collectives on two ranks); rules GRAD-REDUCE-DEEPSPEED, GRAD-REDUCE-FSDP2-FP32",
+    "precision.master_weights": "tests/e2e/test_levels.py (bf16 under FSDP2 with float8 all-gather, resumed and exported; under "
+                                "DDP by test_every_level_value_trains); tests/train/test_levels.py (stochastic rounding); rules "
+                                "MASTER-WEIGHTS-OPTIMIZER, MASTER-WEIGHTS-COMPUTE, LEVELS-DEEPSPEED",
     "distributed.nodes": "tests/e2e/test_runs.py::test_two_nodes_on_loopback, tests/test_slurm.py (two SLURM nodes)",
     "distributed.procs_per_node": "every run (the CPU matrix uses 2)",
     "distributed.expert_parallel": "tests/e2e/test_moe.py (builtin:moe-debug, expert_parallel = 2 on 2 processes; resume); rules MOE-*, EP-*",

@@ -24,6 +24,14 @@ Each effect, and where it is read:
 - fp8_weights (only where the model stores weights in FP8: Transformer Engine's precision.te.fp8_params):
   {"count": parameters stored as TE quantized tensors, "master": the dtype of the optimizer's master copy of
   them ("master_param" in TE FusedAdam's state; None where it keeps none)}.
+- optimizer_states: the Adam moments' dtype in precision.optimizer_states' words, read from the optimizer's state
+  tensors (torchao's OptimStateFp8 / OptimState8bit: "fp8" / "int8"), which fp8launch's low-bit optimizers create
+  with the optimizer; torch's own Adam creates its moments at the first step as zeros_like each parameter, so before
+  it they are named by the parameters' dtype; "none" for SGD;
+- grad_reduce: the payload of the gradient reduction (fp32 | bf16 | fp8 ...): the DDP communication hook's, FSDP2's
+  custom reduce-scatter's or mixed-precision policy's, DeepSpeed's communication dtype (launcher/train/grad_reduce.py);
+- master_weights: the dtype of the weights the optimizer updates (most of them by count), "bf16" only where the
+  optimizer also rounds into them stochastically.
 """
 
 from __future__ import annotations
@@ -45,7 +53,8 @@ DEVICE, CPU, NVME = "device", "cpu", "nvme"
 """Where parameters and optimizer states live: with the compute ("device"), in host memory, on NVMe."""
 
 EFFECT_KEYS = ("all_gather_dtype", "compiled_blocks", "fullgraph", "checkpointed_blocks", "optimizer", "offload",
-               "tensor_parallel", "async_tp", "expert_parallel", "monitor_hooks")
+               "tensor_parallel", "async_tp", "expert_parallel", "monitor_hooks", "optimizer_states", "grad_reduce",
+               "master_weights")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -152,6 +161,42 @@ def optimizer_class(engine: Engine) -> str:
     return type(basic if basic is not None else engine.optimizer).__name__
 
 
+def _stepped(optimizer) -> list[torch.Tensor]:
+    return [q for group in getattr(optimizer, "param_groups", []) for q in group["params"]]
+
+
+def _by_count(named: list[tuple[str, int]]) -> str | None:
+    counts: dict[str, int] = {}
+    for name, n in named:
+        counts[name] = counts.get(name, 0) + n
+    return max(counts, key=counts.get) if counts else None
+
+
+def optimizer_states(engine: Engine) -> str:
+    """The moments' dtype as built (see the module's docstring)."""
+    from launcher.train.grad_reduce import dtype_name
+    from launcher.train.optim_lowbit import states_dtype
+
+    optimizer = engine.stepping_optimizer()
+    found = states_dtype(optimizer)
+    if found is not None:
+        return found
+    if not any(k in getattr(optimizer, "defaults", {}) for k in ("betas", "exp_avg_dtype")):  # plain SGD: no moments
+        return "none"
+    return _by_count([(dtype_name(q.dtype), q.numel()) for q in _stepped(optimizer)]) or "none"
+
+
+def master_weights(engine: Engine) -> str:
+    """The dtype of the weights the optimizer updates (see the module's docstring)."""
+    from launcher.train.grad_reduce import dtype_name
+
+    optimizer = engine.stepping_optimizer()
+    found = _by_count([(dtype_name(q.dtype), q.numel()) for q in _stepped(optimizer)]) or "none"
+    if found == "bf16" and not getattr(optimizer, "bf16_stochastic_round", False):
+        return "bf16 (rounded to nearest)"
+    return found
+
+
 def offload(engine: Engine) -> dict[str, str]:
     """Where parameters and optimizer states live, from the engine's own objects."""
     params = _fsdp_params(engine.model) if engine.name == "fsdp2" else []
@@ -195,6 +240,7 @@ def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None
     """Every effect (EFFECT_KEYS) of the wrapped model, its optimizer and the monitor; `fp8_weights` where the
     model stores FP8 weights."""
     from launcher.train.expert_parallel import expert_parallel_degree
+    from launcher.train.grad_reduce import payload_of
     from launcher.train.tensor_parallel import async_tp_active
 
     group = tp_group(engine.module)
@@ -208,6 +254,9 @@ def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None
         "async_tp": async_tp_active(group.group_name) if group is not None else False,
         "expert_parallel": expert_parallel_degree(engine.module),
         "monitor_hooks": len(monitor.targets) if monitor is not None else 0,
+        "optimizer_states": optimizer_states(engine),
+        "grad_reduce": payload_of(engine),
+        "master_weights": master_weights(engine),
     }
 
 
@@ -236,10 +285,13 @@ def fp8_module_ids(model: nn.Module, precision: Precision) -> set[int]:
 
 AT_LEAST_ONE = "at least 1"
 
-OPTIMIZERS = {"adamw": ("AdamW", "LBAdamW", "DeepSpeedCPUAdam", "FusedAdam", "DSAdam"),
-              "adam": ("Adam", "LBAdam", "DeepSpeedCPUAdam", "FusedAdam", "DSAdam"),
+OPTIMIZERS = {"adamw": ("AdamW", "LBAdamW", "DeepSpeedCPUAdam", "FusedAdam", "DSAdam", "AdamWFp8", "AdamW8bit", "AdamWBf16States",
+                        "AdamWFp32States"),
+              "adam": ("Adam", "LBAdam", "DeepSpeedCPUAdam", "FusedAdam", "DSAdam", "AdamFp8", "Adam8bit", "AdamBf16States",
+                       "AdamFp32States"),
               "sgd": ("SGD",)}
-"""train.optimizer -> the classes that implement it (torch's, MS-AMP's, DeepSpeed's with its Adam mode)."""
+"""train.optimizer -> the classes that implement it (torch's, MS-AMP's, DeepSpeed's with its Adam mode, torchao's low-bit
+ones and launcher/train/optim_lowbit.py's)."""
 
 
 def expected(plan: Plan, n_blocks: int) -> dict[str, tuple[str, Any]]:
@@ -279,6 +331,12 @@ def expected(plan: Plan, n_blocks: int) -> dict[str, tuple[str, Any]]:
         out["fp8_weights.master"] = ("precision.te.fp8_params", "float32")
         if d.strategy == "fsdp2" and p.te.recipe in ("delayed", "current"):
             out["all_gather_dtype"] = ("precision.te.fp8_params", ("float8_e4m3fn", "float8_e5m2"))
+    if p.optimizer_states != "fp32":
+        out["optimizer_states"] = ("precision.optimizer_states", p.optimizer_states)
+    if p.grad_reduce != "auto":
+        out["grad_reduce"] = ("precision.grad_reduce", p.grad_reduce)
+    if p.master_weights != "fp32":
+        out["master_weights"] = ("precision.master_weights", p.master_weights)
     return out
 
 
@@ -323,6 +381,12 @@ def effects_line(effects: dict[str, Any]) -> str:
     """The start line: what took effect, compactly."""
     off = effects["offload"]
     parts = [f"optimizer {effects['optimizer']}"]
+    if effects.get("optimizer_states") not in (None, "fp32", "none"):
+        parts[0] += f" ({effects['optimizer_states']} moments)"
+    if effects.get("master_weights") not in (None, "fp32", "none"):
+        parts.append(f"master weights {effects['master_weights']}")
+    if effects.get("grad_reduce") not in (None, "fp32"):
+        parts.append(f"gradients reduced in {effects['grad_reduce']}")
     if effects["all_gather_dtype"]:
         parts.append(f"FSDP2 all-gathers {effects['all_gather_dtype']}")
     if effects["compiled_blocks"]:

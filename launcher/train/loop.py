@@ -121,6 +121,8 @@ class StepResult:
     skipped: bool
     stop: str | None = None
     """The signal some rank got before this step's all-reduce ("SIGTERM"): every rank stops after this step."""
+    grad_comm_bytes: int | None = None
+    """Bytes this rank sent for the step's gradient reduction (launcher/train/grad_reduce.py); None: not known."""
 
 
 class Trainer:
@@ -176,6 +178,7 @@ class Trainer:
             loss_sum += loss.detach().float()
         with annotate("fp8launch.optimizer"):
             norm = engine.clip_grad_norm(t.max_grad_norm)
+        comm_bytes = engine.grad_comm_bytes()  # after the last backward (the default reductions count its gradients)
         # One collective per step: every rank sees the same loss and the same stop flag, so every
         # rank takes the same branches below and stops after the same step.
         stop_here = preempt.requested()
@@ -200,7 +203,8 @@ class Trainer:
         self.state.losses.append(loss_value)
         stop = (stop_here or "SIGTERM") if stops > 0 else None
         self.state.last_step_time_s = step_time = self._timer.stop()
-        return StepResult(loss=loss_value, grad_norm=norm_value, step_time_s=step_time, lr=lr, skipped=skipped, stop=stop)
+        return StepResult(loss=loss_value, grad_norm=norm_value, step_time_s=step_time, lr=lr, skipped=skipped, stop=stop,
+                          grad_comm_bytes=comm_bytes)
 
     def _loss_of(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The loss, as the profiler's loss part. Takes the logits so that no caller's frame keeps them alive through
@@ -262,6 +266,9 @@ class Trainer:
             throughput=self.throughput, peak_mem_gib=peak_memory_gib(self.device), grad_norm=norms[-1] if norms else None,
         )
         record["skipped_steps"] = self.state.skipped_steps
+        # measured, not assumed: the live optimizer state and what this rank sent for the last step's gradients
+        record["optimizer_state_bytes"] = self.state.engine.optimizer_state_bytes()
+        record["grad_comm_bytes"] = window[-1].grad_comm_bytes
         self.logger.step(record)
 
     def run(self) -> dict[str, Any]:

@@ -168,6 +168,10 @@ def build_run(plan_path: str, *, stream=None):
     # planning warned already where it knows the names (builtin:, hf:); a py: model's are known from here on
     unmatched = select.unmatched_rules(model, plan) if t.model.startswith("py:") else {}  # builtin / hf: plan warned already
     precision = apply_precision(model, phase.plan, env.device)
+    if plan.precision.master_weights == "bf16":  # the parameters are the master weights: bf16 before the engine wraps them
+        from launcher.train.optim_lowbit import cast_master_weights
+
+        cast_master_weights(model)
     blocks = prepare_blocks(model, plan, precision)
     engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks, pending=pending)
     torch.manual_seed(t.seed + env.rank)

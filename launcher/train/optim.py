@@ -23,7 +23,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 if typing.TYPE_CHECKING:
-    from launcher.planning.plan import TrainConfig
+    from launcher.planning.plan import PrecisionConfig, TrainConfig
 
 FINAL_LR_FRACTION = 0.1
 """The default of train.min_lr_ratio: the cosine decay ends at this fraction of the peak learning rate."""
@@ -49,9 +49,17 @@ def adam_implementation(params) -> dict:
     return {"fused": True} if params and all(p.device.type == "cuda" for p in params) else {}
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], train: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW, Adam (with train.adam_betas and adam_eps; fused on CUDA) or plain SGD (no momentum) over `params`, at `train.lr`."""
+def build_optimizer(params: Iterable[torch.nn.Parameter], train: TrainConfig,
+                    precision: PrecisionConfig | None = None) -> torch.optim.Optimizer:
+    """AdamW, Adam (with train.adam_betas and adam_eps; fused on CUDA) or plain SGD (no momentum) over `params`, at `train.lr`.
+    With `precision`'s optimizer_states other than fp32 or bf16 master_weights: torchao's Adam with those moments
+    (launcher/train/optim_lowbit.py)."""
     groups = param_groups(params, train)
+    if precision is not None and train.optimizer in ("adamw", "adam"):
+        from launcher.train import optim_lowbit
+
+        if optim_lowbit.needs_lowbit(precision.optimizer_states, precision.master_weights):
+            return optim_lowbit.build(groups, train, states=precision.optimizer_states, master=precision.master_weights)
     if train.optimizer in ("adamw", "adam"):
         cls = torch.optim.AdamW if train.optimizer == "adamw" else torch.optim.Adam
         return cls(groups, lr=train.lr, betas=tuple(train.adam_betas), eps=train.adam_eps, weight_decay=train.weight_decay,

@@ -7,7 +7,9 @@ Each worker would print them once per rank, on every run:
 - torch's deprecation warning for torchao's own Enums registered as pytree constants
   (torch/utils/_pytree.py: "... is an Enum subclass and is now natively supported ...");
 - torch 2.13's deprecation of `torch.distributed.all_gather_into_tensor` / `reduce_scatter_tensor`,
-  which DeepSpeed 0.19's ZeRO calls on every step (a FutureWarning per rank and call site).
+  which DeepSpeed 0.19's ZeRO calls on every step (a FutureWarning per rank and call site);
+- AOT autograd's advice that torchao's optimizer-state subclasses (OptimStateFp8, OptimState8bit) implement
+  `_stable_hash_for_caching` (a UserWarning per rank when the low-bit optimizer's step is first compiled).
 """
 
 from __future__ import annotations
@@ -47,11 +49,16 @@ DEPRECATED_COLLECTIVES = r"`torch\.distributed\.(all_gather_into_tensor|reduce_s
 """The FutureWarning text (torch/distributed/distributed_c10d.py) of the collectives DeepSpeed still calls."""
 
 
+TORCHAO_STATE_HASH = r"OptimState(Fp8|8bit|4bit) does not implement _stable_hash_for_caching"
+"""The UserWarning text (torch/_functorch/_aot_autograd/autograd_cache.py) for torchao's optimizer-state subclasses."""
+
+
 def install() -> None:
     """Filter the known-harmless messages out of their loggers (before torch and torchao are imported)."""
     import warnings
 
     warnings.filterwarnings("ignore", message=DEPRECATED_COLLECTIVES, category=FutureWarning)
+    warnings.filterwarnings("ignore", message=TORCHAO_STATE_HASH, category=UserWarning)
     for name, harmless in HARMLESS.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _Drop) for f in logger.filters):

@@ -62,6 +62,9 @@ def expected_effects(config: dict, fp8_layers: int) -> dict:
     optimizer = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}[get("train.optimizer")]
     if strategy == "deepspeed" and offload["optimizer_states"] != "device" and optimizer != "SGD":
         optimizer = "DeepSpeedCPUAdam"
+    # the engine's own gradient reduction (precision.grad_reduce = "auto"): DDP in the gradients' dtype (fp32 weights),
+    # FSDP2 in its MixedPrecisionPolicy's reduce dtype, DeepSpeed in its communication dtype (the model's)
+    grad_reduce = {"ddp": "fp32", "fsdp2": get("distributed.fsdp2.reduce_dtype"), "deepspeed": compute}[strategy]
     return {
         "all_gather_dtype": all_gather,
         "compiled_blocks": BLOCKS if compiled else 0,
@@ -73,6 +76,9 @@ def expected_effects(config: dict, fp8_layers: int) -> dict:
         "async_tp": False,
         "expert_parallel": 1,
         "monitor_hooks": fp8_layers if fp8 and get("monitor.fp8_stats_every") else 0,
+        "optimizer_states": "none" if optimizer == "SGD" else "fp32",
+        "grad_reduce": grad_reduce,
+        "master_weights": "fp32",
     }
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from launcher.planning.gpus import plan_gpu, plan_gpu_name
 from launcher.planning.hardware import BLOCK_RECIPES, precision_key, supports
+from launcher.planning.levels import REDUCE_BYTES, grad_comm_bytes, reduce_payload
 
 from . import cost
 from launcher.planning.predict.cost import Device, cast_s, gemm_s, stream_s
@@ -82,6 +83,9 @@ class Prediction:
     n_fp8: int = 0
     n_losing: int = 0
     tokens_per_step: int = 0
+    grad_comm_bytes: float | None = None
+    """Bytes one rank sends per optimizer step for the gradient reduction, in the plan's payload (precision.grad_reduce;
+    launcher/planning/levels.py): what each step record's grad_comm_bytes measures."""
 
     @property
     def gemm_share(self) -> float | None:
@@ -91,6 +95,8 @@ class Prediction:
     def to_json(self) -> dict:
         out = {"gpu": self.gpu, "gpus": self.gpus, "precision": self.precision,
                "fp8_vs_bf16": None if self.fp8_vs_bf16 is None else round(self.fp8_vs_bf16, 4), "reason": self.reason or None}
+        if self.grad_comm_bytes is not None:
+            out["grad_comm_bytes"] = round(self.grad_comm_bytes)
         if self.step_s:
             out.update({
                 "step_s": {k: round(v, 6) for k, v in self.step_s.items()},
@@ -132,6 +138,7 @@ def predict(plan, spec_dir: str = ".") -> Prediction:
     shape, why = model_shape(plan.train.model, spec_dir)
     if shape is None:
         return Prediction(fp8_vs_bf16=None, reason=f"model shapes unknown: {why}", **base)
+    base["grad_comm_bytes"] = grad_comm_bytes(plan, shape.params)
     p = plan.precision
     if p.fp8:
         unsupported = _unsupported(p, spec.capability)
@@ -380,7 +387,7 @@ def _exposed_comm(plan, shape: ModelShape, dev: Device, compute: float, m: int, 
         volume = 0.0
     elif d.strategy == "fsdp2":
         gathers = 2 if d.fsdp2.reshard_after_forward else 1
-        reduce_bytes = 4 if d.fsdp2.reduce_dtype == "fp32" else 2
+        reduce_bytes = REDUCE_BYTES[reduce_payload(plan)]  # precision.grad_reduce, else distributed.fsdp2.reduce_dtype
         # expert parallelism: each rank keeps its experts (E / ep of them), FSDP2 shards them over dp / ep ranks only
         ep = max(1, d.expert_parallel) if shape.experts else 1
         experts = shape.experts.params / ep if shape.experts and ep > 1 else 0.0
@@ -391,7 +398,7 @@ def _exposed_comm(plan, shape: ModelShape, dev: Device, compute: float, m: int, 
         if experts and efsdp > 1:
             volume += accum * (efsdp - 1) / efsdp * (gathers * 2 + reduce_bytes) * experts
     elif d.strategy == "ddp":
-        volume = 2 * share * 4 * params
+        volume = 2 * share * REDUCE_BYTES[reduce_payload(plan)] * params  # the gradients' dtype, or precision.grad_reduce
     else:
         z = d.deepspeed.zero_stage
         volume = 2 * share * 2 * params if z < 3 else accum * share * (2 * 2 * params + 2 * params)

@@ -16,6 +16,7 @@ from launcher.errors import LauncherError
 from launcher.train.models import logits_of
 
 if typing.TYPE_CHECKING:
+    from launcher.train.grad_reduce import GradReduction
     from launcher.train.precision import Precision
 
 
@@ -31,13 +32,31 @@ class Engine:
     """True where the engine clips gradients itself inside step() (DeepSpeed)."""
 
     def __init__(self, *, model: nn.Module, module: nn.Module, optimizer: Any, scheduler: Any,
-                 precision: Precision, accum_steps: int):
+                 precision: Precision, accum_steps: int, grad_reduction: GradReduction | None = None):
         self.model = model
         self.module = module
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.precision = precision
         self.accum_steps = accum_steps
+        self.grad_reduction = grad_reduction
+        """The gradient reduction as built (launcher/train/grad_reduce.py): its payload and the bytes each step sent."""
+
+    def grad_comm_bytes(self) -> int | None:
+        """Bytes this rank sent for gradient reduction since the last call (call it once per step, after the last
+        backward); None where the engine has no reduction fp8launch knows."""
+        return self.grad_reduction.take(self) if self.grad_reduction is not None else None
+
+    def stepping_optimizer(self) -> Any:
+        """The optimizer whose state holds the moments: DeepSpeed's basic optimizer inside ZeRO, else `optimizer`."""
+        basic = getattr(self.model, "basic_optimizer", None)
+        return basic if basic is not None else self.optimizer
+
+    def optimizer_state_bytes(self) -> int:
+        """This rank's optimizer state in bytes, from the live state tensors (launcher/train/optim_lowbit.py)."""
+        from launcher.train.optim_lowbit import state_bytes
+
+        return state_bytes(self.stepping_optimizer())
 
     def micro_batch(self, last: bool) -> ContextManager:
         """The context of one micro-batch's forward and backward; `last` is the one whose

@@ -37,10 +37,13 @@ def wrap_ddp(model: nn.Module, plan: Plan, precision: Precision, *, env: DistEnv
         pending(model, env.device)
     else:
         model.to(env.device)
-    optimizer = build_optimizer(model.parameters(), plan.train)
+    optimizer = build_optimizer(model.parameters(), plan.train, plan.precision)
     model, optimizer = precision.wrap_optimizer(model, optimizer)
     ddp_class = precision.ddp_class or DistributedDataParallel
     device_ids = [env.device.index] if env.device.type == "cuda" else None
     wrapped = ddp_class(model, device_ids=device_ids)
+    from launcher.train.grad_reduce import install
+
+    reduction = install(wrapped, plan, "ddp", world_size=env.world_size)  # a communication hook unless grad_reduce = "auto"
     return DDPEngine(model=wrapped, module=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, plan.train),
-                     precision=precision, accum_steps=plan.train.grad_accum_steps)
+                     precision=precision, accum_steps=plan.train.grad_accum_steps, grad_reduction=reduction)

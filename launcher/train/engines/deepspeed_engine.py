@@ -67,7 +67,7 @@ class DeepSpeedEngine(Engine):
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "deepspeed_engine": self.model}
 
 
-def import_deepspeed(device: torch.device, msamp: bool):
+def import_deepspeed(device: torch.device, msamp: bool, opt_level: str | None = None):
     """deepspeed (or MS-AMP's wrapper of it), with the accelerator chosen before the import."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.type == "cuda" else "cpu")
     try:
@@ -79,7 +79,7 @@ def import_deepspeed(device: torch.device, msamp: bool):
         if msamp:
             from ..precision.msamp import import_error
 
-            raise import_error(e, "deepspeed") from e
+            raise import_error(e, "deepspeed", opt_level) from e
         raise BackendMissing("deepspeed", INSTALL["deepspeed"]) from e
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     return deepspeed
@@ -145,7 +145,7 @@ def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: d
     msamp = p.fp8 and p.backend == "msamp"
     if env.device.type == "cpu" and config.get("fp16", {}).get("enabled"):
         raise rule_error("DS-FP16-CPU", Facts(plan=plan))  # planning refuses launch.device = "cpu"; "auto" finds it here
-    deepspeed = import_deepspeed(env.device, msamp)
+    deepspeed = import_deepspeed(env.device, msamp, p.msamp.opt_level if msamp else None)
     deepspeed.init_distributed(dist_backend=env.backend)
     if pending is not None:
         zero3 = plan.distributed.deepspeed.zero_stage == 3 and not pending.whole_model_init
@@ -166,5 +166,8 @@ def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: d
 
         precision.recount(engine.module)
         raise_run_errors(plan, env.device, fp8_layers=precision.report.fp8_layers)
+    from launcher.train.grad_reduce import install
+
     return DeepSpeedEngine(model=engine, module=engine.module, optimizer=ds_optimizer, scheduler=scheduler,
-                           precision=precision, accum_steps=plan.train.grad_accum_steps)
+                           precision=precision, accum_steps=plan.train.grad_accum_steps,
+                           grad_reduction=install(engine, plan, "deepspeed", world_size=env.world_size))

@@ -122,7 +122,10 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **kwargs)
     if pending is not None:  # meta-built: each rank allocates and initialises only its shards
         pending(model, torch.device("cpu") if config["cpu_offload"] else env.device)
-    optimizer = build_optimizer(model.parameters(), plan.train)
+    optimizer = build_optimizer(model.parameters(), plan.train, plan.precision)
     model, optimizer = precision.wrap_optimizer(model, optimizer)
+    from launcher.train.grad_reduce import install
+
+    reduction = install(model, plan, "fsdp2", world_size=env.world_size)  # a custom reduce-scatter unless grad_reduce = "auto"
     return FSDP2Engine(model=model, module=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, plan.train),
-                       precision=precision, accum_steps=plan.train.grad_accum_steps)
+                       precision=precision, accum_steps=plan.train.grad_accum_steps, grad_reduction=reduction)

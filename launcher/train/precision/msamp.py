@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from launcher.errors import BackendMissing, EnvironmentProblem, with_fix
-from launcher.planning.rules import RULES_BY_ID, Facts, rule_error
+from launcher.planning.rules import MSAMP_OWN_ENVIRONMENT, RULES_BY_ID, Facts, rule_error
 
 from . import select
 from .amp import Precision, amp_settings
@@ -92,24 +92,28 @@ def mark_kept(model: nn.Module, reasons: dict[str, str | None]) -> int:
     return n
 
 
-def import_error(error: ImportError, strategy: str) -> EnvironmentProblem:
+def import_error(error: ImportError, strategy: str, opt_level: str | None = None) -> EnvironmentProblem:
     """What to say when importing MS-AMP failed: "not installed" only when it is not; an MS-AMP that is
     installed but cannot import next to this Transformer Engine / DeepSpeed says so with their versions
-    (rule MSAMP-STACK, launcher/planning/stack.py), or with the import error itself when nothing visible explains it."""
+    (rule MSAMP-STACK, launcher/planning/stack.py), or with the import error itself when nothing visible explains it.
+    With the spec's `opt_level`, the fix also names that level's native equivalent (launcher/planning/levels.py)."""
+    from launcher.planning.levels import native_fix
     from launcher.planning.stack import importable, msamp_problem
 
+    native = f", or use {native_fix(opt_level)}" if opt_level else ""
     if not importable("msamp"):
-        return BackendMissing("msamp", INSTALL["msamp"])
+        return BackendMissing("msamp", INSTALL["msamp"] + native)
     problem = msamp_problem(strategy) or f"MS-AMP is installed but fails to import here: {type(error).__name__}: {error}."
-    return EnvironmentProblem(with_fix(problem, RULES_BY_ID["MSAMP-STACK"].fix), rule="MSAMP-STACK")
+    fix = MSAMP_OWN_ENVIRONMENT + native if native else RULES_BY_ID["MSAMP-STACK"].fix
+    return EnvironmentProblem(with_fix(problem, fix), rule="MSAMP-STACK")
 
 
-def _msamp(strategy: str):
+def _msamp(strategy: str, opt_level: str | None = None):
     try:
         import msamp
         from msamp.nn import ScalingParameter
     except ImportError as e:
-        raise import_error(e, strategy) from e
+        raise import_error(e, strategy, opt_level) from e
     return msamp, ScalingParameter
 
 
@@ -167,7 +171,7 @@ def apply_msamp(model: nn.Module, plan: Plan, device: torch.device, msamp=None, 
     """Mark the kept Linears (and with use_te swap the others to te.Linear); MS-AMP itself converts
     later (wrap_optimizer, or inside DeepSpeed). The fakes are for tests only."""
     if msamp is None:
-        msamp, scaling_parameter = _msamp(plan.distributed.strategy)
+        msamp, scaling_parameter = _msamp(plan.distributed.strategy, plan.precision.msamp.opt_level)
     reasons = select.classify(model, plan)
     mark_kept(model, reasons)
     te_recipe_obj = None
