@@ -94,3 +94,30 @@ def test_table_shows_the_eval_loss_row_and_the_gate_line():
     lines = table(record).splitlines()
     assert lines[7].split() == ["eval", "loss", "(held", "out)", "2.0400", "2.0000", "1.020"]
     assert lines[8] == "loss gap +2.00% on the held-out eval loss: OVER the 1.0% gate"
+
+
+def test_table_compares_the_levels_bytes_where_a_run_measured_them(tmp_path):
+    """bench --vs compares precision.optimizer_states / grad_reduce: rank 0's optimizer state at the last step and the
+    median of the gradient bytes it sent per steady step, read back from metrics.jsonl."""
+    import json
+
+    from launcher.commands.runs import read_run
+
+    def figures(state: int, sent: list[int]) -> dict:
+        folder = tmp_path / str(state)
+        folder.mkdir()
+        steps = [{"event": "step", "step": i + 1, "loss": 2.0, "step_time_s": 1.0, "tokens_per_s": 10.0,
+                  "optimizer_state_bytes": state if i else 0, "grad_comm_bytes": b} for i, b in enumerate(sent)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [{"event": "start"}, *steps]))
+        return read_run(str(folder), 0, warmup=1)["figures"]
+
+    fp8, fp32 = figures(2 * 2**20, [9, 2**20, 3 * 2**20, 2 * 2**20]), figures(8 * 2**20, [9, 4 * 2**20, 4 * 2**20, 4 * 2**20])
+    assert fp8["optimizer_state_bytes"] == 2 * 2**20 and fp8["grad_comm_bytes"] == 2 * 2**20  # the warm-up step left out
+    record = {"repeats": 1, "warmup_steps_excluded": 1, "environment": {},
+              "spec": {"label": "spec", "figures": fp8}, "baseline": {"label": "fp32-states", "figures": fp32},
+              "ratios": {"optimizer_state_bytes": 0.25, "grad_comm_bytes": 0.5}}
+    rows = {line[:22].strip(): line.split()[-3:] for line in table(record).splitlines()[1:]}
+    assert rows["optimizer state (MiB)"] == ["2.00", "8.00", "0.250"]
+    assert rows["gradient MiB sent/step"] == ["2.00", "4.00", "0.500"]
+    del fp8["grad_comm_bytes"], fp32["grad_comm_bytes"]  # one rank sends nothing: no row
+    assert "gradient MiB sent/step" not in table(record)

@@ -148,11 +148,15 @@ def table(record: dict) -> str:
             ("peak memory (GiB)", "peak_mem_gib", "{:.2f}"), ("final loss", "final_loss", "{:.4f}")]
     if s.get("eval_loss") is not None or b.get("eval_loss") is not None:
         rows.append(("eval loss (held out)", "eval_loss", "{:.4f}"))
+    if s.get("optimizer_state_bytes") is not None or b.get("optimizer_state_bytes") is not None:  # precision.optimizer_states
+        rows.append(("optimizer state (MiB)", "optimizer_state_bytes", "MiB"))
+    if s.get("grad_comm_bytes") or b.get("grad_comm_bytes"):  # precision.grad_reduce; 0 on one rank
+        rows.append(("gradient MiB sent/step", "grad_comm_bytes", "MiB"))
     name_a, name_b = record["spec"]["label"], record["baseline"]["label"]
     width = max(20, len(f"MFU vs {_peak_name(record)}"))
     lines = [f"{'':<{width}} {name_a:>14} {name_b:>14} {'ratio':>8}"]
     for title, key, fmt in rows:
-        cell = lambda v: "n/a" if v is None else fmt.format(v)  # noqa: E731
+        cell = lambda v: "n/a" if v is None else f"{v / 2**20:,.2f}" if fmt == "MiB" else fmt.format(v)  # noqa: E731
         ratio = "n/a" if r.get(key) is None else f"{r[key]:.3f}"
         lines.append(f"{title:<{width}} {cell(s[key]):>14} {cell(b[key]):>14} {ratio:>8}")
     gate = record.get("loss_gate")

@@ -22,7 +22,10 @@ from launcher.commands.run import execute, launch_command, plan_for_run, write_p
 PROGRESS_EVERY_S = 5.0
 """At most one progress line per run this often (the last step is always shown)."""
 
-FIGURES = ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu", "peak_mem_gib", "final_loss", "eval_loss")
+FIGURES = ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu", "peak_mem_gib", "final_loss", "eval_loss",
+           "optimizer_state_bytes", "grad_comm_bytes")
+"""optimizer_state_bytes: rank 0's at the last step; grad_comm_bytes: what rank 0 sent for gradient reduction, the
+median over the steady steps (precision.optimizer_states / grad_reduce compared by bench)."""
 
 
 @dataclass
@@ -110,6 +113,9 @@ def read_run(run_dir: str, code: int, warmup: int) -> dict:
     for name in ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu"):
         values = [r[name] for r in steady if r.get(name) is not None]
         figures[name] = statistics.median(values) if values else None
+    figures["optimizer_state_bytes"] = next((r["optimizer_state_bytes"] for r in reversed(steps) if r.get("optimizer_state_bytes") is not None), None)
+    sent = [r["grad_comm_bytes"] for r in steady if r.get("grad_comm_bytes") is not None]
+    figures["grad_comm_bytes"] = statistics.median(sent) if sent else None
     figures["peak_mem_gib"] = max((r["peak_mem_gib"] for r in steps if r.get("peak_mem_gib") is not None), default=None)
     figures["final_loss"] = steps[-1]["loss"] if steps else None
     evals = {r["step"]: r["eval_loss"] for r in records if r.get("event") == "eval" and r.get("eval_loss") is not None}
