@@ -41,4 +41,7 @@ for path in sys.argv[2:]:
         "fp16": cfg.float16_config.enabled if hasattr(cfg, "float16_config") else cfg.fp16_enabled,
         "clip": cfg.gradient_clipping,
         "offload_optimizer": str(cfg.zero_config.offload_optimizer.device) if cfg.zero_config.offload_optimizer else "none",
+        "overlap_comm": cfg.zero_config.overlap_comm,
+        "contiguous_gradients": cfg.zero_config.contiguous_gradients,
+        "reduce_bucket_size": cfg.zero_config.reduce_bucket_size,
     }))

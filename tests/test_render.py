@@ -23,6 +23,7 @@ DS_VARIANTS = {
     "zero3-offload-param": {"distributed": {"deepspeed": {"zero_stage": 3, "offload_param": "cpu", "offload_optimizer": "cpu"}}},
     "te-fp8-fp16": {"precision": {"mode": "fp8", "backend": "te", "high_precision": "fp16"}},
     "zero2-sgd": {"train": {"optimizer": "sgd"}},
+    "zero2-comm": {"distributed": {"deepspeed": {"overlap_comm": False, "contiguous_gradients": False, "reduce_bucket_size": 20000000}}},
     "msamp-o3": {"precision": {"mode": "fp8", "backend": "msamp", "msamp": {"opt_level": "O3"}}},
 }
 
@@ -64,6 +65,9 @@ def test_every_deepspeed_json_is_accepted_by_deepspeeds_parser(tmp_path):
         assert got["fp16"] == (plan.precision.compute_dtype == "fp16")
         assert got["clip"] == plan.train.max_grad_norm
         assert got["offload_optimizer"].endswith(plan.distributed.deepspeed.offload_optimizer) or plan.distributed.deepspeed.offload_optimizer == "none"
+        ds = plan.distributed.deepspeed
+        assert (got["overlap_comm"], got["contiguous_gradients"], got["reduce_bucket_size"]) == (
+            ds.overlap_comm, ds.contiguous_gradients, ds.reduce_bucket_size)
     assert len(committed) >= 2
     for got in parse_with_deepspeed(committed, world=8):
         assert got["train_batch_size"] % 8 == 0
@@ -151,6 +155,17 @@ def test_slurm_script_fields():
     assert 'exit_file=runs/t/.exit-code-"$SLURM_JOB_ID"' in text and 'exit "$status"' in text
     cpu = render(plan_of({"launch": {"launcher": "slurm", "device": "cpu"}}))["slurm.sbatch"]
     assert "--gpus-per-node" not in cpu
+
+
+def test_slurm_gpus_per_node_and_signal_seconds():
+    def sbatch(**slurm):
+        text = render(plan_of({"distributed": {"procs_per_node": 4}, "launch": {"launcher": "slurm", "slurm": slurm}}))["slurm.sbatch"]
+        return [line for line in text.splitlines() if line.startswith("#SBATCH")]
+
+    assert "#SBATCH --gpus-per-node=4" in sbatch() and "#SBATCH --signal=TERM@120" in sbatch()  # 0: procs_per_node; 120 s
+    assert "#SBATCH --gpus-per-node=8" in sbatch(gpus_per_node=8)
+    assert "#SBATCH --signal=TERM@300" in sbatch(signal_seconds=300)
+    assert not [line for line in sbatch(signal_seconds=0) if line.startswith("#SBATCH --signal")]  # 0 disables
 
 
 def test_restartable_plans_keep_restarted_groups_off_the_old_tcp_store():

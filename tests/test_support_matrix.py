@@ -27,6 +27,34 @@ def test_every_schema_key_is_in_a_matrix_or_says_where_it_is_tested():
     assert set(ELSEWHERE) - keys == set() and not (set(ELSEWHERE) & in_matrix)
 
 
+TEST_FILE = re.compile(r"\b(tests/[\w/]+\.py)(?:::(\w+))?")
+TEST_NAME = re.compile(r"(?<![\w:/.])(test_\w+)\b(?!\.py)")
+
+
+@pytest.mark.parametrize("key", sorted(ELSEWHERE))
+def test_every_test_file_and_rule_an_elsewhere_entry_names_is_real(key):
+    # Each test file the entry names exists and mentions the key (its last dotted part or the whole, spelled as in
+    # a spec, a `--set`, a keyword `train__steps=` or a CLI flag `--rdzv-endpoint`); a `::test_name` and a bare
+    # `test_name` are defined there; each rule id or `PREFIX-*` family it names is in the rule table.
+    from test_rule_ids import NOT_RULE_IDS, RULE_ID, RULE_PREFIX
+
+    entry, last = ELSEWHERE[key], key.rsplit(".", 1)[-1]
+    files = {}
+    for m in TEST_FILE.finditer(entry):
+        path = REPO / m.group(1)
+        assert path.is_file(), f"{key}: {m.group(1)} does not exist"
+        text = files.setdefault(m.group(1), path.read_text(encoding="utf-8"))
+        assert key in text or last in text or last.replace("_", "-") in text, f"{key}: {m.group(1)} never mentions {last}"
+        if m.group(2):
+            assert re.search(rf"def {m.group(2)}\b", text), f"{key}: {m.group(0)} is no test"
+    for name in TEST_NAME.findall(TEST_FILE.sub("", entry)):
+        assert any(re.search(rf"def {name}\b", text) for text in files.values()), f"{key}: {name} is in no file it names"
+    rules = [r for r in RULE_ID.findall(entry) if r not in NOT_RULE_IDS]
+    assert set(rules) <= set(RULES_BY_ID), f"{key}: no such rule: {sorted(set(rules) - set(RULES_BY_ID))}"
+    for prefix in RULE_PREFIX.findall(entry):
+        assert any(r.startswith(prefix + "-") for r in RULES_BY_ID), f"{key}: no rule {prefix}-*"
+
+
 @pytest.mark.parametrize("matrix", [CPU, GPU], ids=["cpu", "gpu"])
 def test_every_pair_is_covered_by_a_run_that_trains_or_by_the_rule_that_refuses_it(matrix):
     assert matrix.covered() == set(matrix.pairs)

@@ -9,16 +9,44 @@ import json
 import os
 import typing
 from dataclasses import dataclass, field
+from typing import Literal
 
 from launcher.planning.read import SpecSource, defaults
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
 
+# The values of schema.json's enums, as the types of the fields that hold them (an alias where a field's type is long
+# or shared). tests/test_plan_types.py holds every Literal to its schema enum and every enum to a Literal field.
+Mode = Literal["fp32", "fp16", "bf16", "fp8"]
+"""precision.mode, precision.schedule[].mode."""
+HighPrecision = Literal["bf16", "fp16", "fp32"]
+"""precision.high_precision, precision.rules[].mode."""
+Backend = Literal["torchao", "te", "msamp"]
+TorchaoRecipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8", "nvfp4"]
+TERecipe = Literal["delayed", "current", "block", "mxfp8", "nvfp4"]
+TESwap = Literal["linear", "layernorm", "rmsnorm"]
+MsampLevel = Literal["O1", "O2", "O3"]
+OptimizerStates = Literal["fp32", "bf16", "fp8", "int8"]
+GradReduce = Literal["auto", "fp32", "bf16", "fp8"]
+MasterWeights = Literal["fp32", "bf16"]
+Strategy = Literal["ddp", "fsdp2", "deepspeed"]
+Offload = Literal["none", "cpu", "nvme"]
+"""distributed.deepspeed.offload_optimizer / offload_param."""
+ZeroStage = Literal[0, 1, 2, 3]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+ACMode = Literal["none", "full", "selective"]
+Launcher = Literal["torchrun", "slurm", "kubernetes"]
+Device = Literal["auto", "cuda", "cpu"]
+GPU = Literal["auto", "h100", "h200", "b200", "a100", "l40s", "mi300x"]
+KubernetesAPI = Literal["trainjob", "pytorchjob"]
+Optimizer = Literal["adamw", "adam", "sgd"]
+WandbMode = Literal["", "online", "offline"]
+
 
 @frozen
 class TorchaoConfig:
-    recipe: str
-    """tensorwise | rowwise | rowwise_with_gw_hp"""
+    recipe: TorchaoRecipe
+    """tensorwise | rowwise | rowwise_with_gw_hp (Float8LinearConfig) | mxfp8 | nvfp4 (block-scaled, Blackwell)"""
     fsdp_float8_all_gather: bool
     """FSDP2 all-gathers weights in float8."""
     precompute_scale: bool
@@ -31,19 +59,19 @@ class TorchaoConfig:
 
 @frozen
 class TEConfig:
-    recipe: str
+    recipe: TERecipe
     """delayed | current | block | mxfp8 | nvfp4"""
-    fp8_format: str
-    """HYBRID | E4M3"""
+    fp8_format: Literal["HYBRID", "E4M3"]
+    """HYBRID (E4M3 forward, E5M2 gradients) | E4M3"""
     margin: int
     amax_history_len: int
-    amax_compute_algo: str
+    amax_compute_algo: Literal["max", "most_recent"]
     reduce_amax: bool
     fp8_dpa: bool
     fp8_mha: bool
     fp8_params: bool
     """Weights kept in FP8 (quantized_model_init)."""
-    swap: tuple[str, ...]
+    swap: tuple[TESwap, ...]
     """Module kinds replaced by TE modules: linear, layernorm, rmsnorm."""
     interval: int | None = None
     """Removed in TE 2.2; present only so rule TE-REMOVED-KEY can name it."""
@@ -53,7 +81,7 @@ class TEConfig:
 
 @frozen
 class MsampConfig:
-    opt_level: str
+    opt_level: MsampLevel
     """O1 | O2 | O3"""
     use_te: bool
 
@@ -63,7 +91,7 @@ class PrecisionRule:
     """One `[[precision.rules]]` entry: the Linears whose name matches `match` keep `mode` or run `recipe`."""
 
     match: str
-    mode: str | None = None
+    mode: HighPrecision | None = None
     """bf16 | fp16 | fp32: kept in this precision."""
     recipe: str | None = None
     """Another recipe of precision.backend."""
@@ -76,7 +104,7 @@ class PrecisionPhase:
 
     at_step: int | None = None
     at_fraction: float | None = None
-    mode: str | None = None
+    mode: Mode | None = None
     recipe: str | None = None
     keep_last_blocks: int | None = None
     rules: tuple[PrecisionRule, ...] | None = None
@@ -84,12 +112,12 @@ class PrecisionPhase:
 
 @frozen
 class PrecisionConfig:
-    mode: str
+    mode: Mode
     """fp32 | fp16 | bf16 | fp8"""
-    backend: str
+    backend: Backend
     """torchao | te | msamp (fp8 only)"""
-    high_precision: str
-    """dtype of everything not in FP8."""
+    high_precision: HighPrecision
+    """bf16 | fp16 | fp32: dtype of everything not in FP8."""
     keep_first_last: bool
     keep_first_blocks: int
     """Transformer blocks at the start whose Linears stay in high precision."""
@@ -101,11 +129,11 @@ class PrecisionConfig:
     """Later precision phases (launcher/planning/schedule.py)."""
     keep: tuple[str, ...]
     """fnmatch globs of module FQNs kept in high precision."""
-    optimizer_states: str = "fp32"
+    optimizer_states: OptimizerStates = "fp32"
     """fp32 | bf16 | fp8 | int8: dtype of Adam's moments (launcher/train/optim_lowbit.py)."""
-    grad_reduce: str = "auto"
+    grad_reduce: GradReduce = "auto"
     """auto | fp32 | bf16 | fp8: payload of the gradient all-reduce / reduce-scatter (launcher/train/grad_reduce.py)."""
-    master_weights: str = "fp32"
+    master_weights: MasterWeights = "fp32"
     """fp32 | bf16: bf16 parameters updated with stochastic rounding, no fp32 copy."""
     torchao: TorchaoConfig
     te: TEConfig
@@ -124,16 +152,16 @@ class PrecisionConfig:
 @frozen
 class FSDP2Config:
     reshard_after_forward: bool
-    reduce_dtype: str
+    reduce_dtype: Literal["fp32", "bf16"]
     cpu_offload: bool
 
 
 @frozen
 class DeepSpeedConfig:
-    zero_stage: int
-    offload_optimizer: str
+    zero_stage: ZeroStage
+    offload_optimizer: Offload
     """none | cpu | nvme: where optimizer states live (cpu: DeepSpeed's CPU Adam steps them)."""
-    offload_param: str
+    offload_param: Offload
     """none | cpu | nvme (ZeRO-3)."""
     nvme_path: str = ""
     """The folder DeepSpeed swaps to with "nvme" (required then)."""
@@ -144,7 +172,7 @@ class DeepSpeedConfig:
 
 @frozen
 class DistributedConfig:
-    strategy: str
+    strategy: Strategy
     """ddp | fsdp2 | deepspeed"""
     nodes: int
     procs_per_node: int
@@ -172,13 +200,14 @@ class DistributedConfig:
 @frozen
 class CompileConfig:
     enabled: bool
-    mode: str
+    mode: CompileMode
+    """default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs (torch.compile's mode)"""
     fullgraph: bool
 
 
 @frozen
 class ActivationCheckpointingConfig:
-    mode: str
+    mode: ACMode
     """none | full | selective"""
 
 
@@ -197,7 +226,7 @@ class SlurmConfig:
 
 @frozen
 class KubernetesConfig:
-    api: str
+    api: KubernetesAPI
     """trainjob (Kubeflow Trainer v2) | pytorchjob (training-operator v1)"""
     image: str
     namespace: str
@@ -213,14 +242,14 @@ class KubernetesConfig:
 
 @frozen
 class LaunchConfig:
-    launcher: str
+    launcher: Launcher
     """torchrun | slurm | kubernetes"""
-    device: str
+    device: Device
     """auto | cuda | cpu"""
-    gpu: str
+    gpu: GPU
     """The GPU planned for (speed prediction, memory check): auto (= h100) | h100 | h200 | b200 | a100 | l40s | mi300x."""
     rdzv_endpoint: str
-    rdzv_backend: str
+    rdzv_backend: Literal["c10d"]
     max_restarts: int
     env: dict[str, str]
     slurm: SlurmConfig
@@ -237,10 +266,11 @@ class TrainConfig:
     micro_batch_size: int
     grad_accum_steps: int
     steps: int
-    optimizer: str
+    optimizer: Optimizer
+    """adamw | adam | sgd"""
     lr: float
     weight_decay: float
-    weight_decay_exclude: str
+    weight_decay_exclude: Literal["none", "norms_and_biases"]
     """none | norms_and_biases: one-dimensional parameters (norm weights, biases) get no weight decay."""
     adam_betas: tuple[float, ...]
     """Adam / AdamW (beta1, beta2)."""
@@ -258,7 +288,8 @@ class TrainConfig:
     """Write a checkpoint after the last step."""
     keep_checkpoints: int
     resume: str
-    on_nan: str
+    on_nan: Literal["stop", "skip"]
+    """stop | skip: on a non-finite loss or grad norm, stop all ranks or skip the optimizer step."""
 
 
 @frozen
@@ -296,10 +327,19 @@ WANDB_DEFAULTS = {"enabled": False, "project": "", "entity": "", "mode": ""}
 else W&B's own default (the spec name for the project, online): the spec wins only where it says something."""
 
 
+class WandbConfig(typing.TypedDict):
+    """log.wandb as plan.json keeps it (normalize_wandb): "" = what the environment says."""
+
+    enabled: bool
+    project: str
+    entity: str
+    mode: WandbMode
+
+
 @frozen
 class LogConfig:
     tensorboard: bool
-    wandb: dict
+    wandb: WandbConfig
     """{"enabled", "project", "entity", "mode"}: the spec's `true` / `false` / [log.wandb] table, normalized."""
     mlflow: bool
 
@@ -310,7 +350,7 @@ class LogConfig:
         return tuple(name for name, enabled in on.items() if enabled)
 
 
-def normalize_wandb(value) -> dict:
+def normalize_wandb(value) -> WandbConfig:
     """log.wandb as written (a bool, or a table that turns it on) -> the one dict form plan.json keeps."""
     if isinstance(value, dict):
         return {**WANDB_DEFAULTS, "enabled": True, **value} if "enabled" not in value else {**WANDB_DEFAULTS, **value}
@@ -377,6 +417,12 @@ def _optional_tuple(hint):
     return None
 
 
+def _int_literal(hint) -> bool:
+    """Whether `hint` is a Literal of ints only (distributed.deepspeed.zero_stage): a float such as 2.0 becomes 2."""
+    args = typing.get_args(hint)
+    return typing.get_origin(hint) is Literal and all(type(a) is int for a in args)
+
+
 @functools.cache
 def _fields(cls) -> tuple[tuple[str, str, typing.Any], ...]:
     """(name, kind, type) of each field of dataclass `cls`: kind "class" (a nested config), "tuple" (of the type, or
@@ -391,7 +437,7 @@ def _fields(cls) -> tuple[tuple[str, str, typing.Any], ...]:
             hint = hint if typing.get_origin(hint) is tuple else _optional_tuple(hint)
             out.append((f.name, "tuple", typing.get_args(hint)[0]))
         else:
-            out.append((f.name, "int" if hint is int else "float" if hint is float else "", hint))
+            out.append((f.name, "int" if hint is int or _int_literal(hint) else "float" if hint is float else "", hint))
     return tuple(out)
 
 

@@ -110,7 +110,8 @@ ELSEWHERE: dict[str, str] = {
     "$schema": "an editor hint, not read",
     "version": "the spec version; only 1 exists",
     "name": "names the output folder",
-    "precision.high_precision": "tests/train/test_precision_amp.py, tests/e2e/test_runs.py (fp16 high precision)",
+    "precision.high_precision": "tests/train/test_precision_amp.py (fp16 and fp32: autocast, the grad scaler, a torchao model kept in fp16); "
+                                "tests/test_render.py (deepspeed.json of a TE run in fp16)",
     "precision.keep_first_last": "tests/train/test_precision_select.py: which Linear layers are kept",
     "precision.rules": "tests/train/test_precision_torchao.py (mixed recipes); tests/e2e/test_runs.py::test_precision_rules_train_each_layer_as_the_layers_map_shows; tests/test_rules.py (PRECISION-RULE-*)",
     "precision.schedule": "tests/e2e/test_resume.py::test_a_precision_schedule_resumes_bit_identically_between_two_switches; tests/train/test_precision_switch.py; tests/test_schedule.py; tests/test_rules.py (SCHEDULE-*)",
@@ -144,9 +145,8 @@ ELSEWHERE: dict[str, str] = {
     "distributed.expert_parallel": "tests/e2e/test_moe.py (builtin:moe-debug, expert_parallel = 2 on 2 processes; resume); rules MOE-*, EP-*",
     "distributed.global_batch_size": "rule BATCH-MISMATCH (tests/test_rules.py)",
     "distributed.deepspeed.nvme_path": "every run with offload \"nvme\" in the matrix; rule DS-NVME-PATH",
-    "distributed.deepspeed.overlap_comm": "tests/test_render.py: DeepSpeed's own config parser",
-    "distributed.deepspeed.contiguous_gradients": "tests/test_render.py",
-    "distributed.deepspeed.reduce_bucket_size": "tests/test_render.py",
+    **{f"distributed.deepspeed.{k}": "tests/test_render.py: read back by DeepSpeed's own config parser" for k in
+       ("overlap_comm", "contiguous_gradients", "reduce_bucket_size")},
     "compile.mode": "tests/train/test_models.py; reduce-overhead uses CUDA graphs (GPU only)",
     "launch.launcher": "tests/test_launch.py, tests/test_slurm.py, tests/test_kubernetes.py",
     "launch.device": "every run (the CPU matrix: cpu; the GPU matrix: cuda)",
@@ -155,8 +155,11 @@ ELSEWHERE: dict[str, str] = {
     "launch.rdzv_backend": "every run (c10d is the only value)",
     "launch.max_restarts": "tests/e2e/test_resume.py::test_a_killed_worker_is_restarted_and_resumes_to_the_same_losses",
     "launch.env": "tests/test_render.py, every run (the CPU matrix sets OMP_NUM_THREADS)",
-    **{f"launch.slurm.{k}": "tests/test_slurm.py (a real two-node SLURM cluster in CI)" for k in
-       ("partition", "account", "time", "extra_sbatch", "gpus_per_node", "cpus_per_task", "signal_seconds")},
+    **{f"launch.slurm.{k}": "tests/test_render.py::test_slurm_script_fields (the #SBATCH lines)" for k in
+       ("partition", "account", "extra_sbatch", "cpus_per_task")},
+    "launch.slurm.time": "tests/test_render.py::test_slurm_script_fields; tests/test_slurm.py (a real two-node SLURM cluster in CI)",
+    **{f"launch.slurm.{k}": "tests/test_render.py::test_slurm_gpus_per_node_and_signal_seconds" for k in
+       ("gpus_per_node", "signal_seconds")},
     **{f"launch.kubernetes.{k}": "tests/test_kubernetes.py (manifests validated against the Kubeflow CRDs)" for k in
        ("api", "image", "namespace", "runtime", "gpus_per_node", "volume_claim", "workdir")},
     "train.model": "tests/train/test_models.py, tests/e2e/test_meta_init.py (builtin, hf:, py:)",
@@ -165,19 +168,21 @@ ELSEWHERE: dict[str, str] = {
     "train.micro_batch_size": "a shape",
     "train.steps": "every run",
     "train.lr": "tests/train/test_loop.py",
-    "train.weight_decay": "tests/train/test_loop.py",
+    "train.weight_decay": "tests/train/test_optim.py (the optimizer's groups)",
     "train.weight_decay_exclude": "tests/train/test_optim.py (the optimizer's two parameter groups, one step of AdamW's decay; the ZeRO-0 export reads them back)",
     "train.adam_betas": "tests/train/test_optim.py (torch's Adam / AdamW, deepspeed.json's optimizer, MS-AMP's optimizer arguments)",
     "train.adam_eps": "tests/train/test_optim.py",
     "train.warmup_steps": "tests/train/test_loop.py",
     "train.min_lr_ratio": "tests/train/test_optim.py (the lr the scheduler sets at given steps)",
-    "train.max_grad_norm": "tests/train/test_loop.py, tests/train/test_engines.py",
+    "train.max_grad_norm": "tests/train/test_engines.py::test_max_grad_norm_clips_the_gradients_and_zero_leaves_them; "
+                           "tests/test_render.py (DeepSpeed's gradient_clipping)",
     "train.seed": "tests/e2e/test_meta_init.py (the same weights at any world size)",
     "train.output_dir": "every run",
     "train.log_every": "tests/train/test_loop.py",
     "train.checkpoint_every": "tests/e2e/test_resume.py, tests/train/test_checkpoint.py",
-    "train.checkpoint_at_end": "tests/e2e/test_resume.py",
-    "train.keep_checkpoints": "tests/train/test_checkpoint.py",
+    "train.checkpoint_at_end": "tests/train/test_checkpoint.py::test_the_manager_of_a_plan_takes_its_train_keys, "
+                               "tests/train/test_preempt.py (false: none after the last step)",
+    "train.keep_checkpoints": "tests/train/test_checkpoint.py, tests/e2e/test_resume.py",
     "train.resume": "tests/e2e/test_resume.py",
     "monitor.underflow_warn": "tests/train/test_monitor.py",
     "monitor.overflow_warn": "tests/train/test_monitor.py",

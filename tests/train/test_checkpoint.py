@@ -237,6 +237,18 @@ def test_ddp_bf16_resume_is_bit_identical(tmp_path, world):
     assert got.keys() == expected_weights.keys() and all(torch.equal(got[k], expected_weights[k]) for k in got)
 
 
+def test_the_manager_of_a_plan_takes_its_train_keys(tmp_path):
+    from support import plan_from
+
+    train = {"output_dir": str(tmp_path / "run"), "steps": 7, "checkpoint_every": 3, "keep_checkpoints": 4}
+    m = CheckpointManager.for_plan(plan_from({"train": train}), rank=0, world_size=1)
+    assert (m.keep, m.every, m.at_end) == (4, 3, True)
+    assert [s for s in range(1, 8) if m.due(s)] == [3, 6, 7]  # every checkpoint_every steps, and the last (checkpoint_at_end)
+    m = CheckpointManager.for_plan(plan_from({"train": {**train, "checkpoint_every": 0, "checkpoint_at_end": False}}),
+                                   rank=0, world_size=1)
+    assert not [s for s in range(1, 8) if m.due(s)]
+
+
 def test_train_state_helpers_save_on_schedule_and_restore_counters_and_data(tmp_path, world):
     """The loop's side, duck-typed: TrainState(engine, data, step, tokens_seen, skipped_steps)."""
     def state_of(seed):

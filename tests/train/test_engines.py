@@ -57,6 +57,20 @@ def test_ddp_trains_and_follows_the_schedule(world, tmp_path):
     assert model.output.weight.dtype == torch.float32  # bf16 by autocast; the weights stay fp32
 
 
+@pytest.mark.parametrize("max_grad_norm", [1e-3, 0.0])
+def test_max_grad_norm_clips_the_gradients_and_zero_leaves_them(world, tmp_path, max_grad_norm):
+    plan, model, engine = _wrapped(tmp_path, distributed__strategy="ddp", precision__mode="fp32",
+                                   train__max_grad_norm=max_grad_norm)
+    batch = token_batches(1)[0]
+    with engine.micro_batch(last=True):
+        engine.backward(cross_entropy(engine.forward(batch[:, :-1]), batch[:, 1:]), last=True)
+    before = engine.clip_grad_norm(plan.train.max_grad_norm)  # as the loop calls it
+    after = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
+    assert before > 1e-2
+    assert after.item() == pytest.approx(max_grad_norm or before.item(), rel=1e-4)
+    engine.zero_grad()
+
+
 def test_fsdp2_shards_blocks_then_root_as_fsdp2_json_says(world, tmp_path):
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor

@@ -1,0 +1,77 @@
+"""Every rule id named outside the rule table exists in it (issue 29): code that raises or looks up a rule by id
+(rule_error("DS-FP16-CPU", ...), RULES_BY_ID["..."]), messages and comments that name one ("rule TP-SEQ-LEN"),
+the schema's descriptions, the shipped specs and the docs. A renamed or deleted rule fails here, not in a user's
+error message."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from conftest import REPO
+from launcher.planning.rules import RULES_BY_ID
+
+RULE_ID = re.compile(r"(?<![\w-])[A-Z][A-Z0-9]+(?:-[A-Z0-9]+)+(?![\w-])")
+"""Upper-case words joined by '-', at least two (FP8-NOT-APPLIED, TE-TOKENS-DIV8): the shape of every rule id.
+The lookarounds keep a piece of a longer token (a prefix before `-*`, an f-string's `TE-{x}`) from matching."""
+
+RULE_PREFIX = re.compile(r"(?<![\w-])([A-Z][A-Z0-9]+(?:-[A-Z0-9]+)*)-\*")
+"""A family of rules by prefix, as the docs write it: PRECISION-RULE-*, MOE-*, TE-FP8-PARAMS-*."""
+
+NOT_RULE_IDS = {
+    "DNS-1123": "the Kubernetes name format (launch.kubernetes.namespace)",
+    "GPT-2": "the model family (Conv1D, its tokenizer)",
+    "MS-AMP": "Microsoft's FP8 library",
+    "RULE-ID": "the placeholder of `fp8launch explain [RULE-ID]` in the README",
+    "UTF-8": "the encoding",
+}
+"""Rule-id-shaped tokens that are not rule ids. Keep it short: a token added here is one the test no longer checks."""
+
+
+def _scanned():
+    """The files that may name a rule, outside launcher/planning/rules.py (which defines them)."""
+    rules_py = REPO / "launcher" / "planning" / "rules.py"
+    files = [p for p in (REPO / "launcher").rglob("*.py") if p != rules_py]
+    files += [REPO / "launcher" / "planning" / "schema.json", REPO / "README.md"]
+    files += [*(REPO / "templates").glob("*.j2"), *(REPO / "specs").glob("*.toml"), *(REPO / "docs").glob("*.md")]
+    return sorted(p for p in files if p.is_file())
+
+
+def _tokens():
+    ids, prefixes = defaultdict(set), defaultdict(set)
+    for path in _scanned():
+        text, where = path.read_text(encoding="utf-8"), str(path.relative_to(REPO))
+        for m in RULE_ID.finditer(text):
+            ids[m.group()].add(f"{where}:{text.count(chr(10), 0, m.start()) + 1}")
+        for m in RULE_PREFIX.finditer(text):
+            prefixes[m.group(1)].add(f"{where}:{text.count(chr(10), 0, m.start()) + 1}")
+    return ids, prefixes
+
+
+IDS, PREFIXES = _tokens()
+
+
+def test_the_scan_sees_the_files_and_the_ids():
+    scanned = {str(p.relative_to(REPO)) for p in _scanned()}
+    assert {"README.md", "launcher/cli.py", "launcher/planning/schema.json", "docs/precision.md"} <= scanned
+    assert "launcher/planning/rules.py" not in scanned
+    assert all(RULE_ID.fullmatch(rule) for rule in RULES_BY_ID), "a rule id the pattern does not match: widen RULE_ID"
+    assert len(set(IDS) & set(RULES_BY_ID)) >= 50
+
+
+def test_every_rule_id_named_outside_the_rule_table_exists():
+    unknown = {token: sorted(where) for token, where in IDS.items() if token not in RULES_BY_ID and token not in NOT_RULE_IDS}
+    print(f"not rule ids ({len(NOT_RULE_IDS)}): {', '.join(sorted(NOT_RULE_IDS))}")
+    assert not unknown, ("rule ids that launcher/planning/rules.py does not define (rename the reference, or if the "
+                         f"token is not a rule id add it to NOT_RULE_IDS): {unknown}")
+
+
+def test_every_rule_family_named_by_prefix_has_a_rule():
+    empty = {prefix: sorted(where) for prefix, where in PREFIXES.items()
+             if not any(rule.startswith(prefix + "-") for rule in RULES_BY_ID)}
+    assert not empty, f"`PREFIX-*` names no rule of launcher/planning/rules.py: {empty}"
+
+
+def test_the_allow_list_is_needed_and_holds_no_rule():
+    assert not set(NOT_RULE_IDS) & set(RULES_BY_ID)
+    assert set(NOT_RULE_IDS) <= set(IDS), f"no longer in the scanned files, remove: {sorted(set(NOT_RULE_IDS) - set(IDS))}"
