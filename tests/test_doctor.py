@@ -13,7 +13,8 @@ from conftest import REPO, run_module
 from launcher.planning.install import INSTALL
 from launcher.commands import doctor
 from launcher.commands.doctor import ROWS, Gpu, Machine, assess, assess_plan, diagnose, gather, synthetic_plan
-from launcher.planning.hardware import TE_RECIPE_CAPABILITY, supports
+from launcher.planning.backends import TE
+from launcher.planning.hardware import supports
 from launcher.planning.rules import Facts, check
 
 ALL = {"torchao": "0.18.0", "transformer_engine": "2.20.2", "deepspeed": "0.19.8", "msamp": "0.4.0",
@@ -138,7 +139,7 @@ def test_v100_has_no_bf16():
 @pytest.mark.parametrize("cc", [(7, 0), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0)])
 def test_hardware_thresholds_agree_with_the_rule_table(cc):
     """launcher.planning.hardware holds the thresholds the rules use; until rules.py imports them, this pins both."""
-    for recipe in ("delayed", "current", *TE_RECIPE_CAPABILITY):
+    for recipe in ("delayed", "current", *TE.capability):
         plan = synthetic_plan("fp8", "te", recipe, 1)
         fired = {f.rule.id for f in check(Facts(plan=plan, device="cuda", capability=cc), "run")}
         assert bool(fired & {"FP8-HARDWARE", "TE-RECIPE-HARDWARE"}) != supports(cc, "fp8", "te", recipe), recipe

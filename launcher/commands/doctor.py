@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from launcher.errors import with_fix
+from launcher.planning.backends import BACKENDS, MSAMP, TE, TORCHAO
 from launcher.planning.install import INSTALL
 from launcher.planning.hardware import capability_text, requirement, supports
 from launcher.planning.plan import Plan, resolve
@@ -28,10 +29,10 @@ frozen = dataclass(frozen=True, kw_only=True, slots=True)
 PACKAGES = ("torchao", "transformer_engine", "deepspeed", "msamp", "transformers", "accelerate")
 """Optional packages the doctor reports, by import name."""
 
-BACKEND_PACKAGE = {"torchao": "torchao", "te": "transformer_engine", "msamp": "msamp"}
+BACKEND_PACKAGE = {b.name: b.package for b in BACKENDS.values()}
 
 ROWS: tuple[tuple[str, str | None, str | None], ...] = (
-    *(("fp8", backend, r) for backend in ("torchao", "te", "msamp") for r in recipes(backend)),
+    *(("fp8", backend, r) for backend in BACKENDS for r in recipes(backend)),
     ("bf16", None, None),
     ("fp16", None, None),
 )
@@ -40,7 +41,7 @@ ROWS: tuple[tuple[str, str | None, str | None], ...] = (
 FIRST = ("FP8-HARDWARE", "CPU-BACKEND")
 """Rules whose reason comes first: no package or recipe change helps while they hold."""
 
-DEFAULT_RECIPE = {"torchao": "tensorwise", "te": "current", "msamp": "O2"}
+DEFAULT_RECIPE = {b.name: b.default_recipe for b in BACKENDS.values()}
 """The row that speaks for each backend in the exit-3 message."""
 
 
@@ -240,12 +241,12 @@ def assess_plan(machine: Machine, plan: Plan) -> Support:
     ok = not reasons
     return Support(mode=p.mode, backend=backend, recipe=recipe, supported=ok, device=device,
                    reasons=tuple(reasons), rules=tuple(dict.fromkeys(r for r in reasons.values() if r)),
-                   note=_note(machine, device, p.fp8 and backend == "torchao") if ok else "")
+                   note=_note(machine, device, p.fp8 and not BACKENDS[backend].cuda_only) if ok else "")
 
 
 def _recipe(plan: Plan) -> str:
     p = plan.precision
-    return {"torchao": p.torchao.recipe, "te": p.te.recipe, "msamp": p.msamp.opt_level}[p.backend]
+    return BACKENDS[p.backend].recipe(p)
 
 
 def packages_needed(plan: Plan) -> list[str]:
@@ -256,7 +257,7 @@ def packages_needed(plan: Plan) -> list[str]:
     out = [BACKEND_PACKAGE[q.plan.precision.backend] for q in phases(plan) if q.plan.precision.fp8]  # any phase that trains in FP8
     if p.optimizer_states != "fp32" or p.master_weights == "bf16":  # torchao's low-bit Adam (launcher/train/optim_lowbit.py)
         out.append("torchao")
-    if p.fp8 and p.backend == "msamp" and p.msamp.use_te:
+    if p.fp8 and BACKENDS[p.backend].setting(p, "use_te"):
         out.append("transformer_engine")
     if plan.distributed.strategy == "deepspeed":
         out.append("deepspeed")
@@ -287,15 +288,16 @@ def synthetic_plan(mode: str, backend: str | None = None, recipe: str | None = N
                   "distributed": {"strategy": "fsdp2", "procs_per_node": procs}}
     if mode == "fp8":
         spec["precision"]["backend"] = backend
-        if backend == "torchao":
+        b = BACKENDS[backend]
+        if b is TORCHAO:
             # skip_small off: the default debug model's Linears are all below torchao's size rule (FP8-NONE-SELECTED),
             # and whether this precision runs here does not depend on which layers a model converts
             spec["precision"]["torchao"] = {"recipe": recipe, "skip_small": False}
             spec["compile"] = {"enabled": True}
-        elif backend == "te":
+        elif b is TE:
             spec["precision"]["te"] = {"recipe": recipe}
             spec["compile"] = {"enabled": recipe != "delayed"}  # rule TE-DELAYED-COMPILE
-        elif backend == "msamp":
+        elif b is MSAMP:
             spec["precision"]["msamp"] = {"opt_level": recipe}
             # MS-AMP: FSDP1/DDP only, and O3 exists only through its DeepSpeed ZeRO 1/2 integration.
             spec["distributed"] = {"strategy": "deepspeed", "procs_per_node": procs, "deepspeed": {"zero_stage": 2}} \

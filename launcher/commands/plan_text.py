@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from launcher.errors import UsageError
+from launcher.planning.backends import BACKENDS
 from launcher.planning.levels import reduce_payload
 from launcher.planning.memory import estimate, model_params
 from launcher.targets.files import Change
@@ -114,7 +115,7 @@ def phase_records(plan: Plan, params: int | None = None) -> list[dict]:
 
 def _recipe(plan: Plan) -> str:
     p = plan.precision
-    return {"torchao": f" {p.torchao.recipe}", "te": f" {p.te.recipe}", "msamp": f" {p.msamp.opt_level}"}[p.backend]
+    return f" {BACKENDS[p.backend].recipe(p)}"
 
 
 def rules_table() -> str:

@@ -6,17 +6,9 @@ Compute capabilities are `(major, minor)` tuples as `torch.cuda.get_device_capab
 
 from __future__ import annotations
 
-FP8_MIN_CAPABILITY = (8, 9)
-"""FP8 GEMMs need Ada (sm89), Hopper (sm90) or Blackwell (sm100+)."""
+from launcher.planning.backends import BACKENDS, FP8_MIN_CAPABILITY, backend_of
 
-TE_RECIPE_CAPABILITY = {"block": ((9, 0), None), "mxfp8": ((10, 0), (12, 0)), "nvfp4": ((10, 0), None)}
-"""Transformer Engine recipes that need more than FP8 itself: recipe -> (lowest compute capability,
-first one refused again or None). Block scaling needs Hopper, MXFP8/NVFP4 Blackwell; TE 2.20
-refuses MXFP8 on sm120 (consumer Blackwell)."""
-
-TORCHAO_RECIPE_CAPABILITY = {"mxfp8": ((10, 0), None), "nvfp4": ((10, 0), None)}
-"""torchao's block-scaled recipes: its MX kernels and NVFP4 Triton kernels check `is_sm_at_least_100`
-(torchao/prototype/mx_formats/kernels.py, moe_training/nvfp4_training/quantize_2d_triton.py, 0.18.0)."""
+# Which recipes need more than FP8 itself is each backend's record (launcher/planning/backends.py: capability).
 
 BLOCK_SIZE = {"mxfp8": 32, "nvfp4": 16}
 """The block-scaled recipes (torchao and Transformer Engine alike) and the values that share one scale: every
@@ -32,17 +24,17 @@ BF16_MIN_CAPABILITY = (8, 0)
 
 def precision_key(precision) -> tuple[str, str | None, str | None]:
     """(mode, backend, recipe) of a plan's PrecisionConfig, as `supports` and `requirement` take them."""
-    if precision.mode != "fp8":
+    b = backend_of(precision)
+    if b is None:
         return precision.mode, None, None
-    return "fp8", precision.backend, {"torchao": precision.torchao.recipe, "te": precision.te.recipe}.get(precision.backend)
+    return "fp8", b.name, b.recipe(precision) if b.has_recipes else None
 
 
 def capability_range(mode: str, backend: str | None = None, recipe: str | None = None) -> tuple[tuple[int, int], tuple[int, int] | None]:
     """(lowest compute capability that runs this precision, first one that does not again or None)."""
     if mode == "fp8":
-        table = {"te": TE_RECIPE_CAPABILITY, "torchao": TORCHAO_RECIPE_CAPABILITY}.get(backend, {})
-        low, high = table.get(recipe, ((0, 0), None))
-        return max(FP8_MIN_CAPABILITY, low), high
+        b = BACKENDS.get(backend or "")
+        return b.needs_capability(recipe) if b else (FP8_MIN_CAPABILITY, None)
     if mode == "bf16":
         return BF16_MIN_CAPABILITY, None
     return (0, 0), None

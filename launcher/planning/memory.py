@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.planning.backends import BACKENDS, backend_of
 from launcher.planning.levels import MOMENTS, STATE_BYTES
 from launcher.planning.models import builtin_config
 from launcher.planning.plan import Plan
@@ -142,7 +143,8 @@ def model_states(plan: Plan, params: int) -> tuple[MemoryRow, ...]:
     state_dtype, state_bytes = p.optimizer_states, states * STATE_BYTES[p.optimizer_states]
     weight_dtype = "bf16" if p.master_weights == "bf16" else "fp32"
 
-    if p.fp8 and p.backend == "msamp":
+    b = backend_of(p)
+    if b is not None and b.scaling_tensors:
         # MS-AMP keeps FP8 weights and gradients (ScalingTensor); O2+ also FP16 master weights and
         # FP8 first / FP16 second moments. Under ZeRO (O3 via DeepSpeed) optimizer-side states are sharded.
         opt_shards = n if d.strategy == "deepspeed" and d.deepspeed.zero_stage >= 1 else 1
@@ -177,7 +179,7 @@ def model_states(plan: Plan, params: int) -> tuple[MemoryRow, ...]:
         rows = [MemoryRow("params", weight_dtype, BYTES[weight_dtype], 1), MemoryRow("grads", weight_dtype, BYTES[weight_dtype], 1),
                 MemoryRow("optimizer_states", state_dtype, state_bytes, 1)]
 
-    if p.fp8 and p.backend == "te" and p.te.fp8_params:
+    if b is not None and b.setting(p, "fp8_params"):
         # quantized_model_init keeps FP8 weights (1 byte, counted for every parameter: the swapped Linears hold nearly all).
         # DDP / FSDP2: TE's FusedAdam(master_weights=True) keeps an fp32 master copy of every parameter, laid out as the
         # optimizer states are (FSDP2: sharded); DeepSpeed's bf16/fp16 ZeRO optimizer keeps its own (its row stays).
@@ -226,7 +228,7 @@ def block_activation_bytes_per_token(plan: Plan, cfg) -> float:
         # routed output (top_k rows of dim each); padding groups to 32 rows adds at most E * 31 rows per
         # micro-batch (under a percent at any real batch) and is left out
         moe = 8 * cfg.num_experts + 12 * cfg.top_k + 2 * _compute_bytes(plan) * cfg.top_k * d
-    fp8_saved = p.fp8 and p.backend in ("te", "msamp")  # they save FP8 GEMM inputs; torchao saves the high-precision input
+    fp8_saved = p.fp8 and BACKENDS[p.backend].saves_fp8_inputs  # TE and MS-AMP; torchao saves the high-precision input
     lin = 1 if fp8_saved else c
     separate = r != c or fp8_saved  # each Linear casts (or quantizes) its own copy of a shared input
     norms = 2 * (4 * d + r * d + 4)  # fp32 input of rms_norm, normalised output in the residual dtype, rstd
@@ -273,7 +275,7 @@ def activations(plan: Plan, cfg) -> ActivationRow:
     total += outside_activation_bytes_per_token(plan, cfg) * tokens + weight_copy_bytes(plan, cfg, checkpointed)
     tp = max(1, int(getattr(plan.distributed, "tensor_parallel", 1) or 1))
     p = plan.precision
-    dtype = p.compute_dtype + ("+fp8" if p.fp8 and p.backend in ("te", "msamp") else "")
+    dtype = p.compute_dtype + ("+fp8" if p.fp8 and BACKENDS[p.backend].saves_fp8_inputs else "")
     how = f"micro-batch {t.micro_batch_size} x seq {t.seq_len}, checkpointing {mode}" + (f", / {tp} tensor-parallel ranks" if tp > 1 else "")
     return ActivationRow(total / tp, dtype, how, recompute_bytes=(block / tp if checkpointed else 0.0))
 
@@ -290,7 +292,7 @@ def init_peak(plan: Plan, params: int, cfg=None) -> InitPeak:
     full = 4.0 * params
     largest = 4.0 * max(cfg.vocab_size * cfg.dim, cfg.dim * cfg.ffn_dim,
                         3 * cfg.dim * getattr(cfg, "moe_ffn_dim", 0) * getattr(cfg, "num_experts", 0)) if cfg else 0.0
-    if p.fp8 and p.backend in ("te", "msamp"):
+    if p.fp8 and BACKENDS[p.backend].replaces_modules:
         return InitPeak(full, "on the GPU", f"whole fp32 model before {p.backend} converts it")
     if d.strategy == "fsdp2":
         where = "host" if d.fsdp2.cpu_offload else "on the GPU"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import typing
 
+from launcher.planning.backends import MSAMP, TE, TORCHAO, backend_of
+
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
 
@@ -61,21 +63,19 @@ def precision_table(plan: Plan) -> dict[str, str]:
         grad_reduce = hp
         weight_comm = hp if d.deepspeed.zero_stage == 3 else "none (replicated)"
 
-    if p.fp8 and p.backend == "torchao":
-        gemm = _TORCHAO_GEMM[p.torchao.recipe].format(hp=hp)
-        if p.torchao.fsdp_float8_all_gather and d.strategy == "fsdp2":
+    b = backend_of(p)
+    if b is not None:
+        gemm = _GEMM[b](p, hp)
+        if b.float8_all_gather(p, d.strategy):
             weight_comm = "fp8 e4m3 (float8 all-gather)"
-    elif p.fp8 and p.backend == "te":
-        gemm = _TE_GEMM[p.te.recipe].format(fmt="e4m3 fwd / e5m2 grads" if p.te.fp8_format == "HYBRID" else "e4m3")
-        if p.te.fp8_params and d.strategy == "fsdp2":
+        if b.setting(p, "fp8_params") and d.strategy == "fsdp2":
             weight_comm = "fp8 (TE's FP8 weights all-gathered as FP8)"
-    elif p.fp8 and p.backend == "msamp":
-        gemm = "fp8 e4m3 fwd / e5m2 grads (MS-AMP)"
-        grad_reduce = "fp8 (MS-AMP scaled all-reduce)"
+        if b.scaling_tensors:
+            grad_reduce = "fp8 (MS-AMP scaled all-reduce)"
 
     if p.grad_reduce != "auto" and d.strategy in ("ddp", "fsdp2"):
         grad_reduce = _GRAD_REDUCE[p.grad_reduce][d.strategy]
-    weight_grads = "fp8 (MS-AMP)" if p.fp8 and p.backend == "msamp" else grad_reduce.split(" ")[0]
+    weight_grads = "fp8 (MS-AMP)" if _msamp(plan) else grad_reduce.split(" ")[0]
     if p.grad_reduce == "fp8":  # FP8 on the wire only: the gradients are accumulated in the parameters' dtype
         weight_grads = rows["grads"].dtype
 
@@ -112,16 +112,27 @@ def tp_comm(plan: Plan) -> str:
     """The dtype of the tensor-parallel all-gathers and reduce-scatters (launcher/train/tensor_parallel.py)."""
     p = plan.precision
     hp = p.compute_dtype
-    if p.fp8 and p.backend == "torchao" and p.torchao.recipe == "tensorwise":
+    b = backend_of(p)
+    if b is not None and b.recipe(p) in b.float8_tp_recipes:
         return (f"all-gathers in fp8 (torchao Float8 TP styles: e4m3 activations forward, e5m2 gradients backward); "
                 f"reduce-scatters and the logits all-gather in {hp}")
-    if p.fp8 and p.backend == "torchao":
+    if b is TORCHAO:
         return f"{hp} all-gathers and reduce-scatters (torchao has float8 TP for tensorwise only; rule TP-ROWWISE-BF16-COMM)"
     return f"{hp} all-gathers and reduce-scatters"
 
 
 def _msamp(plan: Plan) -> bool:
-    return plan.precision.fp8 and plan.precision.backend == "msamp"
+    """MS-AMP's ScalingTensor weights, gradients and master copy."""
+    b = backend_of(plan.precision)
+    return b is not None and b.scaling_tensors
+
+
+_GEMM = {
+    TORCHAO: lambda p, hp: _TORCHAO_GEMM[p.torchao.recipe].format(hp=hp),
+    TE: lambda p, hp: _TE_GEMM[p.te.recipe].format(fmt="e4m3 fwd / e5m2 grads" if p.te.fp8_format == "HYBRID" else "e4m3"),
+    MSAMP: lambda p, hp: "fp8 e4m3 fwd / e5m2 grads (MS-AMP)",
+}
+"""Each backend's GEMMs as the table names them."""
 
 
 def _stored(plan: Plan, rows: dict) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import jsonschema
 
 from launcher.errors import Problem, SpecError
+from launcher.planning.backends import BACKENDS
 from launcher.planning.sourcemap import Path, json_lines, locate, toml_lines
 from launcher.planning.suggest import closest, did_you_mean
 
@@ -294,7 +295,7 @@ def _all_paths() -> tuple[Path, ...]:
     return tuple(out)
 
 
-RECIPE_KEY = {"torchao": "precision.torchao.recipe", "te": "precision.te.recipe", "msamp": "precision.msamp.opt_level"}
+RECIPE_KEY = {b.name: b.recipe_key for b in BACKENDS.values()}
 """The spec key that names each FP8 backend's recipe (MS-AMP's is its opt level)."""
 
 

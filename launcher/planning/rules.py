@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from launcher.errors import with_fix
+from launcher.planning.backends import BACKENDS, MSAMP, TE, TORCHAO, Backend, backend_of
 from launcher.planning.install import INSTALL
 from launcher.planning.hardware import BLOCK_RECIPES, FP8_MIN_CAPABILITY, capability_text, precision_key, requirement, supports
 from launcher.planning.hardware import BLOCK_SIZE
@@ -137,9 +138,10 @@ def _speed_matters(f: Facts) -> bool:
     return f.plan.launch.device != "cpu"
 
 
-def _fp8(f: Facts, backend: str | None = None) -> bool:
-    p = f.plan.precision
-    return p.mode == "fp8" and (backend is None or p.backend == backend)
+def _fp8(f: Facts, backend: Backend | None = None) -> bool:
+    """An FP8 plan (with this backend)."""
+    b = backend_of(f.plan.precision)
+    return b is not None and (backend is None or b is backend)
 
 
 def _strategy(f: Facts) -> str:
@@ -150,9 +152,7 @@ def _unused_sections(f: Facts) -> list[str]:
     plan, present = f.plan, f.plan.present
     p = plan.precision
     reads = {
-        "precision.torchao": p.mode == "fp8" and p.backend == "torchao",
-        "precision.te": p.mode == "fp8" and p.backend == "te",
-        "precision.msamp": p.mode == "fp8" and p.backend == "msamp",
+        **{f"precision.{b.section}": backend_of(p) is b for b in BACKENDS.values()},
         "distributed.fsdp2": _strategy(f) == "fsdp2",
         "distributed.deepspeed": _strategy(f) == "deepspeed",
         "launch.slurm": plan.launch.launcher == "slurm",
@@ -175,10 +175,9 @@ def _accelerate_unsupported(f: Facts) -> str:
     p = f.plan.precision
     if p.mode == "fp8" and (p.keep_first_blocks or p.keep_last_blocks):
         return "precision.keep_first_blocks / keep_last_blocks"
-    if p.mode == "fp8" and p.backend == "torchao" and p.torchao.recipe != "tensorwise":
-        return f"precision.torchao.recipe = {p.torchao.recipe!r}"
-    if p.mode == "fp8" and p.backend == "te" and p.te.recipe not in ("delayed", "mxfp8"):
-        return f"precision.te.recipe = {p.te.recipe!r}"
+    b = backend_of(p)
+    if b is not None and b.accelerate_recipes is not None and b.recipe(p) not in b.accelerate_recipes:
+        return f"{b.recipe_key} = {b.recipe(p)!r}"
     return ""
 
 
@@ -206,7 +205,8 @@ def _expert_recipe(f: Facts) -> str | None:
     rule = _expert_rule(f)
     if rule is not None:
         return rule.recipe or None
-    return p.torchao.recipe if p.backend == "torchao" else p.backend
+    b = BACKENDS[p.backend]
+    return b.recipe(p) if b.grouped_experts else b.name
 
 
 def _moe_router_rules(f: Facts) -> list[str]:
@@ -237,35 +237,35 @@ RULES: tuple[Rule, ...] = (
          when="fp8 + torchao + strategy ddp + compile.enabled",
          why="torchao float8 under DDP with torch.compile fails in DDPOptimizer's graph splitting (pytorch/ao#2586, ao#1308; Axolotl docs).",
          fix='set distributed.strategy = "fsdp2", or compile.enabled = false',
-         condition=lambda f: _fp8(f, "torchao") and _strategy(f) == "ddp" and f.plan.compile.enabled),
+         condition=lambda f: _fp8(f, TORCHAO) and _strategy(f) == "ddp" and f.plan.compile.enabled),
     Rule(id="FP8-ALLGATHER-STRATEGY", severity="error", stage="plan",
          when="precision.torchao.fsdp_float8_all_gather and strategy != fsdp2",
          why="float8 all-gather is an FSDP2 feature; other strategies would ignore it (Axolotl validator).",
          fix='set distributed.strategy = "fsdp2", or precision.torchao.fsdp_float8_all_gather = false',
-         condition=lambda f: _fp8(f, "torchao") and f.plan.precision.torchao.fsdp_float8_all_gather and _strategy(f) != "fsdp2"),
+         condition=lambda f: _fp8(f, TORCHAO) and f.plan.precision.torchao.fsdp_float8_all_gather and _strategy(f) != "fsdp2"),
     Rule(id="FP8-ALLGATHER-RECIPE", severity="error", stage="plan",
          when="precision.torchao.fsdp_float8_all_gather and recipe != tensorwise",
          why="torchao asserts that float8 all-gather needs tensorwise weight scaling.",
          fix='set precision.torchao.recipe = "tensorwise", or precision.torchao.fsdp_float8_all_gather = false',
-         condition=lambda f: _fp8(f, "torchao") and f.plan.precision.torchao.fsdp_float8_all_gather and f.plan.precision.torchao.recipe != "tensorwise"),
+         condition=lambda f: _fp8(f, TORCHAO) and f.plan.precision.torchao.fsdp_float8_all_gather and f.plan.precision.torchao.recipe != "tensorwise"),
     Rule(id="MOE-ROUTER-FP8", severity="error", stage="plan",
          when="a [[precision.rules]] entry with a recipe matches an MoE router gate (*.moe.router.gate, Hugging Face *.mlp.gate)",
          why="the router's scores pick each token's experts: FP8 noise there flips the top-k choice, so torchtitan computes the gate in fp32 and fp8launch always keeps it in high precision; the rule would be ignored.",
          fix='narrow that precision.rules entry\'s match so it leaves the router gate out (e.g. "*.moe.experts" or "*.attention.*")',
-         condition=lambda f: _fp8(f, "torchao") and bool(_moe_router_rules(f)),
+         condition=lambda f: _fp8(f, TORCHAO) and bool(_moe_router_rules(f)),
          detail=lambda f: f"[[precision.rules]] match = {_moe_router_rules(f)[0]!r} puts the MoE router gate into FP8."),
     Rule(id="MOE-ROWWISE-CPU", severity="error", stage="plan",
          when="rowwise FP8 for the grouped experts of an MoE model with launch.device = cpu",
          why="torchao's FP8 rowwise grouped GEMM (Float8TrainingOpConfig) runs torch._scaled_grouped_mm, a CUDA kernel for sm90+; only MXFP8 has emulated grouped GEMMs for the CPU.",
          fix='set precision.torchao.recipe = "mxfp8" (emulated grouped GEMMs on CPU), or launch.device = "cuda"',
-         condition=lambda f: _fp8(f, "torchao") and f.plan.launch.device == "cpu" and _expert_recipe(f) == "rowwise",
+         condition=lambda f: _fp8(f, TORCHAO) and f.plan.launch.device == "cpu" and _expert_recipe(f) == "rowwise",
          fix_for=lambda f: (f"set the recipe of the precision.rules entry {_expert_rule(f).match!r} to \"mxfp8\" (emulated grouped GEMMs "
                             'on CPU), or launch.device = "cuda"') if _expert_rule(f) else RULES_BY_ID["MOE-ROWWISE-CPU"].fix),
     Rule(id="MOE-ROWWISE-HARDWARE", severity="error", stage="run",
          when="rowwise FP8 for the grouped experts of an MoE model on a GPU below compute capability 9.0",
          why="torch._scaled_grouped_mm (torchao's FP8 rowwise grouped GEMM) has kernels for sm90 and sm100 only; an sm89 GPU runs FP8 Linears but not grouped FP8 GEMMs.",
          fix='set precision.torchao.recipe = "tensorwise" (experts stay in bf16) or run on an H100 / B200',
-         condition=lambda f: _fp8(f, "torchao") and f.device == "cuda" and f.capability is not None and f.capability < (9, 0)
+         condition=lambda f: _fp8(f, TORCHAO) and f.device == "cuda" and f.capability is not None and f.capability < (9, 0)
          and _expert_recipe(f) == "rowwise"),
     Rule(id="MOE-EXPERTS-HP", severity="warning", stage="plan",
          when="fp8 with an MoE model whose experts' recipe has no grouped GEMM (torchao tensorwise / rowwise_with_gw_hp / nvfp4; te; msamp)",
@@ -277,12 +277,12 @@ RULES: tuple[Rule, ...] = (
          when="precision.torchao.fsdp_float8_all_gather with an MoE model",
          why="torchao's float8 all-gather applies to Float8Linear weights only; the 3D expert weights (torchao's MoE-training wrapper all-gathers them in the param dtype) and tensorwise experts (not converted) are all-gathered in bf16, so most of an MoE's all-gather bytes do not shrink.",
          fix="set precision.torchao.fsdp_float8_all_gather = false, or keep it for the attention and shared-expert Linears knowing the experts gather in bf16",
-         condition=lambda f: _fp8(f, "torchao") and f.plan.precision.torchao.fsdp_float8_all_gather and _moe(f)),
+         condition=lambda f: _fp8(f, TORCHAO) and f.plan.precision.torchao.fsdp_float8_all_gather and _moe(f)),
     Rule(id="FP8-NO-COMPILE", severity="warning", stage="plan",
          when='fp8 + torchao without compile (on a GPU: not for launch.device = "cpu")',
          why="without torch.compile, float8 casts are not fused: usually slower and more memory than bf16 (Axolotl docs, ao#2262).",
          fix="set compile.enabled = true",
-         condition=lambda f: _fp8(f, "torchao") and not f.plan.compile.enabled and _speed_matters(f)),
+         condition=lambda f: _fp8(f, TORCHAO) and not f.plan.compile.enabled and _speed_matters(f)),
     Rule(id="FP8-AC-COMPILE-SLOW", severity="warning", stage="plan",
          when="fp8 + fsdp2 + compile + activation_checkpointing != none, where the prediction says the recompute turns FP8's gain "
               "into a loss (it gains without checkpointing); a GPU run",
@@ -295,12 +295,12 @@ RULES: tuple[Rule, ...] = (
          when='te recipe "delayed" + compile.enabled',
          why='Transformer Engine: "DelayedScaling is not supported under torch.compile" (check_recipe_support).',
          fix='set precision.te.recipe = "current", or compile.enabled = false',
-         condition=lambda f: _fp8(f, "te") and f.plan.precision.te.recipe == "delayed" and f.plan.compile.enabled),
+         condition=lambda f: _fp8(f, TE) and f.plan.precision.te.recipe == "delayed" and f.plan.compile.enabled),
     Rule(id="TE-BLOCK-FP8-ATTENTION", severity="error", stage="plan",
          when='te recipe "block" with fp8_dpa or fp8_mha',
          why="Transformer Engine's Float8BlockScaling does not support FP8 attention (its recipe asserts fp8_dpa and fp8_mha are off).",
          fix="set precision.te.fp8_dpa = false and precision.te.fp8_mha = false, or precision.te.recipe = \"current\"",
-         condition=lambda f: _fp8(f, "te") and f.plan.precision.te.recipe == "block" and (f.plan.precision.te.fp8_dpa or f.plan.precision.te.fp8_mha)),
+         condition=lambda f: _fp8(f, TE) and f.plan.precision.te.recipe == "block" and (f.plan.precision.te.fp8_dpa or f.plan.precision.te.fp8_mha)),
     Rule(id="TE-REMOVED-KEY", severity="error", stage="plan",
          when="precision.te.interval or precision.te.override_linear_precision present",
          why="these DelayedScaling arguments were removed in Transformer Engine 2.2; fp8launch says so instead of ignoring them.",
@@ -313,29 +313,29 @@ RULES: tuple[Rule, ...] = (
          when="te recipe mxfp8/nvfp4 on a GPU below compute capability 10.0 (mxfp8 also not on 12.0+); block below 9.0",
          why="Transformer Engine's hardware checks: MXFP8/NVFP4 need Blackwell (sm100+), and TE 2.20 refuses MXFP8 on sm120; block scaling needs Hopper (sm90+).",
          fix='set precision.te.recipe = "current" (or "delayed"), or run on a newer GPU',
-         condition=lambda f: _fp8(f, "te") and f.capability is not None and f.plan.precision.te.recipe in ("block", "mxfp8", "nvfp4")
-             and not supports(f.capability, "fp8", "te", f.plan.precision.te.recipe),
-         detail=lambda f: f"TE recipe {f.plan.precision.te.recipe!r} needs {requirement('fp8', 'te', f.plan.precision.te.recipe)}; this GPU has {capability_text(f.capability)}."),
+         condition=lambda f: _fp8(f, TE) and f.capability is not None and f.plan.precision.te.recipe in TE.capability
+             and not supports(f.capability, "fp8", TE.name, f.plan.precision.te.recipe),
+         detail=lambda f: f"TE recipe {f.plan.precision.te.recipe!r} needs {requirement('fp8', TE.name, f.plan.precision.te.recipe)}; this GPU has {capability_text(f.capability)}."),
     Rule(id="MSAMP-FSDP2", severity="error", stage="plan",
          when="msamp + strategy fsdp2",
          why="MS-AMP supports FSDP1 only, not FSDP2.",
          fix='set distributed.strategy = "ddp" or "deepspeed"',
-         condition=lambda f: _fp8(f, "msamp") and _strategy(f) == "fsdp2"),
+         condition=lambda f: _fp8(f, MSAMP) and _strategy(f) == "fsdp2"),
     Rule(id="MSAMP-ZERO3", severity="error", stage="plan",
          when="msamp + deepspeed zero_stage 3",
          why="MS-AMP asserts ZeRO stage 1 or 2 (MS-AMP#182, #130).",
          fix="set distributed.deepspeed.zero_stage = 2",
-         condition=lambda f: _fp8(f, "msamp") and _strategy(f) == "deepspeed" and f.plan.distributed.deepspeed.zero_stage == 3),
+         condition=lambda f: _fp8(f, MSAMP) and _strategy(f) == "deepspeed" and f.plan.distributed.deepspeed.zero_stage == 3),
     Rule(id="MSAMP-O3-STRATEGY", severity="error", stage="plan",
          when="msamp opt_level O3 + strategy != deepspeed",
          why="MS-AMP's O3 exists only through its DeepSpeed integration (FP8 ZeRO optimizer).",
          fix='set distributed.strategy = "deepspeed", or precision.msamp.opt_level = "O2"',
-         condition=lambda f: _fp8(f, "msamp") and f.plan.precision.msamp.opt_level == "O3" and _strategy(f) != "deepspeed"),
+         condition=lambda f: _fp8(f, MSAMP) and f.plan.precision.msamp.opt_level == "O3" and _strategy(f) != "deepspeed"),
     Rule(id="MSAMP-OPTIMIZER", severity="error", stage="plan",
          when="msamp + optimizer not adam/adamw",
          why="msamp.initialize accepts only Adam and AdamW optimizers.",
          fix='set train.optimizer = "adamw"',
-         condition=lambda f: _fp8(f, "msamp") and f.plan.train.optimizer not in ("adam", "adamw")),
+         condition=lambda f: _fp8(f, MSAMP) and f.plan.train.optimizer not in ("adam", "adamw")),
     Rule(id="FP16-BF16-BOTH", severity="error", stage="plan",
          when="the rendered deepspeed.json enables both fp16 and bf16",
          why="DeepSpeed asserts that fp16 and bf16 are not both enabled (a hand-edited template can do it).",
@@ -403,8 +403,8 @@ RULES: tuple[Rule, ...] = (
          when='launch.device = "cpu" with backend te or msamp',
          why="Transformer Engine and MS-AMP run only on CUDA GPUs; torchao FP8 is the backend that runs on CPU.",
          fix='set precision.backend = "torchao", or launch.device = "cuda"',
-         condition=lambda f: (_fp8(f, "te") or _fp8(f, "msamp")) and f.plan.launch.device == "cpu",
-         fix_for=lambda f: _msamp_level_fix(f, 'set launch.device = "cuda"') if _fp8(f, "msamp") else RULES_BY_ID["CPU-BACKEND"].fix),
+         condition=lambda f: (_fp8(f, TE) or _fp8(f, MSAMP)) and f.plan.launch.device == "cpu",
+         fix_for=lambda f: _msamp_level_fix(f, 'set launch.device = "cuda"') if _fp8(f, MSAMP) else RULES_BY_ID["CPU-BACKEND"].fix),
     Rule(id="ACCELERATE-UNSUPPORTED", severity="error", stage="plan",
          when="export.accelerate with a recipe Accelerate's config file cannot select (torchao rowwise*, TE current/block/nvfp4), or kept blocks",
          why="accelerate.yaml selects torchao's default (tensorwise) and TE's DelayedScaling or MXFP8 only; writing it anyway would train with another recipe than the spec says.",
@@ -434,7 +434,7 @@ RULES: tuple[Rule, ...] = (
          when="the chosen backend package is not importable",
          why="the backend package is needed to apply the precision the spec asks for.",
          fix="install it: " + "; ".join(f"{name}: {INSTALL[package]}" for name, package in
-                                        (("torchao", "torchao"), ("te", "transformer_engine"), ("msamp", "msamp"), ("deepspeed", "deepspeed"))),
+                                        (*((b.name, b.package) for b in BACKENDS.values()), ("deepspeed", "deepspeed"))),
          condition=lambda f: f.missing_package is not None,
          detail=lambda f: f"the {f.missing_package} package is not importable here.",
          fix_for=lambda f: backend_missing_fix(f.plan, f.missing_package) if f.missing_package else RULES_BY_ID["BACKEND-MISSING"].fix),
@@ -497,12 +497,12 @@ TP_RULES: tuple[Rule, ...] = (
          when="distributed.tensor_parallel > 1 with precision.backend te or msamp",
          why="Transformer Engine has its own tensor-parallel modules (te.Linear parallel_mode, sequence_parallel) that fp8launch does not drive, and mixing them with DTensor TP fails (Accelerate #3827); MS-AMP has no tensor-parallel support outside Megatron.",
          fix='set precision.backend = "torchao", or distributed.tensor_parallel = 1',
-         condition=lambda f: _tp(f) > 1 and (_fp8(f, "te") or _fp8(f, "msamp"))),
+         condition=lambda f: _tp(f) > 1 and (_fp8(f, TE) or _fp8(f, MSAMP))),
     Rule(id="TP-ROWWISE-BF16-COMM", severity="warning", stage="plan",
          when="distributed.tensor_parallel > 1 with torchao recipe rowwise or rowwise_with_gw_hp",
          why="torchao's float8 TP styles (Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput) support tensorwise scaling only: with a rowwise recipe the TP all-gathers and reduce-scatters move bf16, twice the bytes of the tensorwise float8 all-gathers, and the activations are cast to float8 after the all-gather on every rank (torchtitan #1207: rowwise + TP ran slower than bf16).",
          fix='set precision.torchao.recipe = "tensorwise", or measure with `fp8launch bench`',
-         condition=lambda f: _tp(f) > 1 and _fp8(f, "torchao") and f.plan.precision.torchao.recipe not in ("tensorwise", *BLOCK_RECIPES)),
+         condition=lambda f: _tp(f) > 1 and _fp8(f, TORCHAO) and f.plan.precision.torchao.recipe not in ("tensorwise", *BLOCK_RECIPES)),
     Rule(id="TP-COMPILE-CPU", severity="error", stage="plan",
          when='distributed.tensor_parallel > 1 with compile.enabled and launch.device = "cpu"',
          why="torch.compile of tensor-parallel blocks on CPU fails in backward (DTensor redistribute receives a plain tensor gradient) or, under FSDP2, trains with gradients that differ from eager TP's (seen with torch 2.13's CPU build; docs/tensor-parallel.md); eager TP computes the unsharded model's gradients.",
@@ -560,7 +560,8 @@ def _no_gain_fix(f: Facts) -> str:
     p, pr = f.plan.precision, f.prediction
     fixes = []
     if pr.n_losing:
-        skip = p.backend == "torchao" and not p.torchao.skip_small and p.torchao.recipe not in BLOCK_RECIPES
+        b = BACKENDS[p.backend]
+        skip = b.shape_rules and not b.setting(p, "skip_small") and b.recipe(p) not in BLOCK_RECIPES
         fixes.append("keep the small Linears in high precision (precision.keep globs" + (", or precision.torchao.skip_small = true" if skip else "") + ")")
     if not f.plan.compile.enabled:
         fixes.append("set compile.enabled = true")
@@ -712,7 +713,7 @@ RULES += (
              "scaling, FP8 weight caching, debug features) and te.distributed.checkpoint is dynamo-disabled: under fullgraph a graph "
              "break is an error at the first forward.",
          fix="set compile.fullgraph = false (TE's modules then run eager between compiled regions)",
-         condition=lambda f: _fp8(f, "te") and _fullgraph(f)),
+         condition=lambda f: _fp8(f, TE) and _fullgraph(f)),
     Rule(id="FULLGRAPH-MONITOR", severity="error", stage="plan",
          when="compile.fullgraph with monitor.fp8_stats_every > 0",
          why="the FP8 monitor's hooks run eagerly (torch.compiler.disable) so that sampling does not recompile the blocks; that is a "
@@ -724,7 +725,7 @@ RULES += (
          why="Transformer Engine's FP8 GEMMs need the product of the input's leading dimensions divisible by 8 "
              "(assert_dim_for_fp8_exec): the first FP8 layer fails at step 1.",
          fix="set train.seq_len (or train.micro_batch_size) so that micro_batch_size x seq_len is a multiple of 8",
-         condition=lambda f: _fp8(f, "te") and _tokens_per_rank(f) % 8 != 0,
+         condition=lambda f: _fp8(f, TE) and _tokens_per_rank(f) % 8 != 0,
          detail=lambda f: f"micro_batch_size {f.plan.train.micro_batch_size} x seq_len {f.plan.train.seq_len} = {_tokens_per_rank(f)} tokens per "
              f"micro-batch, not a multiple of 8 (Transformer Engine's assert_dim_for_fp8_exec fails at step 1)."),
     Rule(id="TE-FP8-PARAMS-DEEPSPEED", severity="error", stage="plan",
@@ -733,7 +734,7 @@ RULES += (
              "Transformer Engine FP8 weight quantizes a copy on assignment, so the full high-precision copy stays and nothing is saved "
              "(and ZeRO-3 partitioning of TE's Float8Tensor is untested upstream).",
          fix="set precision.te.fp8_params = false",
-         condition=lambda f: _fp8(f, "te") and f.plan.precision.te.fp8_params and _ds(f) and _has_master_weights(f)),
+         condition=lambda f: _fp8(f, TE) and f.plan.precision.te.fp8_params and _ds(f) and _has_master_weights(f)),
     Rule(id="FP8-PRECOMPUTE-OFFLOAD", severity="error", stage="plan",
          when="precision.torchao.fsdp_float8_all_gather and precompute_scale with distributed.fsdp2.cpu_offload",
          why="FSDP2 copies each offloaded shard to the GPU with .to(device) before the float8 all-gather, and torchao rebuilds the "
@@ -741,20 +742,20 @@ RULES += (
              "amax at each all-gather.",
          fix="set precision.torchao.precompute_scale = false (each weight then computes its scale at its all-gather), or "
              "distributed.fsdp2.cpu_offload = false",
-         condition=lambda f: _fp8(f, "torchao") and _strategy(f) == "fsdp2" and f.plan.precision.torchao.fsdp_float8_all_gather
+         condition=lambda f: _fp8(f, TORCHAO) and _strategy(f) == "fsdp2" and f.plan.precision.torchao.fsdp_float8_all_gather
              and f.plan.precision.torchao.precompute_scale and f.plan.distributed.fsdp2.cpu_offload),
     Rule(id="MONITOR-NO-FP8", severity="warning", stage="plan",
          when="monitor.fp8_stats_every > 0 with no FP8 layer to watch (precision.mode != fp8, or backend msamp)",
          why="the monitor measures the casts of FP8 layers; without any (or with MS-AMP, whose FP8 layers it does not hook) it writes no "
              "fp8_stats.jsonl, a silent no-op.",
          fix='set monitor.fp8_stats_every = 0, or precision.mode = "fp8" with backend torchao or te',
-         condition=lambda f: _monitor(f) and not (_fp8(f, "torchao") or _fp8(f, "te"))),
+         condition=lambda f: _monitor(f) and not (_fp8(f, TORCHAO) or _fp8(f, TE))),
     Rule(id="MSAMP-UNMAINTAINED", severity="warning", stage="plan",
          when="backend msamp",
          why="MS-AMP's last release is 0.4.0 (2024-02); it needs Transformer Engine <= 1.7 and, through DeepSpeed, DeepSpeed 0.13 "
              "(it pins 0.13.1), and Accelerate marks it deprecated. Plan for torchao or Transformer Engine.",
          fix='set precision.backend = "torchao" (or "te")',
-         condition=lambda f: _fp8(f, "msamp"),
+         condition=lambda f: _fp8(f, MSAMP),
          fix_for=lambda f: _msamp_level_fix(f, 'set precision.backend = "te"')),
     Rule(id="EFFECT-MISSING", severity="error", stage="run",
          when="after setup, before step 1: a feature the spec asks for did not take effect on the live objects (the start "
@@ -772,7 +773,7 @@ RULES += (
          why="MS-AMP 0.4 imports transformer_engine_extensions (renamed transformer_engine_torch in TE 1.8) and, for DeepSpeed, "
              "AMP from deepspeed.runtime.engine (removed after DeepSpeed 0.13).",
          fix=MSAMP_OWN_ENVIRONMENT + ', or set precision.backend = "torchao" (or "te")',
-         condition=lambda f: _fp8(f, "msamp") and f.msamp_stack is not None,
+         condition=lambda f: _fp8(f, MSAMP) and f.msamp_stack is not None,
          detail=lambda f: f.msamp_stack,
          fix_for=lambda f: _msamp_level_fix(f, MSAMP_OWN_ENVIRONMENT)),
 )
@@ -780,7 +781,7 @@ RULES += (
 def _block(f: Facts) -> str | None:
     """The torchao block-scaled recipe the plan trains with (mxfp8 / nvfp4), else None."""
     recipe = f.plan.precision.torchao.recipe
-    return recipe if _fp8(f, "torchao") and recipe in BLOCK_RECIPES else None
+    return recipe if _fp8(f, TORCHAO) and recipe in BLOCK_RECIPES else None
 
 
 def _bad_rule_recipe(f: Facts) -> str:
@@ -791,9 +792,10 @@ def _bad_rule_recipe(f: Facts) -> str:
     for r in p.rules:
         if r.recipe is None:
             continue
-        if p.backend != "torchao":
+        b = BACKENDS[p.backend]
+        if not b.mixes_recipes:
             return f"precision.rules entry {r.match!r} sets recipe {r.recipe!r}, and backend {p.backend} cannot mix recipes per module."
-        if r.recipe not in recipes("torchao"):
+        if r.recipe not in recipes(b.name):
             return f"precision.rules entry {r.match!r} sets recipe {r.recipe!r}, which is not a torchao recipe."
     return ""
 
@@ -803,7 +805,7 @@ def _bad_rule_mode(f: Facts) -> str:
     for r in p.rules:
         if r.mode is None or r.mode == p.compute_dtype:
             continue
-        if strategy == "deepspeed" or (p.mode == "fp8" and p.backend == "msamp"):
+        if strategy == "deepspeed" or _fp8(f) and backend_of(p).scaling_tensors:
             return (f"precision.rules entry {r.match!r} asks for {r.mode} in a {p.compute_dtype} run under "
                     f"{'DeepSpeed' if strategy == 'deepspeed' else 'MS-AMP'}, which keeps one dtype for every weight.")
         if r.mode == "fp16":
@@ -920,12 +922,13 @@ def _schedule_unsupported(f: Facts) -> list[str]:
     out = []
     for phase in phases(f.plan):
         q = phase.plan.precision
-        if q.mode == "fp8" and q.backend != "torchao":
-            out.append(f"backend {q.backend}")
-        recipes = ({q.torchao.recipe} if q.mode == "fp8" and q.backend == "torchao" else set()) | {r.recipe for r in q.rules if r.recipe}
+        b = backend_of(q)
+        if b is not None and not b.schedules:
+            out.append(f"backend {b.name}")
+        recipes = ({b.recipe(q)} if b is not None and b.schedules else set()) | {r.recipe for r in q.rules if r.recipe}
         out += [f"torchao recipe {r}" for r in sorted(recipes & set(BLOCK_RECIPES))]
-        if q.mode == "fp8" and q.backend == "torchao" and q.torchao.fsdp_float8_all_gather:
-            out.append("precision.torchao.fsdp_float8_all_gather")
+        if b is not None and b.setting(q, "fsdp_float8_all_gather"):
+            out.append(f"precision.{b.section}.fsdp_float8_all_gather")
     if d.strategy == "deepspeed":
         out.append("strategy deepspeed")
     if d.tensor_parallel > 1:
@@ -957,8 +960,8 @@ RULES += (
              "forward fails inside torchao. On CPU, mxfp8 runs torchao's emulated kernels (real numerics, not speed).",
          fix='set precision.torchao.recipe = "tensorwise" (or "rowwise"), or run on an sm100+ GPU (B200, GB200)',
          condition=lambda f: bool(_block(f)) and f.device == "cuda" and f.capability is not None
-             and not supports(f.capability, "fp8", "torchao", _block(f)),
-         detail=lambda f: f"torchao recipe {_block(f)!r} needs {requirement('fp8', 'torchao', _block(f))}; this GPU has {capability_text(f.capability)}."),
+             and not supports(f.capability, "fp8", TORCHAO.name, _block(f)),
+         detail=lambda f: f"torchao recipe {_block(f)!r} needs {requirement('fp8', TORCHAO.name, _block(f))}; this GPU has {capability_text(f.capability)}."),
     Rule(id="TORCHAO-NVFP4-CPU", severity="error", stage="run",
          when="torchao recipe nvfp4 on CPU",
          why="torchao's NVFP4 training (NVFP4TrainingConfig) quantizes through Triton kernels on CUDA only; it has no "
@@ -1143,7 +1146,7 @@ def _memory_excess(f: Facts) -> str | None:
 
 def _te_like(f: Facts) -> bool:
     """Transformer Engine modules in the model: backend te, or MS-AMP with use_te (it swaps Linears to te.Linear)."""
-    return _fp8(f, "te") or (_fp8(f, "msamp") and f.plan.precision.msamp.use_te)
+    return _fp8(f, TE) or (_fp8(f, MSAMP) and f.plan.precision.msamp.use_te)
 
 
 def _te_attention(f: Facts) -> str:
@@ -1153,7 +1156,7 @@ def _te_attention(f: Facts) -> str:
 
 
 def _fp8_params(f: Facts) -> bool:
-    return _fp8(f, "te") and f.plan.precision.te.fp8_params
+    return _fp8(f, TE) and f.plan.precision.te.fp8_params
 
 
 _TE_RULES: tuple[Rule, ...] = (
@@ -1172,7 +1175,7 @@ _TE_RULES: tuple[Rule, ...] = (
              "models' causal grouped-query attention core); an hf: or py: model's attention is its own code, which te.autocast "
              "leaves in high precision, so the recipe's fp8_dpa / fp8_mha would change nothing.",
          fix='set precision.te.fp8_dpa = false and precision.te.fp8_mha = false, or train.model = "builtin:..."',
-         condition=lambda f: _fp8(f, "te") and bool(_te_attention(f)) and not f.plan.train.model.startswith("builtin:"),
+         condition=lambda f: _fp8(f, TE) and bool(_te_attention(f)) and not f.plan.train.model.startswith("builtin:"),
          detail=lambda f: f"{_te_attention(f)} would change nothing for {f.plan.train.model}: fp8launch swaps only the builtin models' "
              "attention core for te.DotProductAttention; this model's attention is its own code, which te.autocast leaves in high precision."),
     Rule(id="TE-FP8-MHA", severity="error", stage="plan",
@@ -1183,7 +1186,7 @@ _TE_RULES: tuple[Rule, ...] = (
              "embeddings between the projection and the attention, so even TE's own MultiheadAttention would run fp8_mha exactly as "
              "fp8_dpa (FP8 attention GEMMs, high-precision Q/K/V).",
          fix="set precision.te.fp8_mha = false, and precision.te.fp8_dpa = true for FP8 attention",
-         condition=lambda f: _fp8(f, "te") and f.plan.precision.te.fp8_mha and f.plan.train.model.startswith("builtin:")),
+         condition=lambda f: _fp8(f, TE) and f.plan.precision.te.fp8_mha and f.plan.train.model.startswith("builtin:")),
     Rule(id="TE-FP8-DPA-BACKEND", severity="error", stage="run",
          when="precision.te.fp8_dpa with recipe current on a GPU below compute capability 10.0, or on sm120",
          why="Transformer Engine has no FP8 attention backend there: it disables FusedAttention for FP8 current scaling below sm100 "
@@ -1191,7 +1194,7 @@ _TE_RULES: tuple[Rule, ...] = (
              "NVTE_UnfusedDPA_Emulate_FP8=1 (attention/dot_product_attention/utils.py, get_attention_backend): the first forward "
              "fails with \"No dot product attention backend is available\".",
          fix='set precision.te.fp8_dpa = false, or precision.te.recipe = "delayed", or run on an sm100 GPU (B200, GB200)',
-         condition=lambda f: _fp8(f, "te") and f.plan.precision.te.fp8_dpa and f.capability is not None
+         condition=lambda f: _fp8(f, TE) and f.plan.precision.te.fp8_dpa and f.capability is not None
              and (f.capability == (12, 0) or (f.plan.precision.te.recipe == "current" and f.capability < (10, 0))),
          detail=lambda f: f"Transformer Engine has no FP8 attention backend for recipe {f.plan.precision.te.recipe!r} on "
              f"{capability_text(f.capability)} (FusedAttention is disabled for "
@@ -1211,7 +1214,7 @@ _TE_RULES: tuple[Rule, ...] = (
              "run_fsdp2_fused_adam.py); fp8launch builds TE modules from the initialised model, before FSDP2 shards it. Per-tensor "
              "FP8 weights (delayed, current) are all-gathered in FP8 by TE's Float8Tensor.fsdp_pre_all_gather.",
          fix='set precision.te.recipe = "current" (or "delayed"), or precision.te.fp8_params = false, or distributed.strategy = "ddp"',
-         condition=lambda f: _fp8_params(f) and _strategy(f) == "fsdp2" and f.plan.precision.te.recipe in ("block", "mxfp8", "nvfp4")),
+         condition=lambda f: _fp8_params(f) and _strategy(f) == "fsdp2" and f.plan.precision.te.recipe in TE.capability),
     Rule(id="TE-FP8-PARAMS-DEEPSPEED-FP32", severity="error", stage="plan",
          when="precision.te.fp8_params with strategy deepspeed in fp32",
          why="DeepSpeed's fp32 optimizer steps the parameters themselves: with FP8 weights every update would be rounded to FP8 and "
@@ -1241,7 +1244,8 @@ def _states_or_master(f: Facts) -> list[str]:
 def backend_missing_fix(plan: Plan, package: str) -> str:
     """How to get a missing package; for MS-AMP also its opt level natively (it is on no package index)."""
     fix = f"install it: {INSTALL[package]}"
-    return _msamp_level_fix(Facts(plan=plan), fix) if package == "msamp" and plan.precision.backend == "msamp" else fix
+    b = backend_of(plan.precision)
+    return _msamp_level_fix(Facts(plan=plan), fix) if b is MSAMP and package == b.package else fix
 
 
 def _msamp_level_fix(f: Facts, first: str) -> str:
@@ -1320,12 +1324,12 @@ _LEVEL_RULES: tuple[Rule, ...] = (
 
 def _levels_backend(f: Facts) -> str:
     p = f.plan.precision
-    if _fp8(f, "msamp") and _levels_asked(f):
+    if _fp8(f, MSAMP) and _levels_asked(f):
         return (" and ".join(_levels_asked(f)) + f" with MS-AMP, which sets its optimizer states, gradient reduction and master "
                 f"weights from precision.msamp.opt_level = \"{p.msamp.opt_level}\".")
-    if _fp8(f, "te") and p.master_weights == "bf16":
+    if _fp8(f, TE) and p.master_weights == "bf16":
         return 'precision.master_weights = "bf16" with Transformer Engine, whose swapped-in modules are built in their own dtype.'
-    if _fp8(f, "te") and p.te.fp8_params and p.optimizer_states != "fp32":
+    if _fp8(f, TE) and p.te.fp8_params and p.optimizer_states != "fp32":
         return (f'precision.optimizer_states = "{p.optimizer_states}" with precision.te.fp8_params, whose FusedAdam keeps the '
                 "fp32 master weights and the states.")
     return ""

@@ -12,6 +12,8 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 
+from launcher.planning.backends import BACKENDS
+
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan, PrecisionPhase
 
@@ -40,10 +42,10 @@ def apply(plan: Plan, entry: PrecisionPhase) -> Plan:
         changes["keep_last_blocks"] = entry.keep_last_blocks
     if entry.rules is not None:
         changes["rules"] = entry.rules
-    if entry.recipe is not None and p.backend in ("torchao", "te"):
-        sub = getattr(p, p.backend)
-        changes[p.backend] = dataclasses.replace(sub, recipe=entry.recipe)
-    return dataclasses.replace(plan, precision=dataclasses.replace(p, **changes))
+    p = dataclasses.replace(p, **changes)
+    if entry.recipe is not None and BACKENDS[p.backend].has_recipes:  # an opt level (MS-AMP) is not a recipe
+        p = BACKENDS[p.backend].with_recipe(p, entry.recipe)
+    return dataclasses.replace(plan, precision=p)
 
 
 def phases(plan: Plan) -> list[Phase]:

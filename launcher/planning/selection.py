@@ -25,6 +25,7 @@ import fnmatch
 import typing
 from typing import Collection
 
+from launcher.planning.backends import BACKENDS
 from launcher.planning.hardware import BLOCK_SIZE
 
 if typing.TYPE_CHECKING:
@@ -83,21 +84,21 @@ def name_reason(name: str, plan: Plan, first_last: Collection[str], block: int |
 def default_recipe(plan: Plan) -> str:
     """The recipe (MS-AMP: opt level) of the plan's backend."""
     p = plan.precision
-    return {"torchao": p.torchao.recipe, "te": p.te.recipe, "msamp": p.msamp.opt_level}[p.backend]
+    return BACKENDS[p.backend].recipe(p)
 
 
 def shape_reason(in_features: int, out_features: int, plan: Plan, recipe: str | None = None, heuristic: bool = True) -> str | None:
     """Rules 3-4: what the layer's shape keeps in high precision, for `recipe` (default: the plan's);
     `heuristic=False` leaves torchao's size heuristic out (a `[[precision.rules]]` recipe asked for this layer)."""
     p = plan.precision
-    torchao = p.backend == "torchao"
+    b = BACKENDS[p.backend]
     recipe = recipe or default_recipe(plan)
-    block = BLOCK_SIZE.get(recipe) if torchao else None
+    block = BLOCK_SIZE.get(recipe) if b.shape_rules else None
     if block is not None:
         return dims_reason(block) if in_features % block or out_features % block else None
-    if not (torchao and p.torchao.pad_inner_dim) and (in_features % 16 or out_features % 16):
+    if not (b.shape_rules and b.setting(p, "pad_inner_dim")) and (in_features % 16 or out_features % 16):
         return DIMS
-    if heuristic and torchao and p.torchao.skip_small and too_small(recipe, in_features, out_features):
+    if heuristic and b.shape_rules and b.setting(p, "skip_small") and too_small(recipe, in_features, out_features):
         return SMALL
     return None
 
@@ -175,7 +176,7 @@ def choose_experts(name: str, dim: int, hidden: int, plan: Plan, block: int | No
         if why:
             return None, why
         recipe = default_recipe(plan)
-    if plan.precision.backend != "torchao":
+    if not BACKENDS[plan.precision.backend].grouped_experts:
         return None, f"{plan.precision.backend} has no grouped-GEMM FP8 for 3D expert weights"
     if recipe not in GROUPED_ALIGN:
         return None, no_grouped_reason(recipe)

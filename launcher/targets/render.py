@@ -13,6 +13,7 @@ import jinja2
 from launcher import ENTRYPOINT, __version__
 from launcher.errors import LauncherError
 from launcher.targets.kubernetes import MANIFEST_FILE, manifest_file, render_manifest
+from launcher.planning.backends import BACKENDS, MSAMP, backend_of
 from launcher.planning.plan import Plan
 from launcher.targets.plan_json import plan_json
 
@@ -84,8 +85,8 @@ def render(plan: Plan, plan_dir: str = "generated") -> dict[str, str]:
         "dtype": p.compute_dtype,
         "torch_dtype": TORCH_DTYPE,
         "ds": plan.distributed.deepspeed,
-        "msamp": p.fp8 and p.backend == "msamp",
-        "float8_all_gather": p.fp8 and p.backend == "torchao" and p.torchao.fsdp_float8_all_gather,
+        "msamp": backend_of(p) is MSAMP,
+        "float8_all_gather": p.fp8 and bool(BACKENDS[p.backend].setting(p, "fsdp_float8_all_gather")),
         "slurm": {"gpus_per_node": gpus, "cpus_per_task": plan.launch.slurm.cpus_per_task},
         "log_dir": plan.train.output_dir,
         "accelerate_type": _accelerate_type(plan),

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from launcher.planning.backends import backend_of
 from launcher.train.models import transformer_blocks
 
 if typing.TYPE_CHECKING:
@@ -307,7 +308,8 @@ def expected(plan: Plan, n_blocks: int) -> dict[str, tuple[str, Any]]:
     if ac != "none":
         out["checkpointed_blocks"] = ("activation_checkpointing.mode", n_blocks if ac == "full" else (n_blocks + 1) // 2)
     p, d = plan.precision, plan.distributed
-    if p.fp8 and p.backend == "torchao" and p.torchao.fsdp_float8_all_gather and d.strategy == "fsdp2":
+    b = backend_of(p)
+    if b is not None and b.float8_all_gather(p, d.strategy):
         out["all_gather_dtype"] = ("precision.torchao.fsdp_float8_all_gather", "float8_e4m3fn")
     ds = d.deepspeed
     if d.strategy == "deepspeed" and ds.offload_optimizer != "none":
@@ -324,9 +326,9 @@ def expected(plan: Plan, n_blocks: int) -> dict[str, tuple[str, Any]]:
         out["async_tp"] = ("distributed.async_tp", True)
     if d.expert_parallel > 1:
         out["expert_parallel"] = ("distributed.expert_parallel", d.expert_parallel)
-    if plan.monitor.fp8_stats_every > 0 and p.fp8 and p.backend in ("torchao", "te"):
+    if plan.monitor.fp8_stats_every > 0 and b is not None and b.monitored:
         out["monitor_hooks"] = ("monitor.fp8_stats_every", AT_LEAST_ONE)
-    if p.fp8 and p.backend == "te" and p.te.fp8_params:
+    if b is not None and b.setting(p, "fp8_params"):
         out["fp8_weights.count"] = ("precision.te.fp8_params", AT_LEAST_ONE)
         out["fp8_weights.master"] = ("precision.te.fp8_params", "float32")
         if d.strategy == "fsdp2" and p.te.recipe in ("delayed", "current"):

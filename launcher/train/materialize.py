@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from launcher.errors import LauncherError
+from launcher.planning.backends import BACKENDS
 from launcher.train.fqn import clean_fqn
 
 Initializer = Callable[[str, nn.Module], None]
@@ -283,4 +284,4 @@ def needs_weights_before_precision(plan) -> bool:
     """Transformer Engine and MS-AMP replace modules by copying their weights: the model gets
     its storage (on the training device, never a CPU copy first) before they convert it."""
     p = plan.precision
-    return bool(p.fp8 and p.backend in ("te", "msamp"))
+    return bool(p.fp8 and BACKENDS[p.backend].replaces_modules)

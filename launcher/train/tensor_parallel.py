@@ -36,6 +36,7 @@ import warnings
 from torch import nn
 
 from launcher.errors import EnvironmentProblem, LauncherError
+from launcher.planning.backends import backend_of
 
 if typing.TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -48,7 +49,8 @@ __all__ = ["parallelize", "float8_tp", "tp_styles_used", "tp_report", "tp_line"]
 def float8_tp(plan: Plan) -> bool:
     """Whether the TP collectives carry float8: torchao FP8 with the tensorwise recipe."""
     p = plan.precision
-    return p.fp8 and p.backend == "torchao" and p.torchao.recipe == "tensorwise"
+    b = backend_of(p)
+    return b is not None and b.recipe(p) in b.float8_tp_recipes
 
 
 def _styles(float8: bool):

@@ -24,13 +24,15 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.planning.backends import BACKENDS
+
 REPO = Path(__file__).resolve().parents[2]
 SPECS = sorted((REPO / "specs").glob("*.toml"))
 FP8LAUNCH = str(Path(sys.executable).parent / "fp8launch")
 STEPS = 5
 LAYERS = 2
 MAX_SEQ = 4096
-BACKEND_PACKAGE = {"torchao": "torchao", "te": "transformer_engine", "msamp": "msamp"}
+BACKEND_PACKAGE = {b.name: b.package for b in BACKENDS.values()}
 
 
 @dataclass(frozen=True)

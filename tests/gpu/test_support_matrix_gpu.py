@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from launcher.planning.backends import BACKENDS, TORCHAO
+from launcher.planning.hardware import capability_text, requirement, supports
 from launcher.train.precision.torchao_fp8 import mx_torch_supported
 from launcher.planning.support_matrix import GPU_BASE, GPU_OPTIONS, _default, config_key, generate, spec_of
 
@@ -30,8 +32,7 @@ CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA GPU")]
 MATRIX = generate(GPU_OPTIONS, GPU_BASE, "g")
 FP8LAUNCH = str(Path(sys.executable).parent / "fp8launch")
-PACKAGE = {"torchao": "torchao", "te": "transformer_engine", "msamp": "msamp"}
-NEEDS_SM100 = {"mxfp8", "nvfp4"}
+PACKAGE = {b.name: b.package for b in BACKENDS.values()}
 
 
 def _get(config, key):
@@ -66,13 +67,14 @@ def test_gpu_row_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
     spec = tmp_path / f"{matrix_run.name}.json"
     spec.write_text(json.dumps(spec_of(c, matrix_run.name, GPU_BASE)))
     r = subprocess.run([FP8LAUNCH, "run", str(spec)], cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    recipe = {"te": _get(c, "precision.te.recipe"), "torchao": _get(c, "precision.torchao.recipe")}.get(backend)
-    if recipe in NEEDS_SM100 and torch.cuda.get_device_capability() < (10, 0):
-        rule = {"te": "TE-RECIPE-HARDWARE", "torchao": "TORCHAO-BLOCK-HARDWARE"}[backend]
+    b = BACKENDS.get(backend or "")
+    recipe = _get(c, b.recipe_key) if b is not None and b.has_recipes else None
+    if recipe is not None and not supports(torch.cuda.get_device_capability(), "fp8", b.name, recipe):
+        rule = b.hardware_rule
         assert r.returncode == 3 and f"error[{rule}]" in r.stderr, r.stderr[-3000:]
-        _record(matrix_run.config, f"refused: {rule} (GPU below 10.0)")
+        _record(matrix_run.config, f"refused: {rule} (GPU {capability_text(torch.cuda.get_device_capability())}; needs {requirement('fp8', b.name, recipe)})")
         return
-    if backend == "torchao" and recipe == "mxfp8" and "error[TORCHAO-MX-TORCH]" in r.stderr:
+    if b is TORCHAO and recipe == "mxfp8" and "error[TORCHAO-MX-TORCH]" in r.stderr:
         assert r.returncode == 3 and not mx_torch_supported(), r.stderr[-3000:]
         _record(matrix_run.config, f"refused: TORCHAO-MX-TORCH (torch {torch.__version__})")
         return

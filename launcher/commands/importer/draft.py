@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.planning.backends import BACKENDS
 from launcher.targets.toml_text import toml_text
 
 from .report import APPROXIMATED, MAPPED, NONE, UNSET, Entry, Report, one_line, shown
@@ -190,8 +191,8 @@ class Draft:
         entries say the setting has no effect there."""
         mode, backend = self.value("precision.mode", "bf16"), self.value("precision.backend", "torchao")
         strategy = self.value("distributed.strategy", "fsdp2")
-        unread = {"precision.torchao": mode != "fp8" or backend != "torchao", "precision.te": mode != "fp8" or backend != "te",
-                  "precision.msamp": mode != "fp8" or backend != "msamp", "distributed.fsdp2": strategy != "fsdp2",
+        unread = {**{f"precision.{b.section}": mode != "fp8" or backend != b.name for b in BACKENDS.values()},
+                  "distributed.fsdp2": strategy != "fsdp2",
                   "distributed.deepspeed": strategy != "deepspeed"}
         for section, drop in unread.items():
             if not drop or self.value(section) is None:

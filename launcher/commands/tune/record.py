@@ -16,6 +16,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from launcher.commands.runs import Variant, versions
+from launcher.planning.backends import BACKENDS
 from launcher.planning.read import apply_overrides, read_spec
 from launcher.targets.toml_text import toml_text
 
@@ -121,9 +122,9 @@ def tuned_spec(spec: str, user_overrides: list[str], record: dict) -> str:
     data["name"] = f"{record['name'][:58]}-tuned"
     precision = data.get("precision", {})
     used = precision.get("backend", "torchao") if precision.get("mode") == "fp8" else None
-    for section in ("torchao", "te", "msamp"):  # a section the winner never reads would only warn (SECTION-UNUSED)
-        if section != used:
-            precision.pop(section, None)
+    for b in BACKENDS.values():  # a section the winner never reads would only warn (SECTION-UNUSED)
+        if b.name != used:
+            precision.pop(b.section, None)
     env = record["environment"]
     header = [f"Chosen by `fp8launch tune {os.path.basename(spec)}` on {env.get('device_name')} x {env.get('world_size')}: "
               f"{win['name']} at {_tps(win)} tokens/s ({_ratio(win)} bf16), loss gap {_gap(win)} "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from launcher.planning.backends import BACKENDS
 from launcher.planning.gpus import plan_gpu, plan_gpu_name
 from launcher.planning.hardware import BLOCK_RECIPES, precision_key, supports
 from launcher.planning.levels import REDUCE_BYTES, grad_comm_bytes, reduce_payload
@@ -125,7 +126,7 @@ def _precision_label(plan) -> str:
     p = plan.precision
     if not p.fp8:
         return p.mode
-    return f"fp8 {p.backend} " + {"torchao": p.torchao.recipe, "te": p.te.recipe, "msamp": p.msamp.opt_level}[p.backend]
+    return f"fp8 {p.backend} {BACKENDS[p.backend].recipe(p)}"
 
 
 def predict(plan, spec_dir: str = ".") -> Prediction:
@@ -166,9 +167,9 @@ def _peaks(spec) -> dict[str, float]:
 def _unsupported(p, capability) -> str:
     _, _, recipe = precision_key(p)
     if capability is None:  # AMD: torchao's FP8 runs (MI300X e4m3fnuz); TE/MS-AMP are CUDA builds
-        if p.backend == "torchao" and recipe in BLOCK_RECIPES:
-            return f"torchao {recipe} on AMD GPUs is not modelled"
-        return "" if p.backend == "torchao" else f"{p.backend} on AMD GPUs is not modelled"
+        if BACKENDS[p.backend].cuda_only:
+            return f"{p.backend} on AMD GPUs is not modelled"
+        return f"{p.backend} {recipe} on AMD GPUs is not modelled" if recipe in BLOCK_RECIPES else ""
     if not supports(capability, "fp8", p.backend, recipe):
         return f"this GPU (compute capability {capability[0]}.{capability[1]}) does not run fp8 {p.backend}{' ' + recipe if recipe else ''}"
     return ""
@@ -262,11 +263,11 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
     recompute = RECOMPUTE[plan.activation_checkpointing.mode]
     m = t.micro_batch_size * t.seq_len
     backend = p.backend
-    fp8_all_gather = fp8 and backend == "torchao" and p.torchao.fsdp_float8_all_gather and d.strategy == "fsdp2"
+    fp8_all_gather = fp8 and BACKENDS[backend].float8_all_gather(p, d.strategy)
 
     def costs_of(recipe: str):
         """(casts, which GEMMs run low, scaled-GEMM efficiency, the low dtype, all-gathered in float8) of one recipe."""
-        cost_recipe = "delayed" if backend == "msamp" else recipe
+        cost_recipe = BACKENDS[backend].costed_as or recipe
         low = "fp4" if (cost_recipe == "nvfp4" and "fp4" in dev.peak_tflops) else "fp8"
         return (cost.casts(backend, cost_recipe, compiled), cost.fp8_gemms(backend, cost_recipe),
                 cost.scaled_gemm_eff(backend, cost_recipe), low, fp8_all_gather and recipe == "tensorwise")

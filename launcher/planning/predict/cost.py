@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from launcher.planning.backends import BACKENDS
+
 # --- what a GPU achieves, beyond its datasheet peak -------------------------------------------------
 
 GEMM_EFF = {"bf16": 0.80, "fp8": 0.62, "fp4": 0.62}
@@ -181,9 +183,11 @@ def casts(backend: str, recipe: str, compiled: bool) -> dict[str, Cast | None]:
     delayed scaling reads last steps' amax (cast_transpose: read 2, write 2: 4 B, 1 kernel); current
     scaling adds an amax pass (6 B, 2 kernels); block and MX scales are computed inside the cast kernel
     (4 B, 1 kernel). MS-AMP casts like TE's delayed scaling."""
-    if backend == "te" and recipe == "nvfp4":
+    b = BACKENDS[backend]
+    recipe = b.costed_as or recipe
+    if b.fused_casts and recipe == "nvfp4":
         return _nvfp4(NVFP4_TE_EFF, compiled=True)  # TE's own CUDA kernels: compile changes nothing
-    if backend in ("te", "msamp"):
+    if b.fused_casts:
         one = {"delayed": Cast.streaming(4, 1), "current": Cast.streaming(6, 2)}.get(recipe, Cast.streaming(4, 1))
         return {"input": one, "weight": one, "grad_output": one}
     if recipe == "tensorwise":
@@ -203,12 +207,12 @@ def casts(backend: str, recipe: str, compiled: bool) -> dict[str, Cast | None]:
 
 def fp8_gemms(backend: str, recipe: str) -> tuple[bool, bool, bool]:
     """Which of (forward, grad-input, grad-weight) run in FP8."""
-    return (True, True, False) if (backend, recipe) == ("torchao", "rowwise_with_gw_hp") else (True, True, True)
+    return (True, True, False) if recipe == "rowwise_with_gw_hp" else (True, True, True)  # torchao's recipe
 
 
 def scaled_gemm_eff(backend: str, recipe: str) -> float:
     kind = {"rowwise": "rowwise", "rowwise_with_gw_hp": "rowwise", "block": "block", "mxfp8": "mxfp8", "nvfp4": "nvfp4"}
-    return SCALED_GEMM_EFF[kind.get(recipe, "tensorwise")] if backend in ("torchao", "te") else 1.0
+    return SCALED_GEMM_EFF[kind.get(recipe, "tensorwise")] if BACKENDS[backend].gemm_efficiency else 1.0
 
 
 # --- kernels ----------------------------------------------------------------------------------------

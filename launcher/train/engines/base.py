@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from launcher.errors import LauncherError
+from launcher.planning.backends import named
 from launcher.train.models import logits_of
 
 if typing.TYPE_CHECKING:
@@ -79,7 +80,8 @@ class Engine:
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.precision.grad_scaler is not None:
             self.precision.grad_scaler.unscale_(self.optimizer)
-        if self.precision.report.backend == "msamp":  # FP8 ScalingTensor gradients: MS-AMP's own clipping
+        backend = named(self.precision.report.backend)
+        if backend is not None and backend.scaling_tensors:  # FP8 ScalingTensor gradients: MS-AMP's own clipping
             return self.precision.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
         total = _total_norm([p.grad for p in params])
         if max_norm > 0:

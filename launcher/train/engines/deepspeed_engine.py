@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from launcher.errors import BackendMissing
+from launcher.planning.backends import MSAMP, backend_of
 from launcher.planning.rules import Facts, rule_error
 from launcher.train.models import logits_of
 from launcher.train.optim import build_optimizer, build_scheduler, param_groups
@@ -142,7 +143,7 @@ def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: d
     anyway, whole. A model that initialises itself as a whole (a py: model's init_weights()) is
     materialised whole under ZeRO-3 too, and partitioned by deepspeed.initialize."""
     p = plan.precision
-    msamp = p.fp8 and p.backend == "msamp"
+    msamp = backend_of(p) is MSAMP
     if env.device.type == "cpu" and config.get("fp16", {}).get("enabled"):
         raise rule_error("DS-FP16-CPU", Facts(plan=plan))  # planning refuses launch.device = "cpu"; "auto" finds it here
     deepspeed = import_deepspeed(env.device, msamp, p.msamp.opt_level if msamp else None)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.planning.backends import TE, TORCHAO, named
+
 WARN_EVERY_SAMPLES = 10
 """A layer warns at most once per this many samples (logs stay readable)."""
 
@@ -14,11 +16,15 @@ WORST_SHOWN = 5
 
 def fix_for(layer: str, backend: str, recipe: str) -> str:
     keep = f'keep this layer in high precision (precision.keep = ["{layer}"])'
-    if backend == "torchao" and recipe == "tensorwise":
-        return f'{keep}, or precision.torchao.recipe = "rowwise" (one scale per row: an outlier no longer sets the scale of every row)'
-    if backend == "te" and recipe == "delayed":
-        return f'{keep}, or precision.te.recipe = "current" (a scale from this step\'s amax, not from the history)'
-    return f"{keep}, or another recipe"
+    other = OUTLIER_RECIPE.get((named(backend), recipe))
+    return f"{keep}, or {other}" if other else f"{keep}, or another recipe"
+
+
+OUTLIER_RECIPE = {
+    (TORCHAO, "tensorwise"): 'precision.torchao.recipe = "rowwise" (one scale per row: an outlier no longer sets the scale of every row)',
+    (TE, "delayed"): 'precision.te.recipe = "current" (a scale from this step\'s amax, not from the history)',
+}
+"""(backend, recipe) -> the recipe of the same backend that copes better with one layer's outliers."""
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import IO, Any, Callable
 
 from torch import nn
 
+from launcher.planning.backends import TE, TORCHAO, named
 from launcher.train.distributed import all_reduce_max, all_reduce_sum
 
 from .hooks import Collector, Target, te_targets, torchao_targets
@@ -120,16 +121,20 @@ class FP8Monitor:
 
 def monitor_targets(model: nn.Module, precision: Precision) -> list[Target]:
     """The FP8 layers of `model` as the backend converted them (empty for AMP and MS-AMP)."""
-    backend = precision.report.backend
     if precision.report.mode != "fp8":
         return []
-    if backend == "torchao":
-        return torchao_targets(model)
-    if backend == "te":
-        from launcher.train.precision.te import te_fp8_classes
+    find = _TARGETS.get(named(precision.report.backend))
+    return find(model, precision) if find else []
 
-        return te_targets(model, te_fp8_classes(precision.te), precision.recipe)
-    return []
+
+def _te_targets(model: nn.Module, precision: Precision) -> list[Target]:
+    from launcher.train.precision.te import te_fp8_classes
+
+    return te_targets(model, te_fp8_classes(precision.te), precision.recipe)
+
+
+_TARGETS = {TORCHAO: lambda model, precision: torchao_targets(model), TE: _te_targets}
+"""The backends the monitor hooks (Backend.monitored) -> their FP8 layers as each converts them."""
 
 
 def build_monitor(plan: Plan, precision: Precision, model: nn.Module, *, is_main: bool, start_step: int = 0,

@@ -12,12 +12,14 @@ Transformer Engine, MS-AMP), each in its own module and imported only when chose
 
 from __future__ import annotations
 
+import importlib
 import typing
 
 import torch
 from torch import nn
 
 from launcher.errors import LauncherError
+from launcher.planning.backends import BACKENDS
 
 from .amp import Precision, apply_amp
 from .checks import capability, raise_run_errors
@@ -47,18 +49,10 @@ def apply_precision(model: nn.Module, plan: Plan, device: torch.device) -> Preci
         return precision
     raise_run_errors(plan, device, capability=capability(device))
     linearize(model)  # transformers' Conv1D (GPT-2) -> the equivalent nn.Linear, which every backend converts
-    if p.backend == "torchao":
-        from .torchao_fp8 import apply_torchao
-
-        precision = apply_torchao(model, plan, device)
-    elif p.backend == "te":
-        from .te import apply_te
-
-        precision = apply_te(model, plan, device)
-    elif p.backend == "msamp":
-        from .msamp import apply_msamp
-
-        precision = apply_msamp(model, plan, device)
+    backend = BACKENDS.get(p.backend)
+    if backend is not None:
+        module, function = backend.apply.split(":")
+        precision = getattr(importlib.import_module(module), function)(model, plan, device)
     else:  # the schema allows no other value; a hand-edited plan.json could
         raise LauncherError(f"unknown precision.backend {p.backend!r} in the plan; fix: regenerate the plan with `fp8launch plan SPEC` (precision.backend is torchao, te or msamp)")
     fp8_layers = precision.report.fp8_layers + precision.report.fp8_expert_groups
