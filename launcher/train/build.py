@@ -151,7 +151,7 @@ def convert_precision(run: Run, model: Model) -> Precision:
 
     precision = apply_precision(model.module, run.phase.plan, run.env.device)
     if run.plan.precision.master_weights == "bf16":  # the parameters are the master weights: bf16 before the engine wraps them
-        from launcher.train.optim_lowbit import cast_master_weights
+        from launcher.train.precision.master_weights import cast_master_weights
 
         cast_master_weights(model.module)
     return precision

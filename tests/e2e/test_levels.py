@@ -81,11 +81,12 @@ def _plain_model_and_optimizer():
     """The run's model and optimizer in this process, unsharded: llama-debug with 2 blocks, bf16 master weights,
     torchao's AdamWFp8 with its states created (what DCP loads into)."""
     from launcher.train import optim_lowbit
+    from launcher.train.precision.master_weights import cast_master_weights
     from launcher.train.models import build_model
     from tests.train._precision import make_plan
 
     model = build_model(MODEL, ".")
-    optim_lowbit.cast_master_weights(model)
+    cast_master_weights(model)
     train = make_plan(train={"optimizer": "adamw"}).train
     return model, optim_lowbit.build([{"params": list(model.parameters())}], train, states="fp8", master="bf16")
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from launcher.planning.levels import REDUCE_BLOCK
 from launcher.train import effects, optim_lowbit
+from launcher.train.precision.master_weights import cast_master_weights
 from launcher.train.grad_reduce import (CommMeter, dequantize_rows, fp8_all_reduce, fp8_reduce_scatter, quantize_rows,
                                         reduce_scatter_class)
 
@@ -171,7 +172,7 @@ def test_cast_master_weights_replaces_torchaos_float8_all_gather_wrappers_and_ke
                                module_filter_fn=lambda m, fqn: fqn == "1")
     wrapped = model[1].weight
     assert type(wrapped).__name__ == "WeightWithDynamicFloat8CastTensor" and wrapped._tensor.dtype == torch.float32
-    assert optim_lowbit.cast_master_weights(model) == 3  # embedding/head (tied), the wrapped weight and its bias
+    assert cast_master_weights(model) == 3  # embedding/head (tied), the wrapped weight and its bias
     assert type(model[1].weight).__name__ == "WeightWithDynamicFloat8CastTensor" and model[1].weight._tensor.dtype == torch.bfloat16
     assert model[0].weight is model[2].weight and model[0].weight.dtype == torch.bfloat16
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
@@ -188,7 +189,7 @@ def test_the_levels_are_read_back_from_the_live_engine_and_a_missing_one_is_name
     with world_of_one() as env:
         model = tiny_model()
         precision = apply_precision(model, plan, env.device)
-        optim_lowbit.cast_master_weights(model)
+        cast_master_weights(model)
         engine = wrap(model, plan, precision, plan_dir, env=env)
         got = effects.measure(engine)
         assert (got["optimizer"], got["optimizer_states"], got["grad_reduce"], got["master_weights"]) == ("AdamWFp8", "fp8", "fp8", "bf16")
