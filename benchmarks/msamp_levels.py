@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from launcher.planning.levels import MSAMP_LEVELS  # noqa: E402
+from launcher.planning.read import nested  # noqa: E402
 from launcher.targets.toml_text import toml_text  # noqa: E402
 
 BASE = {
@@ -59,17 +60,6 @@ SHORT_STEPS = 6
 TAIL = 20
 BOUND = 0.05
 """The convergence bound: the last TAIL steps' mean loss within this fraction of the fp32 run's."""
-
-
-def nested(flat: dict) -> dict:
-    out: dict = {}
-    for key, value in flat.items():
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return out
 
 
 def run(folder: Path, name: str, keys: dict, steps: int) -> dict:

@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 
 from launcher.planning.plan import Plan, resolve
-from launcher.planning.read import SpecSource, validate
+from launcher.planning.read import SpecSource, nested, validate
 from launcher.targets.toml_text import toml_text
 
 
@@ -18,16 +18,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def nested(flat: dict) -> dict:
-    """{"a.b": 1} -> {"a": {"b": 1}}."""
-    out: dict = {}
-    for key, value in flat.items():
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = copy.deepcopy(value)
-    return out
 
 
 def spec_toml(flat: dict) -> str:

@@ -5,6 +5,7 @@ Every problem is collected and reported together, each located as `FILE:LINE: er
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import json
 import os
@@ -302,6 +303,19 @@ RECIPE_KEY = {b.name: b.recipe_key for b in BACKENDS.values()}
 @cache
 def _defaults_text() -> str:
     return json.dumps(defaults(schema()))
+
+
+def nested(flat: dict[str, Any]) -> dict:
+    """A spec's tables from dotted keys: {"precision.torchao.recipe": "rowwise"} -> {"precision": {"torchao": {...}}}
+    (each value copied, so the spec shares nothing with `flat`)."""
+    out: dict = {}
+    for key, value in flat.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = copy.deepcopy(value)
+    return out
 
 
 def choices(key: str) -> tuple:

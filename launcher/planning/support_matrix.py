@@ -33,7 +33,7 @@ from typing import Any, Iterable
 from launcher.planning.backends import BACKENDS, TORCHAO
 from launcher.planning.plan import Plan, resolve
 from launcher.planning.rules import Facts, check
-from launcher.planning.read import SpecSource, defaults, schema
+from launcher.planning.read import SpecSource, defaults, nested, schema
 
 DOC = Path("docs") / "support-matrix.md"
 MODEL = "builtin:llama-debug?layers=2"
@@ -271,14 +271,7 @@ def spec_of(config: dict[str, Any], name: str, base: dict[str, Any] = CPU_BASE) 
         flat["distributed.procs_per_node"] = flat["distributed.tensor_parallel"]  # one GPU per TP rank
     if "nvme" in (flat.get("distributed.deepspeed.offload_optimizer"), flat.get("distributed.deepspeed.offload_param")):
         flat["distributed.deepspeed.nvme_path"] = NVME_PATH
-    spec: dict = {}
-    for key, value in flat.items():
-        node = spec
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return spec
+    return nested(flat)
 
 
 @functools.cache
