@@ -162,8 +162,15 @@ def optimizer_class(engine: Engine) -> str:
     return type(basic if basic is not None else engine.optimizer).__name__
 
 
-def _stepped(optimizer) -> list[torch.Tensor]:
-    return [q for group in getattr(optimizer, "param_groups", []) for q in group["params"]]
+def _stepped(engine: Engine) -> list[torch.Tensor]:
+    """The tensors the stepping optimizer updates. DeepSpeed ZeRO-3 hands its basic optimizer one fp32 partition at a
+    time inside step() and empties the groups again (deepspeed/runtime/zero/stage3.py, _optimizer_step): there they
+    are the ZeRO optimizer's fp32 partitions."""
+    optimizer = engine.stepping_optimizer()
+    found = [q for group in getattr(optimizer, "param_groups", []) for q in group["params"]]
+    if not found and engine.name == "deepspeed":
+        found = list(getattr(engine.model.optimizer, "fp32_partitioned_groups_flat", None) or [])
+    return found
 
 
 def _by_count(named: list[tuple[str, int]]) -> str | None:
@@ -184,7 +191,7 @@ def optimizer_states(engine: Engine) -> str:
         return found
     if not any(k in getattr(optimizer, "defaults", {}) for k in ("betas", "exp_avg_dtype")):  # plain SGD: no moments
         return "none"
-    return _by_count([(dtype_name(q.dtype), q.numel()) for q in _stepped(optimizer)]) or "none"
+    return _by_count([(dtype_name(q.dtype), q.numel()) for q in _stepped(engine)]) or "none"
 
 
 def master_weights(engine: Engine) -> str:
@@ -192,7 +199,7 @@ def master_weights(engine: Engine) -> str:
     from launcher.train.grad_reduce import dtype_name
 
     optimizer = engine.stepping_optimizer()
-    found = _by_count([(dtype_name(q.dtype), q.numel()) for q in _stepped(optimizer)]) or "none"
+    found = _by_count([(dtype_name(q.dtype), q.numel()) for q in _stepped(engine)]) or "none"
     if found == "bf16" and not getattr(optimizer, "bf16_stochastic_round", False):
         return "bf16 (rounded to nearest)"
     return found
