@@ -22,6 +22,7 @@ from launcher.planning.hardware import capability_text, requirement, supports
 from launcher.planning.plan import Plan, resolve
 from launcher.planning.rules import RULES_BY_ID, Facts, check
 from launcher.planning.read import SpecSource, recipes, validate
+from launcher.planning.selection import default_recipe
 from launcher.planning.stack import dist_version, msamp_problem
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
@@ -206,7 +207,7 @@ def assess_plan(machine: Machine, plan: Plan) -> Support:
     device), bf16 support, enough GPUs for procs_per_node, and the packages the plan imports."""
     p = plan.precision
     backend = p.backend if p.fp8 else None
-    recipe = _recipe(plan) if p.fp8 else None
+    recipe = default_recipe(plan) if p.fp8 else None
     reasons: dict[str, str | None] = {}  # reason -> rule id; ordered, without duplicates
 
     def missing(package: str) -> None:
@@ -242,11 +243,6 @@ def assess_plan(machine: Machine, plan: Plan) -> Support:
     return Support(mode=p.mode, backend=backend, recipe=recipe, supported=ok, device=device,
                    reasons=tuple(reasons), rules=tuple(dict.fromkeys(r for r in reasons.values() if r)),
                    note=_note(machine, device, p.fp8 and not BACKENDS[backend].cuda_only) if ok else "")
-
-
-def _recipe(plan: Plan) -> str:
-    p = plan.precision
-    return BACKENDS[p.backend].recipe(p)
 
 
 def packages_needed(plan: Plan) -> list[str]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 
 from launcher.errors import UsageError
-from launcher.planning.backends import BACKENDS
 from launcher.planning.levels import reduce_payload
 from launcher.planning.memory import estimate, model_params
 from launcher.targets.files import Change
 from launcher.planning.plan import Plan
 from launcher.planning.precision_table import ROWS, precision_table
 from launcher.planning.rules import RULES, RULES_BY_ID
+from launcher.planning.selection import default_recipe
 from launcher.planning.suggest import did_you_mean
 
 
@@ -19,7 +19,7 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
     p, d, t = plan.precision, plan.distributed, plan.train
     written = [c for c in changes if c.status in ("create", "update")]
     status = f"{len(written)} written, {len(changes) - len(written)} unchanged" if written else "unchanged"
-    precision = f"fp8 ({p.backend}{_recipe(plan)}, rest in {p.high_precision})" if p.fp8 else p.mode
+    precision = f"fp8 ({p.backend} {default_recipe(plan)}, rest in {p.high_precision})" if p.fp8 else p.mode
     spec_folder = os.path.normpath(os.path.join(folder, plan.spec_dir))  # plan.spec_dir is relative to the plan's folder
     lines = [
         f"{plan.name}: {folder}/ ({status})",
@@ -107,15 +107,10 @@ def phase_records(plan: Plan, params: int | None = None) -> list[dict]:
         pr = predict(phase.plan, plan.spec_dir) if params else None
         out.append({"phase": phase.index, "first_step": phase.first_step,
                     "last_step": following.first_step - 1 if following else plan.train.steps,
-                    "precision": f"fp8 {p.backend}{_recipe(phase.plan)}" if p.fp8 else p.mode,
+                    "precision": f"fp8 {p.backend} {default_recipe(phase.plan)}" if p.fp8 else p.mode,
                     "peak_bytes_per_gpu": int(estimate(phase.plan, params).peak_bytes) if params else None,
                     "fp8_vs_bf16": pr.fp8_vs_bf16 if pr is not None and p.fp8 else (1.0 if params else None)})
     return out
-
-
-def _recipe(plan: Plan) -> str:
-    p = plan.precision
-    return f" {BACKENDS[p.backend].recipe(p)}"
 
 
 def rules_table() -> str:

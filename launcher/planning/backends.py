@@ -24,8 +24,6 @@ FP8_MIN_CAPABILITY = (8, 9)
 class Backend:
     name: str
     """precision.backend: torchao | te | msamp."""
-    title: str
-    """How messages name it."""
     package: str
     """The module it imports (launcher/planning/install.py says how to install it)."""
     section: str
@@ -98,6 +96,10 @@ class Backend:
         section = dataclasses.replace(getattr(precision, self.section), **{self.recipe_field: recipe})
         return dataclasses.replace(precision, **{self.section: section})
 
+    def float8_tp(self, precision) -> bool:
+        """Its tensor-parallel all-gathers run in FP8 for the recipe `precision` picks (torchao's Float8 TP styles)."""
+        return self.recipe(precision) in self.float8_tp_recipes
+
     def float8_all_gather(self, precision, strategy: str) -> bool:
         """FSDP2 all-gathers the weights of its FP8 layers in float8 (torchao's fsdp_float8_all_gather)."""
         return strategy == "fsdp2" and bool(self.setting(precision, "fsdp_float8_all_gather"))
@@ -108,7 +110,7 @@ class Backend:
 
 
 TORCHAO = Backend(
-    name="torchao", title="torchao", package="torchao", section="torchao", recipe_field="recipe", default_recipe="tensorwise",
+    name="torchao", package="torchao", section="torchao", recipe_field="recipe", default_recipe="tensorwise",
     apply="launcher.train.precision.torchao_fp8:apply_torchao",
     # its MX kernels and NVFP4 Triton kernels check is_sm_at_least_100 (torchao/prototype/mx_formats/kernels.py,
     # moe_training/nvfp4_training/quantize_2d_triton.py, 0.18.0)
@@ -118,7 +120,7 @@ TORCHAO = Backend(
     monitored=True, rule_prefix="TORCHAO-", hardware_rule="TORCHAO-BLOCK-HARDWARE",
 )
 TE = Backend(
-    name="te", title="Transformer Engine", package="transformer_engine", section="te", recipe_field="recipe", default_recipe="current",
+    name="te", package="transformer_engine", section="te", recipe_field="recipe", default_recipe="current",
     apply="launcher.train.precision.te:apply_te",
     # block scaling needs Hopper, MXFP8 / NVFP4 Blackwell; TE 2.20 refuses MXFP8 on sm120 (consumer Blackwell)
     capability={"block": ((9, 0), None), "mxfp8": ((10, 0), (12, 0)), "nvfp4": ((10, 0), None)},
@@ -126,7 +128,7 @@ TE = Backend(
     accelerate_recipes=("delayed", "mxfp8"), monitored=True, rule_prefix="TE-", hardware_rule="TE-RECIPE-HARDWARE",
 )
 MSAMP = Backend(
-    name="msamp", title="MS-AMP", package="msamp", section="msamp", recipe_field="opt_level", default_recipe="O2",
+    name="msamp", package="msamp", section="msamp", recipe_field="opt_level", default_recipe="O2",
     apply="launcher.train.precision.msamp:apply_msamp",
     cuda_only=True, replaces_modules=True, saves_fp8_inputs=True, scaling_tensors=True, fused_casts=True, costed_as="delayed",
     rule_prefix="MSAMP-",

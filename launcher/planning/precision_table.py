@@ -113,7 +113,7 @@ def tp_comm(plan: Plan) -> str:
     p = plan.precision
     hp = p.compute_dtype
     b = backend_of(p)
-    if b is not None and b.recipe(p) in b.float8_tp_recipes:
+    if b is not None and b.float8_tp(p):
         return (f"all-gathers in fp8 (torchao Float8 TP styles: e4m3 activations forward, e5m2 gradients backward); "
                 f"reduce-scatters and the logits all-gather in {hp}")
     if b is TORCHAO:

@@ -50,7 +50,7 @@ def float8_tp(plan: Plan) -> bool:
     """Whether the TP collectives carry float8: torchao FP8 with the tensorwise recipe."""
     p = plan.precision
     b = backend_of(p)
-    return b is not None and b.recipe(p) in b.float8_tp_recipes
+    return b is not None and b.float8_tp(p)
 
 
 def _styles(float8: bool):
