@@ -42,6 +42,10 @@ def apply_precision(model: nn.Module, plan: Plan, device: torch.device) -> Preci
     FP8-NOT-APPLIED (FP8 asked for, zero Linear layers converted).
     """
     device = torch.device(device)
+    if device.type == "cpu":  # every FP8 GEMM through torch's emulated kernel, whatever the CPU (cpu_scaled_mm.py)
+        from .cpu_scaled_mm import install
+
+        install()
     p = plan.precision
     if not p.fp8:
         precision = apply_amp(model, plan, device)
