@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
 from conftest import REPO
 from launcher.planning.rules import RULES_BY_ID
 from launcher.planning.read import SpecSource, validate
-from launcher.planning.support_matrix import (CPU_BASE, document, CPU_OPTIONS, ELSEWHERE, GPU_BASE, GPU_OPTIONS, Option, all_pairs, generate,
-                                     pairs_in, schema_keys, spec_of)
+from launcher.planning.support_matrix import (CPU_BASE, ELSEWHERE, GPU_BASE, GPU_OPTIONS, CPU_OPTIONS, Option, all_pairs, document,
+                                              load, main, pairs_in, rows_text, schema_keys, spec_of)
 
-CPU, GPU = generate(), generate(GPU_OPTIONS, GPU_BASE, "g")
+CPU, GPU = load("cpu"), load("gpu")
+"""The committed runs (docs/support-matrix.json); test_the_committed_rows_are_what_the_generator_gives holds them to it."""
+GENERATES = pytest.mark.xdist_group("support_matrix_generation")
+"""The tests that generate the matrices (~15 s, once per process): one worker runs them all."""
 
 
 def test_every_schema_key_is_in_a_matrix_or_says_where_it_is_tested():
@@ -72,11 +73,10 @@ def test_every_runs_spec_is_valid(matrix):
         validate(SpecSource(path=r.name, data=json.loads(json.dumps(spec_of(r.config, r.name, base))), sha256=""))
 
 
-def test_generation_is_deterministic():
-    from launcher.planning.support_matrix import _generate
-
-    again = _generate.__wrapped__(CPU_OPTIONS, json.dumps(CPU_BASE, sort_keys=True), "m")
-    assert [(r.name, r.config, r.refused_by) for r in again.runs] == [(r.name, r.config, r.refused_by) for r in CPU.runs]
+@GENERATES
+def test_the_committed_rows_are_what_the_generator_gives():
+    """Generation is deterministic (this process generates what another one committed) and the rows are current."""
+    assert (REPO / "docs" / "support-matrix.json").read_text() == rows_text(), "regenerate them: make support-matrix"
 
 
 def test_pairs_only_where_both_options_apply():
@@ -88,6 +88,7 @@ def test_pairs_only_where_both_options_apply():
     assert len(pairs) == 3 * 2 + 2 + 2 * 2  # strategy x compile, fsdp2 x cpu_offload, cpu_offload x compile
 
 
+@GENERATES
 def test_the_doc_is_current():
     path = REPO / "docs" / "support-matrix.md"
     assert path.read_text() == document(REPO), "regenerate it: make support-matrix"
@@ -95,14 +96,18 @@ def test_the_doc_is_current():
     assert re.search(r"Status, from .*: g\d+ trained", path.read_text())
 
 
-def test_check_fails_on_a_stale_doc(tmp_path):
+@GENERATES
+def test_check_fails_on_a_stale_doc_or_stale_rows(tmp_path, capsys):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "support-matrix.md").write_text("old\n")
-    r = subprocess.run([sys.executable, "-m", "launcher.planning.support_matrix", "--check", "--root", str(tmp_path)],
-                       capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert r.returncode == 1 and "is not current" in r.stderr
-    subprocess.run([sys.executable, "-m", "launcher.planning.support_matrix", "--write", "--root", str(tmp_path)], check=True, cwd=REPO, timeout=120)
+    assert main(["--check", "--root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "support-matrix.md is not current" in err and "support-matrix.json is not current" in err  # missing counts as stale
+    assert main(["--write", "--root", str(tmp_path)]) == 0
     assert (tmp_path / "docs" / "support-matrix.md").read_text().startswith("# Support matrix")
+    assert main(["--check", "--root", str(tmp_path)]) == 0
+    (tmp_path / "docs" / "support-matrix.json").write_text((tmp_path / "docs" / "support-matrix.json").read_text().replace('"m01"', '"m00"'))
+    assert main(["--check", "--root", str(tmp_path)]) == 1 and "support-matrix.json is not current" in capsys.readouterr().err
 
 
 def test_the_cpu_matrix_trains_the_monitor_inside_compiled_fp8_blocks():
@@ -112,10 +117,11 @@ def test_the_cpu_matrix_trains_the_monitor_inside_compiled_fp8_blocks():
                for r in CPU.trained)
 
 
+@GENERATES
 def test_gpu_results_follow_a_row_by_its_config_not_its_name():
     """Row names are positions in the generated order: they move when an option gains a value (as the torchao
     recipe did with mxfp8 / nvfp4). A recorded outcome stays with the configuration that earned it."""
-    gpu = generate(GPU_OPTIONS, GPU_BASE, "g")
+    gpu = GPU
     first, second = gpu.trained[0], gpu.trained[1]
     results = {"device": "d", "date": "x", "runs": [{"config": second.config, "outcome": "trained"},
                                                   {"config": {"precision.mode": "fp64"}, "outcome": "trained"}]}

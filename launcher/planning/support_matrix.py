@@ -36,6 +36,9 @@ from launcher.planning.rules import Facts, check
 from launcher.planning.read import SpecSource, defaults, nested, schema
 
 DOC = Path("docs") / "support-matrix.md"
+ROWS = Path("docs") / "support-matrix.json"
+"""The generated runs of every matrix, committed beside the doc: the tests read them (generating takes ~15 s) and CI
+checks both are current."""
 MODEL = "builtin:llama-debug?layers=2"
 
 
@@ -657,25 +660,56 @@ def document(root: Path) -> str:
     return render_markdown(gpu_results=results)
 
 
+MATRICES: dict[str, tuple[tuple[Option, ...], dict[str, Any], str]] = {
+    "cpu": (CPU_OPTIONS, CPU_BASE, "m"),
+    "moe": (MOE_OPTIONS, MOE_BASE, "e"),
+    "gpu": (GPU_OPTIONS, GPU_BASE, "g"),
+}
+"""Each matrix: its options, its base spec and the prefix of its run names."""
+
+
+def rows_text() -> str:
+    """docs/support-matrix.json as it should read: every matrix's runs, generated."""
+    kinds = []
+    for kind, (options, base, prefix) in MATRICES.items():
+        matrix = generate(options, base, prefix)
+        runs = [json.dumps({"name": r.name, "config": r.config,
+                            **({"refused_by": list(r.refused_by), "pair": [list(p) for p in r.pair]} if r.refused_by else {})})
+                for r in matrix.runs]
+        kinds.append(f' "{kind}": {{"pairs": {len(matrix.pairs)}, "runs": [\n  ' + ",\n  ".join(runs) + "\n ]}")
+    return "{\n" + ",\n".join(kinds) + "\n}\n"  # one run a line: diffs show which runs moved
+
+
+@functools.cache
+def load(kind: str, root: Path = Path(__file__).resolve().parents[2]) -> Matrix:
+    """The committed runs of one matrix ("cpu", "moe", "gpu") from docs/support-matrix.json, without generating them."""
+    options, _, _ = MATRICES[kind]
+    data = json.loads((root / ROWS).read_text(encoding="utf-8"))[kind]
+    runs = tuple(Run(name=r["name"], config=r["config"], refused_by=tuple(r.get("refused_by", ())),
+                     pair=tuple(tuple(p) for p in r["pair"]) if "pair" in r else None) for r in data["runs"])
+    return Matrix(options=options, runs=runs, pairs=frozenset(all_pairs(options)),
+                  refused_pairs=frozenset(r.pair for r in runs if r.refused_by))
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher.planning.support_matrix", description="write or check docs/support-matrix.md")
-    parser.add_argument("--write", action="store_true", help="write docs/support-matrix.md")
-    parser.add_argument("--check", action="store_true", help="exit 1 when docs/support-matrix.md is not current")
+    parser = argparse.ArgumentParser(prog="python -m launcher.planning.support_matrix",
+                                     description="write or check docs/support-matrix.md and docs/support-matrix.json")
+    parser.add_argument("--write", action="store_true", help="write docs/support-matrix.md and .json")
+    parser.add_argument("--check", action="store_true", help="exit 1 when either is not current")
     parser.add_argument("--root", default=".", help="the repository root")
     args = parser.parse_args(argv)
     root = Path(args.root)
-    text = document(root)
-    path = root / DOC
+    files = {root / DOC: document(root), root / ROWS: rows_text()}
     if args.check:
-        current = path.read_text(encoding="utf-8") if path.exists() else ""
-        if current != text:
+        stale = [path for path, text in files.items() if (path.read_text(encoding="utf-8") if path.exists() else "") != text]
+        for path in stale:
             print(f"{path} is not current; regenerate it: python -m launcher.planning.support_matrix --write", file=sys.stderr)
-            return 1
-        return 0
+        return 1 if stale else 0
     if args.write:
-        path.write_text(text, encoding="utf-8")
+        for path, text in files.items():
+            path.write_text(text, encoding="utf-8")
         return 0
-    sys.stdout.write(text)
+    sys.stdout.write(files[root / DOC])
     return 0
 
 
