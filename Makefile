@@ -4,25 +4,33 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 EXTRAS := torchao,deepspeed,hf,bench,accelerate,tensorboard,wandb,mlflow,data,dev
 
-.PHONY: setup test test-fast smoke plan-check support-matrix dist bench clean
+.PHONY: setup test test-fast test-slow test-matrix smoke plan-check support-matrix dist bench clean
+
+# Each phase prints "ci-phase: NAME SECONDS" (.ci/phase; with CI_TIMES=FILE also a JSON line there).
+PHASE := .ci/phase
 
 setup: $(VENV)/.installed
 
 # torch==2.13.0 first: an unpinned torch would pull the newest CUDA build (GBs) from the registry.
 $(VENV)/.installed: pyproject.toml constraints.txt
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e ".[$(EXTRAS)]"
+	$(PHASE) setup sh -c '$(PYTHON) -m venv $(VENV) && $(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 \
+	  && $(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e ".[$(EXTRAS)]"'
 	touch $@
 
-# The in-process tests (test-fast), then the multi-process ones, one at a time: each run already uses both cores.
-test: test-fast
-	$(BIN)/python -m pytest -q -m slow
+# The in-process tests (test-fast), then the multi-process ones, one at a time (each run already uses both cores):
+# the support matrix's runs apart, so that their time shows apart.
+test: test-fast test-slow test-matrix
+
+test-slow: setup
+	$(PHASE) slow $(BIN)/python -m pytest -q -m slow --ignore tests/e2e/test_support_matrix.py
+
+test-matrix: setup
+	$(PHASE) matrix $(BIN)/python -m pytest -q -m slow tests/e2e/test_support_matrix.py
 
 # Two workers (pytest-xdist): the in-process tests are independent; tests marked with one xdist_group (the support matrix's
 # generation, ~15 s a process) run on one worker.
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow" -n 2 --dist loadgroup
+	$(PHASE) fast $(BIN)/python -m pytest -q -m "not slow" -n 2 --dist loadgroup
 
 smoke: setup
 	$(BIN)/fp8launch run specs/cpu-smoke.toml
