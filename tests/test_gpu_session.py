@@ -13,6 +13,7 @@ import math
 import os
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -70,6 +71,32 @@ def test_the_reference_lr_schedule_is_fp8launchs(reference, warmup, steps, min_r
     for step in range(steps + 2):
         assert reference.lr_factor(step, warmup_steps=warmup, steps=steps, min_lr_ratio=min_ratio) == pytest.approx(
             lr_factor(step, warmup_steps=warmup, steps=steps, min_lr_ratio=min_ratio), abs=1e-12)
+
+
+def test_the_reference_loop_frees_the_logits_before_backward(reference):
+    """As fp8launch's Trainer (`_loss_of`): the logits go straight into the loss, so nothing holds them while backward
+    runs (at the core's shape, 2 GiB of bf16 logits). A hook on the loss, which backward calls first, reads a weak
+    reference to the head's output; the loop's former shape (`logits = model(...)` kept in the frame) is the control."""
+    a = reference.parse_args(["--precision", "bf16", "--device", "cpu", "--dim", "64", "--layers", "1", "--heads", "4",
+                              "--kv-heads", "2", "--ffn", "128", "--vocab", "512", "--seq-len", "16"])
+    torch.manual_seed(0)
+    model = reference.Transformer(a)
+    model.init_weights()
+    seen: dict = {}
+    model.output.register_forward_hook(lambda module, args, out: seen.__setitem__("logits", weakref.ref(out)))
+
+    def loss_fn(logits, targets):
+        loss = reference.cross_entropy(logits, targets)
+        loss.register_hook(lambda grad: seen.__setitem__("alive_in_backward", seen["logits"]() is not None))
+        return loss
+
+    tokens = next(reference.SyntheticBatches(seq_len=16, batch=2, vocab=512, rank=0, seed=0))
+    loss = reference.forward_backward(model, loss_fn, tokens)
+    assert seen["alive_in_backward"] is False and math.isfinite(loss.item())
+    assert model.output.weight.grad is not None and model.output.weight.grad.abs().sum() > 0  # backward did run
+    logits = model(tokens[:, :-1])  # the control: a name that holds the logits through backward
+    loss_fn(logits, tokens[:, 1:]).backward()
+    assert seen["alive_in_backward"] is True
 
 
 def test_reference_args_give_the_loop_the_specs_shape_batch_and_schedule():
