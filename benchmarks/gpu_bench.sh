@@ -66,7 +66,8 @@ for name in "${benches[@]}"; do
   [[ -n "${SPEC[$name]:-}" ]] || { echo "gpu_bench: unknown bench '$name'; known: ${!SPEC[*]}" >&2; exit 2; }
 done
 for part in "${parts[@]}"; do
-  [[ $part == timing || $part == reference || $part == profile ]] || { echo "gpu_bench: unknown part '$part' (timing reference profile)" >&2; exit 2; }
+  [[ $part == timing || $part == reference || $part == profile ]] \
+    || { echo "gpu_bench: unknown part '$part' (timing reference profile)" >&2; exit 2; }
 done
 core="${benches[0]}"
 read -r core_spec _ <<< "${SPEC[$core]}"
@@ -77,8 +78,10 @@ if [[ $dry == 1 ]]; then
         --set launch.device=cpu --set compile.enabled=false --set distributed.procs_per_node=2
         --set precision.torchao.skip_small=false)
 fi
-for item in ${SETS:-}; do
-  [[ $item == *=* ]] || { echo "gpu_bench: SETS item '$item' is not KEY=VALUE; fix: SETS=\"train.model=builtin:llama3-8b?layers=12\"" >&2; exit 2; }
+read -r -a items <<< "${SETS:-}"  # split on spaces, never globbed ("?" is common in a builtin model's options)
+for item in "${items[@]}"; do
+  [[ $item == *=* ]] \
+    || { echo "gpu_bench: SETS item '$item' is not KEY=VALUE; fix: SETS=\"train.model=builtin:llama3-8b?layers=12\"" >&2; exit 2; }
   sets+=(--set "$item")
 done
 
@@ -117,7 +120,9 @@ why() {  # why KIND NAME: the estimate's terms, for the log
   case $1 in
     timing) echo "$repeats x 2 runs x (start $START_S + weight init $init + compile $compile + $steps steps x $step s)" ;;
     reference) echo "a run: start $START_S + compile $compile + $steps steps x $step s; weights initialised on the GPU" ;;
-    profile) echo "2 runs x (start $START_S + weight init $init + $([[ -n "${timed[$2]:-}" ]] && echo "warm ")compile $(( compile * $(warm "$2") / 100 )) + $profile_steps steps x $step s + trace $PROFILE_S)" ;;
+    profile) local what="compile"; [[ -n "${timed[$2]:-}" ]] && what="warm compile"
+             echo "2 runs x (start $START_S + weight init $init + $what $(( compile * $(warm "$2") / 100 ))" \
+                  "+ $profile_steps steps x $step s + trace $PROFILE_S)" ;;
   esac
 }
 
@@ -159,7 +164,9 @@ bench() {  # bench KIND NAME: fp8launch bench of NAME's FP8 spec against its bas
   fp8launch bench "$spec" --vs "$base" "${flags[@]}" --out "$dir" "${sets[@]}" 2>&1 | tee "$dir.txt"
   local rc=${PIPESTATUS[0]} took=$(( SECONDS - t0 ))
   echo "gpu_bench: $kind $name took $took s (estimated $secs s on one H100: $(why "$kind" "$name"))"
-  (( rc == 0 )) || { echo "gpu_bench: $kind $name: fp8launch bench exited $rc; its runs' train.log:"; tail -n 30 "$dir"/*/train.log 2>/dev/null; }
+  if (( rc != 0 )); then
+    echo "gpu_bench: $kind $name: fp8launch bench exited $rc; its runs' train.log:"; tail -n 30 "$dir"/*/train.log 2>/dev/null
+  fi
   if [[ $kind == timing && $name == "$core" ]] && (( secs > 0 )); then
     scale=$(( took * 100 / secs )); (( scale < 50 )) && scale=50; (( scale > 300 )) && scale=300
     echo "gpu_bench: later estimates x $scale% (the core's timing took $took s of an estimated $secs s)"
@@ -174,8 +181,8 @@ run_reference() {  # the reference loop in bf16 and FP8 on the core spec's shape
   [[ $mode == plan ]] || mkdir -p "$out/reference"
   local half=$(( $(est reference "$core") / 2 ))
   for precision in bf16 fp8; do
-    say_cmd "reference $precision" "$half" "$(why reference "$core")" torchrun --standalone --nproc-per-node "${ref[0]}" benchmarks/reference_loop.py "${ref[@]:1}" \
-      --precision "$precision" --warmup "$warmup" --out "$out/reference/$precision.json"
+    say_cmd "reference $precision" "$half" "$(why reference "$core")" torchrun --standalone --nproc-per-node "${ref[0]}" \
+      benchmarks/reference_loop.py "${ref[@]:1}" --precision "$precision" --warmup "$warmup" --out "$out/reference/$precision.json"
     [[ $mode == plan ]] && continue
     local t0=$SECONDS
     torchrun --standalone --nproc-per-node "${ref[0]}" benchmarks/reference_loop.py "${ref[@]:1}" --precision "$precision" \

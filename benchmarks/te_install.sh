@@ -136,7 +136,8 @@ if [[ -f "$state/build.rc" || -f "$state/build.pid" ]]; then wait_build; fi
 # 3. what has arrived
 lacks=()
 [[ -f "$parts/te-core.sha256" ]] || lacks+=("te-core.sha256")
-compgen -G "$parts/deps/transformer_engine_torch-*.tar.gz" >/dev/null || lacks+=("deps/transformer_engine_torch-*.tar.gz (the binding's sdist)")
+compgen -G "$parts/deps/transformer_engine_torch-*.tar.gz" >/dev/null \
+  || lacks+=("deps/transformer_engine_torch-*.tar.gz (the binding's sdist)")
 if (( ${#lacks[@]} )); then
   say "$parts lacks ${lacks[*]}; fix: carry what the first call carries (bash benchmarks/te_install.sh prepare $parts lists it)"
   exit 2
@@ -169,7 +170,8 @@ if ! (cd "$parts" && sha256sum --quiet -c te-core.sha256) >/dev/null 2>&1; then
   got=$(cd "$parts" && sha256sum "$core" | awk '{print $1}')
   want=$(awk '{print $1}' "$parts/te-core.sha256")
   rm -f "$parts/$core"
-  say "checksum mismatch: the parts reassemble to sha256 $got, te-core.sha256 says $want ($(ls "$parts" | grep -c '^part-') parts); fix: a part is missing, truncated or from another download: carry the parts again"
+  say "checksum mismatch: the parts reassemble to sha256 $got, te-core.sha256 says $want ($(ls "$parts" | grep -c '^part-') parts);" \
+      "fix: a part is missing, truncated or from another download: carry the parts again"
   exit 4
 fi
 say "reassembled $core ($(du -h "$parts/$core" | cut -f1)), sha256 ok"

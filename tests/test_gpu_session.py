@@ -273,8 +273,8 @@ def test_the_speed_plan_counts_weight_init_and_the_start_and_sets_reach_the_real
     assert total == est + sum(ref)
     budget = int(re.search(r"this call's BUDGET (\d+) s", r.stdout).group(1))
     assert budget <= 600 - 60
-    session = re.search(r"alone: ~(\d+) s start \+ this call's timeout_s \(BUDGET \+ 60\) \+ ~(\d+) s idle before give_back = (\d+) s of the "
-                        r"900 s", r.stdout)
+    session = re.search(r"alone: ~(\d+) s start \+ this call's timeout_s \(BUDGET \+ 60\) \+ ~(\d+) s idle before give_back = "
+                        r"(\d+) s of the 900 s", r.stdout)
     start_s, idle, whole = (int(x) for x in session.groups())
     assert start_s == 240 and whole == start_s + budget + 60 + idle <= 900
     # a SETS item that is not KEY=VALUE is refused, saying how to write it
@@ -334,7 +334,8 @@ def test_the_documented_speed_calls_fit_the_scripts_and_the_machine(tmp_path):
         if "SETS" in env:
             assert all(f"--set {item}" in r.stdout for item in env["SETS"].split())
         # every part the row asks for (PARTS, or the default) is planned or said to be skipped, in that order
-        said = [m.group(1) or m.group(2) for m in re.finditer(r"gpu_bench plan: (\w+) [\w.-]+: ~|gpu_bench: skipped (?:the )?(\w+)", r.stdout)]
+        said = [m.group(1) or m.group(2)
+                for m in re.finditer(r"gpu_bench plan: (\w+) [\w.-]+: ~|gpu_bench: skipped (?:the )?(\w+)", r.stdout)]
         assert list(dict.fromkeys(said)) == env.get("PARTS", "timing reference profile").split(), said
 
 
@@ -357,8 +358,8 @@ def test_the_packer_keeps_out_within_the_rules_and_says_what_it_left_out(tmp_pat
     with tarfile.open(out / "results.tgz") as tar:
         names = tar.getnames()
         assert "results/a/b/c/deep.json" in names and "results/mid.bin" in names and "results/big.json.gz" not in names
-        assert tar.extractfile("results/RESULTS-LEFT-OUT.txt").read().decode() == ("huge.bin\t300000 bytes\tover 0.238 MiB alone\n"
-                                                                                   "big.json.gz\t200000 bytes\tthe tarball would pass 0.238 MiB\n")
+        left_out = tar.extractfile("results/RESULTS-LEFT-OUT.txt").read().decode()
+    assert left_out == "huge.bin\t300000 bytes\tover 0.238 MiB alone\nbig.json.gz\t200000 bytes\tthe tarball would pass 0.238 MiB\n"
     assert sorted(p.name for p in out.iterdir()) == ["results.tgz", "session.log"]  # no half-written twin left
     copied = packer.copy_singles(str(work), str(out), ["*.md"])
     assert copied == [f"t{i}.md" for i in range(5)]  # 2 + 5 = 7 files: the 8th place is the tarball's twin's

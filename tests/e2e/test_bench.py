@@ -150,7 +150,8 @@ def test_bench_profile_goes_on_past_a_profiler_that_fails_and_records_why(tmp_pa
         assert run["profile_error"] == "RuntimeError: injected by FP8LAUNCH_PROFILE_FAULT=write"
         assert record[side]["figures"]["tokens_per_s"] > 0
     assert record["profile"] is None and record["ratios"]["tokens_per_s"] > 0
+    why = "RuntimeError: injected by FP8LAUNCH_PROFILE_FAULT=write"
     assert record["profile_error"] == "bench --profile: " + "; ".join(
-        f"{tmp_path / 'b' / run} has no profile.json (RuntimeError: injected by FP8LAUNCH_PROFILE_FAULT=write)" for run in ("spec-1", "fp32-1"))
+        f"{tmp_path / 'b' / run} has no profile.json ({why})" for run in ("spec-1", "fp32-1"))
     assert "bench: no profile: bench --profile: " in r.stderr and f"profile: failed ({record['profile_error']})" in r.stdout
     assert not (tmp_path / "b" / "profile.json").exists()
