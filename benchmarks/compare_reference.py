@@ -6,8 +6,11 @@ missing is "not measured".
         [--torchtitan OUT/torchtitan] [--results benchmarks/results] [--out OUT]
 
 The first --bench is the core: the reference loop ran on its shape (reference/bf16.json, reference/fp8.json), so its
-bf16 baseline and FP8 spec are what the reference is compared with. Writes <date>-<device>-speed.json and .md into
---results (and --out), and prints the markdown.
+bf16 baseline and FP8 spec are what the reference is compared with. A bench's profile is its own (an older
+`bench --profile` run) or, as gpu_bench.sh runs it, that of a separate short profiled bench of the same spec beside it
+(DIR-profile/): then every ratio and tokens/s comes from the unprofiled DIR, and the profile gives the FP8 GEMM FLOP
+share and the ceiling ("of ceiling" = the unprofiled ratio / the ceiling). Writes <date>-<device>-speed.json and .md
+into --results (and --out), and prints the markdown.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ class Target:
 
 TARGETS = (
     Target("fp8_vs_bf16", "FP8 / bf16 tokens/s of the core bench (the 8B-shaped run)", 1.25, "one H100"),
-    Target("of_ceiling", "measured FP8/bf16 ratio / the profile's Amdahl ceiling", 0.90, "a GPU with an FP8 peak"),
+    Target("of_ceiling", "FP8 / bf16 tokens/s (unprofiled) / the profile's Amdahl ceiling", 0.90, "a GPU with an FP8 peak"),
     Target("vs_reference_bf16", "fp8launch / reference loop tokens/s, bf16", 0.97, "a GPU"),
     Target("vs_reference_fp8", "fp8launch / reference loop tokens/s, FP8", 0.97, "a GPU"),
 )
@@ -68,7 +71,9 @@ def bench_row(path: str) -> dict:
     if record is None:
         return {"bench": name, "dir": path, "measured": False}
     s, b = record["spec"], record["baseline"]
-    profile = record.get("profile") or _load(os.path.join(path, "profile.json"))
+    own = record.get("profile") or _load(os.path.join(path, "profile.json"))
+    beside = None if own else _load(os.path.join(os.path.normpath(path) + "-profile", "bench.json"))
+    profile = own or (beside or {}).get("profile")
     row = {
         "bench": name, "dir": path, "measured": True, "spec": s["spec"],
         "baseline": b["spec"] if b["label"] == "baseline" else f"{s['spec']} with precision.mode={b['label']}",
@@ -84,11 +89,18 @@ def bench_row(path: str) -> dict:
         "command": bench_command(record),
     }
     if profile:
+        ceiling, ratio = profile["spec"].get("ceiling"), record["ratios"]["tokens_per_s"]
         row["profile"] = {"fp8_gemm_flop_share": profile["spec"].get("fp8_gemm_flop_share"),
                           "baseline_gemm_fp8_s": profile["baseline"]["parts"].get("gemm_fp8"),
-                          "ceiling": profile["spec"].get("ceiling"), "measured_ratio": profile.get("measured_ratio"),
-                          "of_ceiling": profile.get("of_ceiling"), "ceiling_basis": profile.get("ceiling_basis"),
-                          "advice": profile.get("advice", [])}
+                          "ceiling": ceiling, "measured_ratio": profile.get("measured_ratio"),
+                          "of_ceiling": profile.get("of_ceiling") if own else (ratio / ceiling if ratio and ceiling else None),
+                          "profiled_of_ceiling": profile.get("of_ceiling"), "ceiling_basis": profile.get("ceiling_basis"),
+                          "advice": profile.get("advice", []),
+                          "source": "the bench's own first runs" if own else f"a separate profiled bench ({name}-profile)",
+                          "command": None if own else bench_command(beside)}
+    elif beside is not None:
+        row["profile_error"] = beside.get("profile_error") or "the profiled bench wrote no profile"
+        row["profile_command"] = bench_command(beside)
     row["_record"] = record
     return row
 
@@ -99,8 +111,9 @@ def bench_command(record: dict) -> str:
     s, b = record["spec"], record["baseline"]
     vs = b["spec"] if b["label"] == "baseline" else b["label"]
     steps = len(s["runs"][0]["losses"]) if s["runs"] else 0
+    profiled = bool(record.get("profile") or record.get("profile_error"))
     words = ["fp8launch", "bench", s["spec"], "--vs", vs, "--steps", str(steps), "--warmup", str(record.get("warmup_steps_excluded")),
-             "--repeats", str(record.get("repeats"))] + (["--profile"] if record.get("profile") else [])
+             "--repeats", str(record.get("repeats"))] + (["--profile"] if profiled else [])
     for item in s.get("overrides", []):
         words += ["--set", item]
     return " ".join(shlex.quote(w) for w in words)
@@ -187,9 +200,11 @@ def markdown(r: dict) -> str:
     lines = [f"# fp8launch speed on {r['device_name'] or 'an unknown device'}, {r['date']}", "",
              f"torch {env.get('torch')}, torchao {env.get('torchao')}, fp8launch {env.get('fp8launch')}; world size "
              f"{env.get('world_size')}. Every figure below was read from this session's bench.json, profile.json and reference "
-             "JSONs.", "", "## FP8 vs bf16 (`fp8launch bench SPEC --vs BF16_TWIN --profile`)", "",
-             "| bench | FP8 layers | tokens/s bf16 | tokens/s FP8 | FP8 / bf16 | FP8 GEMM FLOP share | ceiling | profiled ratio | of ceiling | runs x steps |",
+             "JSONs.", "", "## FP8 vs bf16 (`fp8launch bench SPEC --vs BF16_TWIN`, unprofiled; the profile from a separate run)", "",
+             "| bench | FP8 layers | tokens/s bf16 | tokens/s FP8 | FP8 / bf16 | FP8 GEMM FLOP share | ceiling | of ceiling | "
+             "ratio under the profiler | runs x steps |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
     for b in r["benches"]:
         if not b["measured"]:
             lines.append(f"| {b['bench']} | not measured (no bench.json in {b['dir']}) | | | | | | | | |")
@@ -197,8 +212,14 @@ def markdown(r: dict) -> str:
         t, p = b["tokens_per_s"], b["profile"] or {}
         lines.append(f"| {b['bench']} ({os.path.basename(b['spec'])}) | {b['fp8_layers']} of {b['total_linear']} | {_f(t['bf16'])} | "
                      f"{_f(t['fp8'])} | {_f(t['ratio'], '{:.3f}')} | {_f(p.get('fp8_gemm_flop_share'), '{:.1%}')} | "
-                     f"{_f(p.get('ceiling'), '{:.3f}')} | {_f(p.get('measured_ratio'), '{:.3f}')} | {_f(p.get('of_ceiling'), '{:.0%}')} | "
+                     f"{_f(p.get('ceiling'), '{:.3f}')} | {_f(p.get('of_ceiling'), '{:.0%}')} | {_f(p.get('measured_ratio'), '{:.3f}')} | "
                      f"{b['runs']} x {b['steps']} |")
+        if p:
+            notes.append(f"{b['bench']}: the FLOP share and the ceiling from {p['source']}; \"of ceiling\" is the unprofiled "
+                         "FP8 / bf16 over the ceiling" if p.get("command") else f"{b['bench']}: profiled in its own first runs")
+        elif b.get("profile_error"):
+            notes.append(f"{b['bench']}: no profile: {b['profile_error']}")
+    lines += [""] + [f"- {n}" for n in notes] if notes else []
     core = r["benches"][0]
     lines += ["", f"## fp8launch vs the hand-written reference loop (`benchmarks/reference_loop.py`, the shape of {core['bench']})", ""]
     shape = r["reference"]["shape"]
@@ -232,7 +253,8 @@ def markdown(r: dict) -> str:
         value = _f(t["value"], "{:.0%}" if t["id"] == "of_ceiling" else "{:.3f}")
         threshold = f">= {t['threshold']:.0%}" if t["id"] == "of_ceiling" else f">= {t['threshold']:g}"
         lines.append(f"| {t['what']} | {t['where']} | {threshold} | {value} | {t['verdict']}{' (' + t['note'] + ')' if t['note'] else ''} |")
-    commands = [b["command"] for b in r["benches"] if b["measured"]]
+    commands = [c for b in r["benches"] if b["measured"]
+                for c in (b["command"], (b.get("profile") or {}).get("command") or b.get("profile_command")) if c]
     commands += [r["reference"][p]["reference_command"] for p in ("bf16", "fp8") if r["reference"][p].get("reference_command")]
     if tt and tt.get("command"):
         commands.append(tt["command"])

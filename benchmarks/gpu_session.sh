@@ -1,89 +1,151 @@
 #!/usr/bin/env bash
-# One offline GPU session: install fp8launch and its backends from a wheelhouse next to the machine's own
-# CUDA torch, then run one stage, writing logs and results under OUT.
+# One call on the offline GPU machine: install fp8launch and its backends from a wheelhouse next to the machine's own
+# CUDA torch, then run one stage. docs/benchmarks.md gives each stage's device call (command, carry, timeout_s).
 #
-#   ../shared/tools/gpu-wheelhouse 3.12 .whl          # on a machine with a registry (python3 -V on the GPU machine)
-#   bash benchmarks/gpu_session.sh .whl STAGE OUT       # on the GPU machine, from the repository root
+#   ../shared/tools/gpu-wheelhouse 3.12 .whl --slim    # on a machine with a registry (python3 -V on the GPU machine)
+#   bash benchmarks/gpu_session.sh .whl STAGE OUT       # on the GPU machine, from the repository root (OUT: the call's $OUT)
 #
-# STAGE: matrix  the GPU support matrix (tests/gpu/test_support_matrix_gpu.py), the TE/MS-AMP, block-format and MoE tests
+# Every result goes to a work folder outside OUT (WORK, default a new /tmp/fp8launch-STAGE.XXXXXX). OUT gets only what
+# the GPU machine brings back (at most 8 files, 16 MiB each, 64 MiB together, no deeper than OUT/a/b/file, names of
+# letters, digits, '.', '_', '-'):
+#   OUT/session.log    this call's whole log, as it runs
+#   OUT/results.tgz    every file under WORK (benchmarks/pack_results.py), packed again every PACK_EVERY seconds (45) and
+#                      at the end, so a call cut off at its time limit still brings the last one back
+#   the stage's key files, copied out of WORK: speed: the comparison table (<date>-<device>-speed.md), the FP8 vs bf16
+#   table (<date>-<device>.md), the core bench's picture (<core>-bench.png) and its profile's (<core>-profile.png)
+#
+# STAGE: speed   benchmarks/gpu_bench.sh's parts in one call of at most BUDGET (540) seconds, install included: the core
+#                (the 15-layer Llama-3-8B shape with full AC) timed unprofiled, FP8 vs bf16; the reference loop in bf16
+#                and FP8 on that shape; a short separate profiled run of the same spec; the tables with the targets
+#                (docs/benchmarks.md). GPU_DRY_RUN=1 runs it here on tiny CPU shapes, with no install and no GPU:
+#                  GPU_DRY_RUN=1 bash benchmarks/gpu_session.sh NONE speed OUT
+#                GPU_PLAN=1 prints the parts, their commands and estimates, the machine's start and the session's device
+#                time, and runs nothing
 #        bench   benchmarks/gpu_bench.sh on the first session's pair (the Llama-3-8B slice and llama3-1b-fp8.toml,
 #                2 x 40 steps each, no profile, no reference)
-#        speed   benchmarks/gpu_bench.sh's representative benches in ten minutes: the core (the 15-layer Llama-3-8B
-#                shape with full AC, FP8 vs bf16, --profile) first, the reference loop in bf16 and FP8 on that shape,
-#                the comparison table with the targets, then what BENCHES adds while BUDGET (560 s) lasts
-#                (docs/benchmarks.md). GPU_DRY_RUN=1 runs it here on tiny CPU shapes, with no install and no GPU:
-#                  GPU_DRY_RUN=1 bash benchmarks/gpu_session.sh NONE speed OUT      (~1.5 minutes on 2 cores)
+#        matrix  the GPU support matrix (tests/gpu/test_support_matrix_gpu.py), the TE/MS-AMP, block-format and MoE tests
 #        specs   the committed specs cut to one GPU (tests/gpu/test_specs_gpu.py)
-#        te      Transformer Engine from its parts (TE_PARTS, default WHEELHOUSE/te: what `gpu-wheelhouse te 3.12 DIR` wrote,
-#                brought one part per transfer): benchmarks/te_install.sh reassembles the core wheel (sha256 checked),
-#                checks nvcc / CUDA_HOME, installs, builds the torch binding in the background; this stage waits for it
-#                (BUDGET seconds, default 540: run it again to keep waiting) and runs tests/gpu's TE cases
+#        te      Transformer Engine, one call at a time (docs/benchmarks.md, "Transformer Engine, call by call"):
+#                benchmarks/te_install.sh next TE_PARTS (.te) TE_STATE (.te-state, outside OUT) does the next thing (headers
+#                checked, parts arrived and checked, reassembled, installed, the binding built in a process that outlives
+#                the call, waited for); once it imports, fp8launch is installed and tests/gpu's TE cases run
+# BUDGET: the stage's seconds, install included (speed 540: 60 s inside a 600 s call). SETS, BENCHES, PARTS, STEPS, ...
+# reach benchmarks/gpu_bench.sh (its header lists them).
 set -uo pipefail
-wheels="${1:?usage: gpu_session.sh WHEELHOUSE STAGE OUT}"; stage="${2:?stage}"; out="${3:?out}"
-mkdir -p "$out"
+wheels="${1:?usage: gpu_session.sh WHEELHOUSE STAGE OUT}"; stage="${2:?usage: gpu_session.sh WHEELHOUSE STAGE OUT}"
+out="${3:?usage: gpu_session.sh WHEELHOUSE STAGE OUT}"
+MACHINE_START_S=240  # the machine's start (~4 min), before the call's own time limit begins; it counts in the session's 900 s
+INSTALL_S=35         # pip from the wheelhouse, the environment, doctor
+case "$stage" in
+  speed) budget="${BUDGET:-$([[ ${GPU_DRY_RUN:-0} == 1 ]] && echo 1500 || echo 540)}" ;;
+  bench|te) budget="${BUDGET:-540}" ;;
+  matrix) budget="${BUDGET:-500}" ;;
+  specs) budget="${BUDGET:-540}" ;;
+  *) echo "gpu_session: unknown stage '$stage' (speed, bench, matrix, specs, te)" >&2; exit 2 ;;
+esac
+if [[ ${GPU_DRY_RUN:-0} == 1 && $stage != speed ]]; then echo "gpu_session: GPU_DRY_RUN covers the speed stage only" >&2; exit 2; fi
 export PYTHONUNBUFFERED=1
-if [[ "${GPU_DRY_RUN:-0}" == 1 ]]; then
-  [[ $stage == speed ]] || { echo "GPU_DRY_RUN covers the speed stage only" >&2; exit 2; }
-  python3 -c "import sys, torch, torchao; print('GPU_DRY_RUN: no GPU, nothing installed; python', sys.version.split()[0], 'torch', torch.__version__, 'torchao', torchao.__version__)" \
-    2>/dev/null | tee "$out/environment.txt"
-else
+core=$(set -- ${BENCHES:-8b-ac}; echo "$1")
+
+if [[ ${GPU_PLAN:-0} == 1 ]]; then
+  [[ $stage == speed ]] || { echo "gpu_session: GPU_PLAN covers the speed stage only" >&2; exit 2; }
+  echo "gpu_session plan: the machine's start ~$MACHINE_START_S s (before this call's timeout_s; in the session's device time)"
+  echo "gpu_session plan: install, environment, doctor ~$INSTALL_S s; this call's BUDGET $budget s"
+  DEADLINE=$(( $(date +%s) + budget - INSTALL_S - 20 )) bash benchmarks/gpu_bench.sh OUT/speed plan | sed "s/^/  /" || exit
+  echo "gpu_session plan: a session of this call alone: ~$MACHINE_START_S s start + this call's timeout_s (BUDGET + 60) + ~30 s" \
+       "idle before give_back = $(( MACHINE_START_S + budget + 60 + 30 )) s of the 900 s"
+  exit 0
+fi
+
+mkdir -p "$out"
+work="${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/fp8launch-$stage.XXXXXX")}"
+mkdir -p "$work"
+case "$stage" in
+  speed) singles=("*.md" "speed/$core/bench.png=$core-bench.png" "speed/$core-profile/profile.png=$core-profile.png") ;;
+  bench) singles=("*.md") ;;
+  matrix) singles=(matrix.txt support_matrix_gpu.json) ;;
+  specs) singles=(specs.txt) ;;
+  te) singles=(te.txt te-state/headers.txt) ;;
+esac
+pack() { python3 benchmarks/pack_results.py "$work" "$out" "${singles[@]/#/--single=}"; }
+
+install() {  # fp8launch, torchao, DeepSpeed from the wheelhouse, unless they import already (an earlier call installed them)
   if ! python3 -c "import torchao, deepspeed, jsonschema, launcher" 2>/dev/null; then
     python3 -m pip install -q --no-index --find-links "$wheels" torchao==0.18.0 deepspeed==0.19.8 jsonschema hjson pydantic \
-      || exit 1
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+      || return 1
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || return 1
   fi
   {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     python3 -c "import sys, torch, torchao, deepspeed; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'torchao', torchao.__version__, 'deepspeed', deepspeed.__version__, 'capability', torch.cuda.get_device_capability())"
-  } 2>&1 | tee "$out/environment.txt"
-fi
-case "$stage" in
-  matrix)
-    fp8launch doctor 2>&1 | tee "$out/doctor.txt"
-    FP8LAUNCH_MATRIX_RESULTS="$out/support_matrix_gpu.json" timeout "${BUDGET:-500}" python3 -m pytest -m gpu -q -n "${WORKERS:-6}" \
-      -p no:cacheprovider --junitxml "$out/matrix.xml" tests/gpu/test_support_matrix_gpu.py tests/gpu/test_te_gpu.py \
-      tests/gpu/test_msamp_gpu.py tests/gpu/test_block_formats_gpu.py tests/gpu/test_moe_gpu.py 2>&1 | tail -60 | tee "$out/matrix.txt" ;;
-  bench)
-    BENCHES="${BENCHES:-slice 1b-2026-11-24}" STEPS="${STEPS:-40}" WARMUP="${WARMUP:-5}" REPEATS="${REPEATS:-2}" PROFILE="${PROFILE:-0}" \
-      REFERENCE="${REFERENCE:-0}" TORCHTITAN=0 timeout "${BUDGET:-540}" bash benchmarks/gpu_bench.sh "$out/bench" 2>&1 | tee "$out/bench.txt" \
-      || for f in "$out"/bench/*/*/train.log; do echo "== $f"; grep -v '^\s*$' "$f" | tail -30; done
-    cp benchmarks/results/*-nvidia-* "$out/" 2>/dev/null ;;
-  speed)
-    # The whole stage, install included, within BUDGET; a bench after the core is skipped when its estimate does not
-    # fit (gpu_bench.sh DEADLINE), and a timeout still leaves the tables of what finished (the report pass).
-    if [[ "${GPU_DRY_RUN:-0}" == 1 ]]; then results="$out"; else results="${RESULTS:-benchmarks/results}"; fi
-    left=$(( ${BUDGET:-560} - SECONDS ))
-    DEADLINE=$(( $(date +%s) + left - 30 )) RESULTS="$results" timeout "$left" bash benchmarks/gpu_bench.sh "$out/speed" 2>&1 \
-      | tee "$out/speed.txt"
-    [[ ${PIPESTATUS[0]} -eq 0 ]] || RESULTS="$results" bash benchmarks/gpu_bench.sh "$out/speed" report 2>&1 | tee -a "$out/speed.txt"
-    [[ "$results" == "$out" ]] || cp "$results"/"$(date +%F)"-* "$out/" 2>/dev/null
-    compgen -G "$out/speed/*-speed.md" > /dev/null || { echo "speed: no comparison table was written" >&2; exit 1; } ;;
-  specs)
-    timeout -s INT "${BUDGET:-540}" python3 -m pytest -m gpu -v -n "${WORKERS:-1}" -p no:cacheprovider --junitxml "$out/specs.xml" \
-      tests/gpu/test_specs_gpu.py 2>&1 | tail -60 | tee "$out/specs.txt" ;;
-  te)
-    parts="${TE_PARTS:-$wheels/te}"
-    deadline=$(( $(date +%s) + ${BUDGET:-540} ))
-    if ! python3 -c "import transformer_engine.pytorch" 2>/dev/null; then
-      pid=$(cat "$out/te-build.pid" 2>/dev/null)
-      if [[ -z "$pid" || ! -d "/proc/$pid" ]] && [[ ! -f "$out/te-build.rc" ]]; then
-        bash benchmarks/te_install.sh "$parts" "$out" 2>&1 | tee "$out/te-install.txt"
-        rc=${PIPESTATUS[0]}; (( rc == 0 )) || exit "$rc"
-      fi
-      while [[ ! -f "$out/te-build.rc" ]] && (( $(date +%s) < deadline )); do
-        sleep 15; echo "te: building transformer_engine_torch ... $(grep -c 'Compiling\|\.cu\b\|\.cpp\b' "$out/te-build.log" 2>/dev/null) lines of compiler output"
-      done
-      if [[ ! -f "$out/te-build.rc" ]]; then
-        echo "te: the binding is still building (log $out/te-build.log); run the te stage again to keep waiting" >&2; exit 75
-      fi
-      if [[ "$(cat "$out/te-build.rc")" != 0 ]]; then
-        echo "te: building transformer_engine_torch failed (exit $(cat "$out/te-build.rc")):" >&2; tail -30 "$out/te-build.log" >&2; exit 3
-      fi
-    fi
-    python3 -c "import transformer_engine, transformer_engine.pytorch as te; print('transformer_engine', transformer_engine.__version__)" \
-      2>&1 | tee -a "$out/environment.txt"
-    timeout "$(( deadline > $(date +%s) + 60 ? deadline - $(date +%s) : 60 ))" python3 -m pytest -m gpu -v -p no:cacheprovider \
-      --junitxml "$out/te.xml" tests/gpu/test_te_conformance.py tests/gpu/test_te_gpu.py tests/gpu/test_fp8_ran_conformance.py \
-      2>&1 | tail -80 | tee "$out/te.txt" ;;
-  *) echo "unknown stage $stage" >&2; exit 2 ;;
-esac
+  } 2>&1 | tee "$work/environment.txt"
+  return 0  # what the environment says is information: a probe that fails stops nothing
+}
+
+stage_speed() {
+  # The parts, the report pass after a timeout and the last pack within BUDGET: a part that does not fit is skipped
+  # (gpu_bench.sh DEADLINE), and a timeout still leaves the tables of what finished.
+  if [[ ${GPU_DRY_RUN:-0} == 1 ]]; then
+    python3 -c "import sys, torch, torchao; print('GPU_DRY_RUN: no GPU, nothing installed; python', sys.version.split()[0], 'torch', torch.__version__, 'torchao', torchao.__version__)" \
+      2>/dev/null | tee "$work/environment.txt"
+  else
+    install || return 1
+  fi
+  local left=$(( budget - SECONDS - 10 ))  # 10 s for the report pass and the last pack; parts end 10 s before the timeout
+  DEADLINE=$(( $(date +%s) + left - 10 )) RESULTS="$work" timeout "$left" bash benchmarks/gpu_bench.sh "$work/speed" 2>&1 \
+    | tee "$work/speed.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || RESULTS="$work" bash benchmarks/gpu_bench.sh "$work/speed" report 2>&1 | tee -a "$work/speed.txt"
+  compgen -G "$work/*-speed.md" > /dev/null || { echo "speed: no comparison table was written" >&2; return 1; }
+}
+
+stage_bench() {
+  install || return 1
+  BENCHES="${BENCHES:-slice 1b-2026-11-24}" STEPS="${STEPS:-40}" WARMUP="${WARMUP:-5}" REPEATS="${REPEATS:-2}" PROFILE="${PROFILE:-0}" \
+    PARTS="${PARTS:-timing}" REFERENCE="${REFERENCE:-0}" TORCHTITAN=0 RESULTS="$work" timeout "$(( budget - SECONDS - 15 ))" \
+    bash benchmarks/gpu_bench.sh "$work/bench" 2>&1 | tee "$work/bench.txt"
+}
+
+stage_matrix() {
+  install || return 1
+  fp8launch doctor 2>&1 | tee "$work/doctor.txt"
+  FP8LAUNCH_MATRIX_RESULTS="$work/support_matrix_gpu.json" timeout "$(( budget - SECONDS - 15 ))" python3 -m pytest -m gpu -q \
+    -n "${WORKERS:-6}" -p no:cacheprovider --junitxml "$work/matrix.xml" tests/gpu/test_support_matrix_gpu.py tests/gpu/test_te_gpu.py \
+    tests/gpu/test_msamp_gpu.py tests/gpu/test_block_formats_gpu.py tests/gpu/test_moe_gpu.py 2>&1 | tail -60 | tee "$work/matrix.txt"
+}
+
+stage_specs() {
+  install || return 1
+  timeout -s INT "$(( budget - SECONDS - 15 ))" python3 -m pytest -m gpu -v -n "${WORKERS:-1}" -p no:cacheprovider \
+    --junitxml "$work/specs.xml" tests/gpu/test_specs_gpu.py 2>&1 | tail -60 | tee "$work/specs.txt"
+}
+
+stage_te() {
+  local state="${TE_STATE:-.te-state}" rc
+  # wait for the build while BUDGET leaves 150 s for fp8launch's install and the TE tests
+  TE_WAIT="${TE_WAIT:-$(( budget - SECONDS - 150 ))}" bash benchmarks/te_install.sh next "${TE_PARTS:-.te}" "$state"
+  rc=$?
+  mkdir -p "$work/te-state" && cp "$state"/*.txt "$state"/*.log "$state"/build.* "$work/te-state/" 2>/dev/null
+  (( rc == 0 )) || return "$rc"
+  install || return 1
+  python3 -c "import transformer_engine, transformer_engine.pytorch as te; print('transformer_engine', transformer_engine.__version__)" \
+    2>&1 | tee -a "$work/environment.txt"
+  timeout "$(( budget - SECONDS - 15 ))" python3 -m pytest -m gpu -v -p no:cacheprovider --junitxml "$work/te.xml" \
+    tests/gpu/test_te_conformance.py tests/gpu/test_te_gpu.py tests/gpu/test_fp8_ran_conformance.py 2>&1 | tail -80 | tee "$work/te.txt"
+  return "${PIPESTATUS[0]}"
+}
+
+{
+  echo "gpu_session: $stage, results in $work, BUDGET $budget s; OUT gets session.log, results.tgz and ${singles[*]}"
+  # the pack loop: on TERM it ends its sleep too (nothing of it may hold the log's pipe open after the stage)
+  ( trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+    while :; do sleep "${PACK_EVERY:-45}" & nap=$!; wait "$nap"; pack || true; done ) &
+  packer=$!
+  "stage_$stage"
+  rc=$?
+  kill "$packer" 2>/dev/null; wait "$packer" 2>/dev/null
+  pack
+  python3 benchmarks/pack_results.py --check "$out"
+  echo "gpu_session: $stage exited $rc after $SECONDS s"
+  exit "$rc"
+} 2>&1 | tee -a "$out/session.log"
+exit "${PIPESTATUS[0]}"

@@ -12,7 +12,10 @@ import json
 import math
 import os
 import subprocess
+import re
 import sys
+import tarfile
+import weakref
 
 import pytest
 import torch
@@ -72,6 +75,32 @@ def test_the_reference_lr_schedule_is_fp8launchs(reference, warmup, steps, min_r
             lr_factor(step, warmup_steps=warmup, steps=steps, min_lr_ratio=min_ratio), abs=1e-12)
 
 
+def test_the_reference_loop_frees_the_logits_before_backward(reference):
+    """As fp8launch's Trainer (`_loss_of`): the logits go straight into the loss, so nothing holds them while backward
+    runs (at the core's shape, 2 GiB of bf16 logits). A hook on the loss, which backward calls first, reads a weak
+    reference to the head's output; the loop's former shape (`logits = model(...)` kept in the frame) is the control."""
+    a = reference.parse_args(["--precision", "bf16", "--device", "cpu", "--dim", "64", "--layers", "1", "--heads", "4",
+                              "--kv-heads", "2", "--ffn", "128", "--vocab", "512", "--seq-len", "16"])
+    torch.manual_seed(0)
+    model = reference.Transformer(a)
+    model.init_weights()
+    seen: dict = {}
+    model.output.register_forward_hook(lambda module, args, out: seen.__setitem__("logits", weakref.ref(out)))
+
+    def loss_fn(logits, targets):
+        loss = reference.cross_entropy(logits, targets)
+        loss.register_hook(lambda grad: seen.__setitem__("alive_in_backward", seen["logits"]() is not None))
+        return loss
+
+    tokens = next(reference.SyntheticBatches(seq_len=16, batch=2, vocab=512, rank=0, seed=0))
+    loss = reference.forward_backward(model, loss_fn, tokens)
+    assert seen["alive_in_backward"] is False and math.isfinite(loss.item())
+    assert model.output.weight.grad is not None and model.output.weight.grad.abs().sum() > 0  # backward did run
+    logits = model(tokens[:, :-1])  # the control: a name that holds the logits through backward
+    loss_fn(logits, tokens[:, 1:]).backward()
+    assert seen["alive_in_backward"] is True
+
+
 def test_reference_args_give_the_loop_the_specs_shape_batch_and_schedule():
     args = _module("reference_args")
     procs, flags = args.reference_flags(str(SPECS / "llama3-8b-ac-fp8.toml"), ["train.steps=12"])
@@ -121,45 +150,226 @@ def test_the_targets_are_marked_from_the_measured_values():
     assert not any(t["applies"] for t in on_cpu.values()) and "not on one H100" in on_cpu["fp8_vs_bf16"]["note"]
 
 
-@pytest.mark.slow
-def test_the_speed_stage_dry_run_writes_every_result(tmp_path):
-    out = tmp_path / "out"
-    env = {**os.environ, "GPU_DRY_RUN": "1", "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
-    r = subprocess.run(["bash", "benchmarks/gpu_session.sh", "NONE", "speed", str(out)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (r.stdout[-4000:], r.stderr[-2000:])
-    assert "GPU_DRY_RUN" in (out / "environment.txt").read_text()
+def out_rule_breaks(out) -> list[str]:
+    """What the GPU machine would not bring back of OUT (device README: at most 8 files, 16 MiB each and 64 MiB
+    together, none deeper than OUT/a/b/file, names of letters, digits, '.', '_', '-'), written out here again."""
+    files = [p for p in out.rglob("*") if p.is_file()]
+    breaks = [f"{len(files)} files"] if len(files) > 8 else []
+    breaks += [f"{p}: too deep" for p in files if len(p.relative_to(out).parts) > 3]
+    breaks += [f"{p}: name" for p in out.rglob("*") if not re.fullmatch(r"[A-Za-z0-9._-]+", p.name)]
+    breaks += [f"{p}: {p.stat().st_size} bytes" for p in files if p.stat().st_size > 16 * 2**20]
+    if sum(p.stat().st_size for p in files) > 64 * 2**20:
+        breaks.append("over 64 MiB")
+    return breaks
 
-    bench = json.loads((out / "speed" / "8b-ac" / "bench.json").read_text())
-    profile = json.loads((out / "speed" / "8b-ac" / "profile.json").read_text())
+
+def shell_env(**extra) -> dict:
+    return {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], **extra}
+
+
+@pytest.mark.slow
+def test_the_speed_stage_dry_run_returns_every_result_within_the_gpu_machines_rules(tmp_path):
+    """The dry run, with SETS (the override a session uses when a spec runs out of memory) shrinking the vocabulary:
+    what it leaves in OUT is what the GPU machine brings back, and the tarball holds every result."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = shell_env(GPU_DRY_RUN="1", WORK=str(work), PACK_EVERY="10", SETS="train.model=builtin:llama-debug?layers=1&vocab=1024")
+    r = subprocess.run(["bash", "benchmarks/gpu_session.sh", "NONE", "speed", str(out)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, (r.stdout[-4000:], r.stderr[-2000:])
+    today = datetime.date.today().isoformat()
+    assert out_rule_breaks(out) == []
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"{today}-cpu-speed.md", f"{today}-cpu.md", "8b-ac-bench.png",
+                                                            "8b-ac-profile.png", "results.tgz", "session.log"])
+    log = (out / "session.log").read_text()
+    assert log == r.stdout and log.rstrip().endswith("gpu_session: speed exited 0 after " + log.rstrip().rsplit(" after ", 1)[1])
+    packs = [line for line in log.splitlines() if line.startswith("pack_results: results.tgz: ")]
+    assert len(packs) >= 3  # packed again while the parts ran (every 10 s here), and once at the end
+    assert "8b-ac-profile.png" in packs[-1] and "the GPU machine would not bring it back" not in log
+
+    with tarfile.open(out / "results.tgz") as tar:
+        tar.extractall(tmp_path / "back", filter="data")
+    back = tmp_path / "back" / "results"
+    assert (back / "speed" / "8b-ac" / "bench.png").read_bytes() == (out / "8b-ac-bench.png").read_bytes()
+    assert (back / f"{today}-cpu-speed.md").read_text() == (out / f"{today}-cpu-speed.md").read_text()
+    assert "GPU_DRY_RUN" in (back / "environment.txt").read_text()
+
+    # the timing runs are unprofiled; the profile is a separate short run of the same spec
+    bench = json.loads((back / "speed" / "8b-ac" / "bench.json").read_text())
+    assert "profile" not in bench and not (back / "speed" / "8b-ac" / "spec-1" / "profile").exists()
+    prof_bench = json.loads((back / "speed" / "8b-ac-profile" / "bench.json").read_text())
+    profile = json.loads((back / "speed" / "8b-ac-profile" / "profile.json").read_text())
+    assert prof_bench["profile"] == profile and prof_bench["spec"]["spec"] == bench["spec"]["spec"]
+    assert prof_bench["spec"]["overrides"] == bench["spec"]["overrides"]  # the same spec, the same --set
+    for run in ("spec-1", "baseline-1"):  # both runs' own profile.json
+        assert json.loads((back / "speed" / "8b-ac-profile" / run / "profile.json").read_text())["run"]["steps"] == 2
     assert bench["baseline"]["fp8_layers"] == 0 and bench["spec"]["fp8_layers"] > 0
     assert profile["baseline"]["parts"]["gemm_fp8"] == 0 and profile["baseline"]["fp8_gemm_flop_share"] == 0
     assert 0 < profile["spec"]["fp8_gemm_flop_share"] <= 1 and profile["spec"]["parts"]["gemm_fp8"] > 0
-    assert profile["spec"]["ceiling"] > 1 and (out / "speed" / "8b-ac" / "profile.png").stat().st_size > 0
+    assert profile["spec"]["ceiling"] > 1 and (back / "speed" / "8b-ac-profile" / "profile.png").stat().st_size > 0
     start = bench["spec"]["runs"][0]["start"]
     assert [s for s, _ in bench["spec"]["runs"][0]["losses"]] == [1, 2, 3, 4] and start["world_size"] == 2
 
-    refs = {p: json.loads((out / "speed" / "reference" / f"{p}.json").read_text()) for p in ("bf16", "fp8")}
+    refs = {p: json.loads((back / "speed" / "reference" / f"{p}.json").read_text()) for p in ("bf16", "fp8")}
     for p, ref in refs.items():
         assert ref["precision"] == p and ref["steps"] == len(ref["losses"]) == len(ref["step_times_s"]) == 4
         assert all(math.isfinite(v) and 0 < v < 20 for v in ref["losses"])
         # the same job as the bench: tokens per step, processes, parameters, the first batch's loss at the same init scale
         assert (ref["tokens_per_step"], ref["world_size"], ref["parameters"]) == (start["tokens_per_step"], 2, start["parameters"])
         assert ref["losses"][0] == pytest.approx(bench["spec"]["runs"][0]["losses"][0][1], abs=0.1)
+        assert ref["shape"]["vocab"] == 1024 and ref["shape"]["layers"] == 1  # SETS reached the reference loop too
     assert refs["bf16"]["fp8_layers"] == 0 and refs["fp8"]["fp8_layers"] == refs["fp8"]["total_linear"] - 1  # all but "output"
+    # ... and the bench: its parameters (the reference's, above) are those of a 1024-token vocabulary (the dry run's own: 2048)
+    sh = refs["bf16"]["shape"]
+    per_layer = 2 * sh["dim"] ** 2 + 2 * sh["dim"] * (sh["dim"] // sh["heads"] * sh["kv_heads"]) + 3 * sh["dim"] * sh["ffn"] + 2 * sh["dim"]
+    assert start["parameters"] == 2 * 1024 * sh["dim"] + sh["layers"] * per_layer + sh["dim"]
 
-    today = datetime.date.today().isoformat()
-    speed = json.loads((out / f"{today}-cpu-speed.json").read_text())
+    speed = json.loads((back / f"{today}-cpu-speed.json").read_text())
     for p in ("bf16", "fp8"):
         side = speed["reference"][p]
         assert side["mismatch"] is None and side["ratio"] > 0
         assert side["ratio"] == pytest.approx(side["fp8launch_tokens_per_s"] / refs[p]["tokens_per_s"])
+        assert side["fp8launch_basis"] == "median of 1 run(s)"  # unprofiled: no run of the timing bench was profiled
     targets = {t["id"]: t for t in speed["targets"]}
     assert set(targets) == {"fp8_vs_bf16", "of_ceiling", "vs_reference_bf16", "vs_reference_fp8"}
     assert all(t["verdict"] in ("met", "not met") and t["applies"] is False for t in targets.values())
     assert targets["fp8_vs_bf16"]["value"] == pytest.approx(bench["ratios"]["tokens_per_s"])
-    assert targets["of_ceiling"]["value"] == pytest.approx(profile["of_ceiling"])
+    # of the ceiling: the unprofiled ratio over the separate profile's ceiling (not the profiled runs' own ratio)
+    assert targets["of_ceiling"]["value"] == pytest.approx(bench["ratios"]["tokens_per_s"] / profile["spec"]["ceiling"])
+    assert speed["benches"][0]["profile"]["measured_ratio"] == pytest.approx(profile["measured_ratio"])
     assert "skipped" in speed["torchtitan"]
-    table = (out / f"{today}-cpu-speed.md").read_text()
+    table = (back / f"{today}-cpu-speed.md").read_text()
     assert "## Targets" in table and "| fp8launch / reference loop tokens/s, FP8 |" in table
-    assert (out / f"{today}-cpu.md").is_file()  # summarize_bench.py's FP8 vs bf16 table
+    assert "from a separate profiled bench (8b-ac-profile)" in table and " --profile " in table  # its command listed
+    assert (back / f"{today}-cpu.md").is_file()  # summarize_bench.py's FP8 vs bf16 table
+
+
+def _plan(env: dict, tmp_path) -> subprocess.CompletedProcess:
+    out = tmp_path / "plan-out"
+    r = subprocess.run(["bash", "benchmarks/gpu_session.sh", ".whl", "speed", str(out)], cwd=REPO, capture_output=True, text=True,
+                       timeout=120, env=shell_env(GPU_PLAN="1", **env))
+    assert not out.exists()  # the plan runs and writes nothing
+    return r
+
+
+def test_the_speed_plan_counts_weight_init_and_the_start_and_sets_reach_the_real_runs(tmp_path):
+    """GPU_PLAN=1 in the real (not dry) mode: SETS reaches every fp8launch run and, planned through reference_args.py,
+    the reference loop; each estimate is the sum of its printed terms, weight init among them; the session adds the
+    machine's start; BUDGET's default leaves 60 s of a 600 s call."""
+    r = _plan({"SETS": "train.model=builtin:llama3-8b?layers=12 train.micro_batch_size=1"}, tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    runs = [line for line in lines if re.match(r"  gpu_bench plan: \w+ [\w.-]+: ~\d+ s ", line)]
+    assert [line.split(":")[1].strip() for line in runs] == ["timing 8b-ac", "reference bf16", "reference fp8"]
+    assert "skipped profile 8b-ac" in r.stdout  # at these estimates it does not fit after the other two
+    timing = runs[0]
+    assert " --set train.model=builtin:llama3-8b?layers=12 --set train.micro_batch_size=1" in timing and "--profile" not in timing
+    assert all("--layers 12 " in line and "--batch 1 " in line and "--device cuda" in line for line in runs[1:])
+    terms = re.search(r"~(\d+) s \((\d+) x 2 runs x \(start (\d+) \+ weight init (\d+) \+ compile (\d+) \+ (\d+) steps x ([\d.]+) s\)\)",
+                      timing)
+    est, repeats, start, init, compile_s, steps, step = (float(x) for x in terms.groups())
+    assert est == int(repeats * 2 * (start + init + compile_s + steps * step)) and init == 55
+    ref = [int(re.search(r"~(\d+) s ", line).group(1)) for line in runs[1:]]
+    total = int(re.search(r"~(\d+) s in all", r.stdout).group(1))
+    assert total == est + sum(ref)
+    budget = int(re.search(r"this call's BUDGET (\d+) s", r.stdout).group(1))
+    assert budget <= 600 - 60
+    session = re.search(r"alone: ~(\d+) s start \+ this call's timeout_s \(BUDGET \+ 60\) \+ ~(\d+) s idle before give_back = "
+                        r"(\d+) s of the 900 s", r.stdout)
+    start_s, idle, whole = (int(x) for x in session.groups())
+    assert start_s == 240 and whole == start_s + budget + 60 + idle <= 900
+    # a SETS item that is not KEY=VALUE is refused, saying how to write it
+    bad = _plan({"SETS": "layers12"}, tmp_path)
+    assert bad.returncode != 0 and "SETS item 'layers12' is not KEY=VALUE" in bad.stdout + bad.stderr
+
+
+def _doc_calls(heading: str) -> list[dict]:
+    """The rows of the first table under `heading` in docs/benchmarks.md, as {column: cell without backticks}."""
+    lines = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8").split(heading, 1)[1].splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[first:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip().strip("`") for cell in line.strip().strip("|").split("|")])
+    return [dict(zip(rows[0], row)) for row in rows[2:]]
+
+
+def _ignored(paths: list[str]) -> list[str]:
+    """Which of `paths` git ignores (a folder named without its slash is asked for as one)."""
+    def ignored(p: str) -> bool:
+        return any(subprocess.run(["git", "check-ignore", "--no-index", "-q", q], cwd=REPO).returncode == 0 for q in (p, p + "/"))
+    return [p for p in paths if ignored(p)]
+
+
+COMMAND = re.compile(r'((?:[A-Z_]+=(?:"[^"]*"|\S+) )*)bash benchmarks/gpu_session\.sh (\S+) (\S+) \$OUT')
+
+
+def _read_vars() -> set[str]:
+    scripts = "".join((BENCH / name).read_text() for name in ("gpu_session.sh", "gpu_bench.sh", "te_install.sh"))
+    return set(re.findall(r"\$\{([A-Z_]+)[:}]", scripts))
+
+
+def test_the_documented_speed_calls_fit_the_scripts_and_the_machine(tmp_path):
+    """Each row of docs/benchmarks.md's speed calls: the script's usage (WHEELHOUSE STAGE $OUT), variables the scripts
+    read, the wheelhouse carried, only git-ignored paths carried (at most 8), BUDGET at least 60 s inside timeout_s
+    (at most 600), a command the tool takes (2,000 characters), and its plan runs."""
+    calls = _doc_calls("### The calls")
+    assert [c["call"] for c in calls] == ["speed", "fallback, at once", "a later session"]
+    known = _read_vars()
+    for call in calls:
+        m = COMMAND.fullmatch(call["command"])
+        assert m, call["command"]
+        assignments = dict(re.findall(r'([A-Z_]+)=("[^"]*"|\S+) ', m.group(1)))
+        wheels, stage = m.group(2), m.group(3)
+        assert stage == "speed" and set(assignments) <= known, (assignments, known)
+        carry = json.loads(call["carry"])
+        timeout_s = int(call["timeout_s"])
+        assert wheels in carry and len(carry) <= 8 and timeout_s <= 600 and len(call["command"]) <= 2000
+        assert _ignored(carry) == carry  # nothing that travels anyway; the git-ignored folder is asked for by name
+        assert int(assignments["BUDGET"]) <= timeout_s - 60
+        env = {k: v.strip('"') for k, v in assignments.items()}
+        r = _plan(env, tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert f"this call's BUDGET {env['BUDGET']} s" in r.stdout
+        if "SETS" in env:
+            assert all(f"--set {item}" in r.stdout for item in env["SETS"].split())
+        # every part the row asks for (PARTS, or the default) is planned or said to be skipped, in that order
+        said = [m.group(1) or m.group(2)
+                for m in re.finditer(r"gpu_bench plan: (\w+) [\w.-]+: ~|gpu_bench: skipped (?:the )?(\w+)", r.stdout)]
+        assert list(dict.fromkeys(said)) == env.get("PARTS", "timing reference profile").split(), said
+
+
+def test_the_packer_keeps_out_within_the_rules_and_says_what_it_left_out(tmp_path):
+    """pack_results.py: everything under WORK in results.tgz below the cap, the largest left out first and named;
+    --single copies only what fits the 8 files (one place kept for the tarball's dotted twin); --check names breaks."""
+    packer = _module("pack_results")
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "a" / "b" / "c").mkdir(parents=True)
+    (work / "a" / "b" / "c" / "deep.json").write_text('{"x": 1}\n')  # deeper than OUT may hold: fine inside the tarball
+    (work / "big.json.gz").write_bytes(os.urandom(200_000))  # incompressible; each fits alone, not both
+    (work / "mid.bin").write_bytes(os.urandom(150_000))
+    (work / "huge.bin").write_bytes(os.urandom(300_000))
+    for i in range(9):
+        (work / f"t{i}.md").write_text(f"table {i}\n")
+    out.mkdir()
+    (out / "session.log").write_text("log\n")
+    count, size, left = packer.pack(str(work), str(out), cap=250_000)
+    assert [rel for rel, _, _ in left] == ["huge.bin", "big.json.gz"] and size <= 250_000 and count == 11
+    with tarfile.open(out / "results.tgz") as tar:
+        names = tar.getnames()
+        assert "results/a/b/c/deep.json" in names and "results/mid.bin" in names and "results/big.json.gz" not in names
+        left_out = tar.extractfile("results/RESULTS-LEFT-OUT.txt").read().decode()
+    assert left_out == "huge.bin\t300000 bytes\tover 0.238 MiB alone\nbig.json.gz\t200000 bytes\tthe tarball would pass 0.238 MiB\n"
+    assert sorted(p.name for p in out.iterdir()) == ["results.tgz", "session.log"]  # no half-written twin left
+    copied = packer.copy_singles(str(work), str(out), ["*.md"])
+    assert copied == [f"t{i}.md" for i in range(5)]  # 2 + 5 = 7 files: the 8th place is the tarball's twin's
+    assert out_rule_breaks(out) == [] and packer.problems(str(out)) == []
+    (out / "x" / "y").mkdir(parents=True)
+    (out / "x" / "y" / "z.txt").write_text("too deep\n")
+    (out / "bad name.txt").write_text("\n")
+    found = packer.problems(str(out))
+    assert "x/y/z.txt: 2 folders down" not in " ".join(found)  # OUT/x/y/z.txt is two folders down: it comes back
+    assert any("bad name.txt: the name" in f for f in found) and any(f.startswith("9 files") for f in found)
+    (out / "x" / "y" / "w").mkdir()
+    (out / "x" / "y" / "w" / "deeper.txt").write_text("\n")
+    assert any("x/y/w/deeper.txt: 3 folders down" in f for f in packer.problems(str(out)))

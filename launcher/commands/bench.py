@@ -15,7 +15,7 @@ import shutil
 from launcher.commands import preflight
 from launcher.planning.gpus import MFU_BASIS, MFU_NOTE
 from launcher.targets.files import save_atomic, write_atomic
-from launcher.errors import TrainingFailed, UsageError
+from launcher.errors import LauncherError, TrainingFailed, UsageError
 from launcher.planning.install import INSTALL
 from launcher.commands.plan import Planned
 from launcher.commands.runs import FIGURES, Variant, plan_variant, read_run, train, versions
@@ -38,7 +38,8 @@ def run_bench(spec: str, *, vs: str = "bf16", steps: int | None = None, repeats:
               echo=print) -> dict:
     """Train both variants `repeats` times, alternating; return the bench record (also bench.json in out_dir). With
     `profile`, each variant's first run profiles its measured steps (the ones after `warmup`) and the comparison goes
-    to profile.json (record["profile"])."""
+    to profile.json (record["profile"]); where a profiler failed, the runs go on, record["profile"] is None and
+    record["profile_error"] says why."""
     a, b = variants(spec, vs, list(overrides))
     first = plan_variant(a, None, steps)
     preflight.check(first.plan, local=True)
@@ -61,9 +62,15 @@ def run_bench(spec: str, *, vs: str = "bf16", steps: int | None = None, repeats:
     if profile:
         from launcher.commands.profile import bench_profile
 
-        record["profile"] = bench_profile(first, os.path.join(out_dir, f"{a.label}-1"), os.path.join(out_dir, f"{b.label}-1"),
-                                          device_name=record["environment"]["device_name"])
-        write_atomic(os.path.join(out_dir, "profile.json"), json.dumps(record["profile"], indent=2, sort_keys=True) + "\n")
+        try:
+            record["profile"] = bench_profile(first, os.path.join(out_dir, f"{a.label}-1"), os.path.join(out_dir, f"{b.label}-1"),
+                                              device_name=record["environment"]["device_name"])
+        except Exception as e:  # noqa: BLE001 -- a profile is a by-product: its failure is recorded, the figures stand
+            record["profile"] = None
+            record["profile_error"] = e.message if isinstance(e, LauncherError) else f"{type(e).__name__}: {e}"
+            echo(f"bench: no profile: {record['profile_error']}; the runs' figures stand (bench.json: profile_error)")
+        else:
+            write_atomic(os.path.join(out_dir, "profile.json"), json.dumps(record["profile"], indent=2, sort_keys=True) + "\n")
     write_atomic(os.path.join(out_dir, "bench.json"), json.dumps(record, indent=2, sort_keys=True) + "\n")
     record["out_dir"] = out_dir
     return record
@@ -166,6 +173,8 @@ def table(record: dict) -> str:
         from launcher.profiling.compare import table_lines
 
         lines += table_lines(record["profile"])
+    elif record.get("profile_error"):
+        lines.append(f"profile: failed ({record['profile_error']})")
     env = record.get("environment", {})
     lines.append(f"(medians over {record['repeats']} alternating runs each; first {record['warmup_steps_excluded']} steps of each run excluded; "
                  f"{env.get('device_name')} x {env.get('world_size')}, torch {env.get('torch')}, torchao {env.get('torchao')})")

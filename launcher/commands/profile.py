@@ -19,10 +19,30 @@ def read_run(run_dir: str) -> dict | None:
         return json.load(f)["run"]
 
 
+def run_failure(run_dir: str) -> str | None:
+    """Why a run's profiler failed, as its end record in metrics.jsonl keeps it (profile_error); None if it did not."""
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == "end":
+            return record.get("profile_error")
+    return None
+
+
 def summary_lines(run_dir: str) -> list[str]:
     """The lines `run --profile` prints: where a step went, and the heaviest items."""
     run = read_run(run_dir)
     if run is None:
+        failure = run_failure(run_dir)
+        if failure:
+            return [f"profile: failed ({failure}); the training went on and its figures stand (metrics.jsonl's end record: profile_error)"]
         return [f"profile: no {os.path.join(run_dir, 'profile.json')} (rank 0 writes it after the profiled steps)"]
     t = run["step_time_s"] or 1.0
     parts = ", ".join(f"{p} {run['parts'][p] / t:.0%}" for p in PARTS if run["parts"][p] / t >= 0.005)
@@ -47,8 +67,9 @@ def bench_profile(planned: Planned, spec_dir: str, baseline_dir: str, *, device_
     if spec is None or baseline is None:
         from launcher.errors import LauncherError
 
-        missing = spec_dir if spec is None else baseline_dir
-        raise LauncherError(f"bench --profile: {missing} has no profile.json; see its train.log")
+        missing = [d for d, run in ((spec_dir, spec), (baseline_dir, baseline)) if run is None]
+        raise LauncherError("bench --profile: " + "; ".join(f"{d} has no profile.json ({run_failure(d) or 'see its train.log'})"
+                                                             for d in missing))
     prediction = planned.prediction.to_json() if planned.prediction is not None else None
     gpu = PLAN_GPUS.get((prediction or {}).get("gpu", ""), PLAN_GPUS["h100"]).name
     return compare(spec, baseline, device_name=device_name, prediction=prediction, plan_gpu=gpu, plan=_plan_facts(planned))

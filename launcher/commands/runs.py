@@ -104,10 +104,11 @@ def _records(path: str) -> list[dict]:
 
 def read_run(run_dir: str, code: int, warmup: int) -> dict:
     """A finished run's figures: medians over its steady steps (the first `warmup` left out), peak memory, final loss,
-    and the last held-out eval loss where the spec has [eval]."""
+    the last held-out eval loss where the spec has [eval], and why its profile failed where it did (profile_error)."""
     records = _records(os.path.join(run_dir, "metrics.jsonl"))
     steps = [r for r in records if r.get("event") == "step"]
     start = next((r for r in records if r.get("event") == "start"), {})
+    end = next((r for r in records if r.get("event") == "end"), {})
     steady = steps[warmup:] if len(steps) > warmup else steps[-1:]
     figures = {}
     for name in ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu"):
@@ -122,7 +123,7 @@ def read_run(run_dir: str, code: int, warmup: int) -> dict:
     figures["eval_loss"] = evals[max(evals)] if evals else None  # the held-out loss after the last step ([eval])
     return {"dir": run_dir, "exit_code": code, "start": start, "figures": figures,
             "losses": [[r["step"], r["loss"]] for r in steps], "evals": [[s, evals[s]] for s in sorted(evals)],
-            "step_times": [r["step_time_s"] for r in steps]}
+            "step_times": [r["step_time_s"] for r in steps], "profile_error": end.get("profile_error")}
 
 
 def versions(*packages: str) -> dict[str, str | None]:

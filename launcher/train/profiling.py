@@ -11,12 +11,18 @@ kernels are named in the trace only with TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE
 
 Writes (rank 0): <output_dir>/profile/trace.json.gz (open it in Perfetto or chrome://tracing), <output_dir>/profile.json
 = {"run": RUN} (launcher/profiling/record.py) and, where matplotlib is installed, profile.png.
+
+The profile is a by-product of the run: where the profiler fails (starting, exporting the trace, reading it back), the
+failure is printed, the profiler is stopped, the training goes on, and the run's end record in metrics.jsonl carries
+`profile_error` (bench records it in bench.json and goes on to the next run). FP8LAUNCH_PROFILE_FAULT=start|write
+makes it fail there on purpose, to rehearse that path (tests/e2e/test_bench.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import typing
 
 import torch
@@ -30,6 +36,13 @@ from launcher.profiling import PROFILE_ENV, PROFILE_WARMUP_ENV
 DEFAULT_WARMUP = 2
 """Steps trained before the profiler starts: the first ones compile and warm the allocator up."""
 TRACE = os.path.join("profile", "trace.json.gz")
+FAULT_ENV = "FP8LAUNCH_PROFILE_FAULT"
+""""start" or "write": the profiler raises there, as one that breaks on a real trace would (the failure path, rehearsed)."""
+
+
+def _fault(where: str) -> None:
+    if os.environ.get(FAULT_ENV) == where:
+        raise RuntimeError(f"injected by {FAULT_ENV}={where}")
 
 
 def layer_table(model: nn.Module, precision) -> list:
@@ -69,6 +82,8 @@ class StepProfiler:
         self._calls = 0
         self._times: list[float] = []
         self.written: str | None = None
+        self.error: str | None = None
+        """Why the profile failed ("RuntimeError: ..."), or None: the run's end record carries it as profile_error."""
 
     @classmethod
     def from_env(cls, plan: Plan, model: nn.Module, precision, device: torch.device, *, is_main: bool, start_step: int):
@@ -82,6 +97,7 @@ class StepProfiler:
     def _start(self) -> None:
         from torch.profiler import ProfilerActivity, profile, schedule
 
+        _fault("start")
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         path = os.path.join(self.plan.train.output_dir, TRACE)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -90,8 +106,29 @@ class StepProfiler:
         self._prof.__enter__()
 
     def __call__(self, state) -> None:
-        if not self.is_main or self.written is not None:
+        if not self.is_main or self.written is not None or self.error is not None:
             return
+        try:
+            self._advance(state)
+        except Exception as e:  # noqa: BLE001 -- the profile is a by-product: its failure is recorded, the training goes on
+            self._fail(e, state.step)
+
+    def summary(self) -> dict:
+        """The end record's fields (Trainer.run): profile_error where the profile failed."""
+        return {"profile_error": self.error} if self.error is not None else {}
+
+    def _fail(self, error: Exception, step: int) -> None:
+        self.error = f"{type(error).__name__}: {error}"
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            try:
+                prof.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 -- a profiler that failed may fail to stop too; it is dropped either way
+                pass
+        print(f"profile: failed after step {step}: {self.error}; the training goes on without a profile "
+              "(the end record's profile_error says so)", file=sys.stderr, flush=True)
+
+    def _advance(self, state) -> None:
         if self._prof is None:
             if state.step == self.begin_after:
                 self._start()
@@ -111,6 +148,7 @@ class StepProfiler:
         from launcher.profiling.trace import read_trace
         from launcher.targets.files import write_atomic
 
+        _fault("write")
         out = self.plan.train.output_dir
         layers = layer_table(self.model, self.precision)
         run = run_record(read_trace(os.path.join(out, TRACE)), LayerTable(layers), measured_step_s=self._times)

@@ -127,3 +127,31 @@ def test_bench_profile_says_where_each_step_goes_and_what_holds_fp8_back(tmp_pat
     assert "FP8 GEMM FLOP share" in r.stdout and "ceiling (Amdahl)" in r.stdout and "holds it back: " in r.stdout
     assert (tmp_path / "b" / "profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "b" / "spec-1" / "profile" / "trace.json.gz").is_file() and not (tmp_path / "b" / "spec-2").exists()
+
+
+def test_bench_profile_goes_on_past_a_profiler_that_fails_and_records_why(tmp_path):
+    """A profiler failure is the profile's, not the bench's: with FP8LAUNCH_PROFILE_FAULT=write each run's profiler
+    raises where it would read its trace back (as StepProfiler._write did on the first CUDA trace). Both runs still
+    train every step, the baseline runs after the failed spec run, bench.json is written with the timing figures,
+    and it says why there is no profile."""
+    spec = tmp_path / "bench.toml"
+    spec.write_text(SPEC.format(steps=4, out=tmp_path).replace('mode = "fp8"', 'mode = "bf16"')
+                    .replace("layers=2", "layers=1").replace("seq_len = 64", "seq_len = 16")
+                    .replace("[eval]\ndata = \"synthetic\"\nsteps = 2\n", ""))
+    exe = os.path.join(os.path.dirname(sys.executable), "fp8launch")
+    r = subprocess.run([exe, "bench", str(spec), "--vs", "fp32", "--repeats", "1", "--warmup", "2", "--profile", "--no-plot",
+                        "--out", str(tmp_path / "b")], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                       env={**os.environ, "FP8LAUNCH_PROFILE_FAULT": "write"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    record = json.loads((tmp_path / "b" / "bench.json").read_text())
+    for side in ("spec", "baseline"):
+        run = record[side]["runs"][0]
+        assert [s for s, _ in run["losses"]] == [1, 2, 3, 4] and run["exit_code"] == 0
+        assert run["profile_error"] == "RuntimeError: injected by FP8LAUNCH_PROFILE_FAULT=write"
+        assert record[side]["figures"]["tokens_per_s"] > 0
+    assert record["profile"] is None and record["ratios"]["tokens_per_s"] > 0
+    why = "RuntimeError: injected by FP8LAUNCH_PROFILE_FAULT=write"
+    assert record["profile_error"] == "bench --profile: " + "; ".join(
+        f"{tmp_path / 'b' / run} has no profile.json ({why})" for run in ("spec-1", "fp32-1"))
+    assert "bench: no profile: bench --profile: " in r.stderr and f"profile: failed ({record['profile_error']})" in r.stdout
+    assert not (tmp_path / "b" / "profile.json").exists()

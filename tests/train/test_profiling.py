@@ -58,3 +58,51 @@ def test_a_bf16_run_has_no_fp8_gemm_time_and_a_zero_share(tmp_path, monkeypatch)
     assert run["parts"]["gemm_fp8"] == 0 and run["parts"]["fp8_cast"] == 0 and run["fp8_gemm_flop_share"] == 0
     assert run["parts"]["gemm_high_precision"] > 0
     assert all(k.endswith("(high precision)") for k in run["gemm_by_module"])
+
+
+def _run_records(tmp_path, monkeypatch, name, prepare=None):
+    """A profiled bf16 run (steps 3 and 4 profiled, as above) whose output folder `prepare` may set up first; returns
+    its metrics records and folder."""
+    monkeypatch.setenv(PROFILE_ENV, "2")
+    monkeypatch.setenv(PROFILE_WARMUP_ENV, "2")
+    out = tmp_path / name
+    if prepare is not None:
+        prepare(out)
+    _, plan_dir = make_plan(tmp_path / f"plan-{name}", **{**BASE, "train.output_dir": str(out), "precision.mode": "bf16"})
+    train_in_process(f"{plan_dir}/plan.json", stream=io.StringIO())
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()], out
+
+
+def test_a_profiler_that_fails_exporting_its_trace_is_recorded_and_the_training_goes_on(tmp_path, monkeypatch, capfd):
+    """A real failure: a folder where the trace goes, so torch's export_chrome_trace (inside the profiler's last step()
+    call) cannot write it. The run still trains all 5 steps, writes its end record with profile_error, and no profile."""
+    from launcher.commands.profile import run_failure, summary_lines
+
+    records, out = _run_records(tmp_path, monkeypatch, "blocked", lambda out: (out / "profile" / "trace.json.gz").mkdir(parents=True))
+    steps = [r["step"] for r in records if r.get("event") == "step"]
+    end = records[-1]
+    assert steps == [1, 2, 3, 4, 5] and end["event"] == "end" and end["final_step"] == 5
+    assert end["profile_error"].startswith("IsADirectoryError: ") and "trace.json.gz" in end["profile_error"]
+    assert not (out / "profile.json").exists()
+    assert "profile: failed after step 4: IsADirectoryError" in capfd.readouterr().err  # the step whose step() exported
+    assert run_failure(str(out)) == end["profile_error"]
+    assert summary_lines(str(out))[0].startswith(f"profile: failed ({end['profile_error']}); the training went on")
+
+
+def test_a_profiler_that_fails_reading_its_trace_back_is_recorded_and_the_training_goes_on(tmp_path, monkeypatch):
+    """The issue's case: the trace is written, then reading it back (StepProfiler._write -> read_trace) raises, as on
+    the first real CUDA trace. The failure is the reader's own exception, recorded; the training is unaffected."""
+    import launcher.profiling.trace as trace_module
+
+    def unreadable(path):
+        raise KeyError(f"traceEvents ({path})")
+
+    monkeypatch.setattr(trace_module, "read_trace", unreadable)
+    records, out = _run_records(tmp_path, monkeypatch, "unreadable")
+    end = records[-1]
+    assert [r["step"] for r in records if r.get("event") == "step"] == [1, 2, 3, 4, 5]
+    assert end["profile_error"].startswith("KeyError: ") and "traceEvents" in end["profile_error"]
+    assert (out / "profile" / "trace.json.gz").is_file() and not (out / "profile.json").exists()
+    monkeypatch.undo()
+    records, out = _run_records(tmp_path, monkeypatch, "fine")  # the control: the same run profiles when nothing fails
+    assert "profile_error" not in records[-1] and (out / "profile.json").is_file()
