@@ -315,6 +315,10 @@ def run(a: argparse.Namespace) -> dict | None:
     if device.type == "cuda":  # before the process group: NCCL binds each rank to its device
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
+    if device.type == "cpu":
+        # The CPU dry run only: torch hands same-dtype FP8 GEMMs to oneDNN's reference kernel on AMX CPUs (~1,000x
+        # slower, docs/precision.md); with oneDNN off its own emulated kernel runs them, as fp8launch's CPU runs do.
+        torch.backends.mkldnn.enabled = False
     rank, world = init_distributed(device.type)
     from torch.distributed.device_mesh import init_device_mesh
 
