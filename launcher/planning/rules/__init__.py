@@ -13,7 +13,7 @@ from types import MappingProxyType, ModuleType
 from typing import Iterable, Mapping
 
 from launcher.planning.rules import engines, hardware_speed, launch, levels, moe, msamp, parallelism, precision, schedule, selection, te
-from launcher.planning.rules.core import Facts, Finding, Rule, check, rule_error
+from launcher.planning.rules.core import Facts, Finding, Rule, findings
 from launcher.planning.rules.msamp import MSAMP_OWN_ENVIRONMENT
 from launcher.planning.rules.precision import backend_missing_fix
 
@@ -71,3 +71,15 @@ def registry(domains: Iterable[ModuleType], order: Iterable[str]) -> tuple[tuple
 
 
 RULES, RULES_BY_ID = registry(DOMAINS, ORDER)
+
+
+def check(facts: Facts, stage: str = "plan") -> list[Finding]:
+    """Every rule of `stage` whose condition holds for `facts`, errors first. With a `[[precision.schedule]]`, the
+    error rules also hold each later phase's precision to account (e.g. a phase that turns FP8 on where it cannot run)."""
+    return findings(RULES, facts, stage)
+
+
+def rule_error(rule_id: str, facts: Facts | None = None):
+    """The error a rule reports (message and fix from this table), for a run-time guard that meets the
+    rule's condition where the rule check itself cannot be called. Plan-stage rules exit 2, run-stage 3."""
+    return RULES_BY_ID[rule_id].error(facts)

@@ -1,14 +1,14 @@
-"""What a rule is, what it is checked against, what it finds, and the one function that checks a plan against the
-registry (launcher/planning/rules/__init__.py builds it from the domain modules)."""
+"""What a rule is, what it is checked against, what it finds, and how a plan is checked against a table of rules
+(launcher/planning/rules/__init__.py runs it over the registry it builds from the domain modules: check, rule_error)."""
 
 from __future__ import annotations
 
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
-from launcher.errors import with_fix
+from launcher.errors import EnvironmentProblem, LauncherError, with_fix
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
@@ -67,6 +67,15 @@ class Rule:
     def fix_of(self, facts: Facts | None) -> str:
         return (self.fix_for(facts) if self.fix_for and facts is not None else "") or self.fix
 
+    def error(self, facts: Facts | None = None) -> LauncherError:
+        """The error this rule reports (its message and fix), for a run-time guard that meets the rule's condition where
+        the rule check itself cannot be called. Plan-stage rules exit 2, run-stage 3."""
+        message = self.detail(facts) if self.detail and facts is not None else self.why
+        fix = self.fix_of(facts)
+        if self.stage == "run":
+            return EnvironmentProblem(with_fix(message, fix), rule=self.id)
+        return LauncherError(with_fix(message, fix), rule=self.id)
+
 
 @dataclass(frozen=True, slots=True)
 class Finding:
@@ -88,37 +97,22 @@ class Finding:
         return with_fix(self.message, self.fix or self.rule.fix)
 
 
-def check(facts: Facts, stage: str = "plan") -> list[Finding]:
-    """Every rule of `stage` whose condition holds for `facts`, errors first. With a `[[precision.schedule]]`, the
-    error rules also hold each later phase's precision to account (e.g. a phase that turns FP8 on where it cannot run)."""
-    from launcher.planning.rules import RULES
-
+def findings(rules: Iterable[Rule], facts: Facts, stage: str = "plan") -> list[Finding]:
+    """Every rule of `stage` among `rules` whose condition holds for `facts`, errors first. With a `[[precision.schedule]]`,
+    the error rules also hold each later phase's precision to account (e.g. a phase that turns FP8 on where it cannot run)."""
+    rules = tuple(rules)
     found = [Finding(r, r.detail(facts) if r.detail else r.why, r.fix_of(facts))
-             for r in RULES if r.stage == stage and r.condition(facts)]
+             for r in rules if r.stage == stage and r.condition(facts)]
     seen = {f.rule.id for f in found}
     if facts.plan.precision.schedule:
         from launcher.planning.schedule import phases
 
         for phase in phases(facts.plan)[1:]:
             later = dataclasses.replace(facts, plan=phase.plan, prediction=None)
-            for r in RULES:
+            for r in rules:
                 if (r.stage == stage and r.severity == "error" and r.id not in seen and not r.id.startswith("SCHEDULE-")
                         and r.condition(later)):
                     seen.add(r.id)
                     found.append(Finding(r, f"in the precision phase from step {phase.first_step}: "
                                             + (r.detail(later) if r.detail else r.why), r.fix_of(later)))
     return sorted(found, key=lambda f: not f.is_error)
-
-
-def rule_error(rule_id: str, facts: Facts | None = None):
-    """The error a rule reports (message and fix from this table), for a run-time guard that meets the
-    rule's condition where the rule check itself cannot be called. Plan-stage rules exit 2, run-stage 3."""
-    from launcher.errors import EnvironmentProblem, LauncherError
-    from launcher.planning.rules import RULES_BY_ID
-
-    rule = RULES_BY_ID[rule_id]
-    message = rule.detail(facts) if rule.detail and facts is not None else rule.why
-    fix = rule.fix_of(facts)
-    if rule.stage == "run":
-        return EnvironmentProblem(with_fix(message, fix), rule=rule.id)
-    return LauncherError(with_fix(message, fix), rule=rule.id)
