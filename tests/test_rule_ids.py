@@ -21,9 +21,12 @@ RULE_PREFIX = re.compile(r"(?<![\w-])([A-Z][A-Z0-9]+(?:-[A-Z0-9]+)*)-\*")
 """A family of rules by prefix, as the docs write it: PRECISION-RULE-*, MOE-*, TE-FP8-PARAMS-*."""
 
 NOT_RULE_IDS = {
+    "AMX-FP16": "an x86 CPU feature (launcher/train/precision/cpu_scaled_mm.py)",
+    "AMX-INT8": "an x86 CPU feature (launcher/train/precision/cpu_scaled_mm.py)",
     "DNS-1123": "the Kubernetes name format (launch.kubernetes.namespace)",
     "GPT-2": "the model family (Conv1D, its tokenizer)",
     "MS-AMP": "Microsoft's FP8 library",
+    "RESULTS-LEFT-OUT": "the file listing what the GPU session's tarball left out (benchmarks/pack_results.py)",
     "RULE-ID": "the placeholder of `fp8launch explain [RULE-ID]` in the README",
     "UTF-8": "the encoding",
 }
