@@ -18,8 +18,8 @@ from launcher.train.precision import te as te_backend
 from tests.support import plan_from
 
 from ._engine_setup import train_in_process
-from .test_te_resume import losses, standin, te_cpu_plan  # noqa: F401 - standin is a fixture
-from .test_te_standin import DotProductAttention, Float8Tensor, fake_te
+from .test_te_resume import blackwell_standin, losses, standin, te_cpu_plan  # noqa: F401 - fixtures
+from .test_te_standin import META_DO, META_DP, META_O, META_QKV, META_S, NO_BACKEND, DotProductAttention, Float8Tensor, fake_te
 
 CPU = torch.device("cpu")
 
@@ -35,7 +35,8 @@ def train(tmp_path, name, **keys):
 
 # --- precision.te.fp8_dpa -----------------------------------------------------------------------------------------
 
-def test_fp8_dpa_puts_te_attention_in_the_builtin_models_and_runs_it_in_fp8(tmp_path, standin):
+def test_fp8_dpa_puts_te_attention_in_the_builtin_models_and_runs_it_in_fp8(tmp_path, blackwell_standin):
+    """On a B200 (llama-debug's head_dim 32 has no FP8 attention backend on an H100: rule TE-FP8-DPA-GPU)."""
     records, trainer = train(tmp_path, "dpa", **{"precision.te.recipe": "delayed", "precision.te.fp8_dpa": True})
     start = records[0]
     assert start["layers"]["layers.0.attention.core"] == "fp8 dpa" and start["layers"]["layers.1.attention.core"] == "fp8 dpa"
@@ -43,10 +44,18 @@ def test_fp8_dpa_puts_te_attention_in_the_builtin_models_and_runs_it_in_fp8(tmp_
     assert "2 attention cores in FP8 (te.DotProductAttention)" in start["precision"]
     cores = [m for m in trainer.state.engine.module.modules() if isinstance(m, DotProductAttention)]
     assert len(cores) == 2
-    for core in cores:  # q, k, v cast to FP8: three GEMMs' worth of scaling state, filled by the steps
-        history = core.fp8_meta["scaling_fwd"].amax_history
-        assert history.shape[1] == 9 and history[:, :3].abs().sum() > 0
-        assert (core.fp8_meta["scaling_fwd"].scale[:3] != 1).all()  # the scales moved off their initial 1
+    for core in cores:  # three GEMMs' worth of scaling state, the slots of Q/K/V, O, S, dO and dP filled by the steps
+        assert core.selected_backend == "FusedAttention"
+        fwd, bwd = core.fp8_meta["scaling_fwd"], core.fp8_meta["scaling_bwd"]
+        assert fwd.amax_history.shape[1] == 9 and (fwd.amax_history[:, [META_QKV, META_O, META_S]].abs().sum(0) > 0).all()
+        assert (fwd.scale[[META_QKV, META_O, META_S]] != 1).all()  # the scales moved off their initial 1
+        assert (bwd.scale[[META_DO, META_DP]] != 1).all()
+
+
+def test_fp8_dpa_of_head_dim_32_has_no_backend_on_an_h100(tmp_path, standin):
+    """What rule TE-FP8-DPA-GPU refuses at plan time: the stand-in on an H100 fails at the first step with TE's error."""
+    with pytest.raises(ValueError, match=NO_BACKEND.split(" for ")[0]):
+        train(tmp_path, "dpa-h100", **{"precision.te.recipe": "delayed", "precision.te.fp8_dpa": True, "train.steps": 1})
 
 
 def test_without_fp8_dpa_the_attention_stays_ours(tmp_path, standin):
