@@ -790,8 +790,9 @@ checkpoint = torch._disable_dynamo(_checkpoint)  # as TE's: @torch._disable_dyna
 # --- optimizers.FusedAdam ------------------------------------------------------------------------------------------
 
 class FusedAdam(torch.optim.Optimizer):
-    """Adam / AdamW with an fp32 master copy of every parameter (master_weights): steps the copy, writes the
-    parameter from it (re-quantizing an FP8 weight)."""
+    """Adam / AdamW; with master_weights every parameter gets an fp32 master copy when its state is made
+    (initialize_state: empty_like + the parameter's value, as TE's _initialize_state); an FP8 or bf16/fp16 parameter
+    steps its copy and is written (re-quantized) from it, a plain fp32 parameter steps itself (TE's p_f32_model)."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, **kw):
         _check("FusedAdam", kw, TE_OPTIMIZER_ARGS)
@@ -855,7 +856,10 @@ class FusedAdam(torch.optim.Optimizer):
                 t = int(state["step"])
                 g = self._local(p.grad).float()
                 m, v = self._local(state["exp_avg"]), self._local(state["exp_avg_sq"])
-                w = self._local(state["master_param"]) if self.master_weights else local.float()
+                # TE's lists: an FP8 parameter and a bf16/fp16 one step the master copy (p_main_of_*), a plain fp32 parameter
+                # steps itself (p_f32_model) and its master copy, if it has one, is never read or written
+                stepped = isinstance(local, Float8Tensor) or (self.master_weights and local.dtype != torch.float32)
+                w = self._local(state["master_param"]) if stepped else local.data
                 if group["weight_decay"]:
                     if self.adam_w_mode:
                         w.mul_(1 - group["lr"] * group["weight_decay"])
@@ -867,7 +871,7 @@ class FusedAdam(torch.optim.Optimizer):
                 w.addcdiv_(m / c1, (v / c2).sqrt().add_(group["eps"]), value=-group["lr"])
                 if isinstance(local, Float8Tensor):
                     local.quantize_(w)
-                else:
+                elif stepped:
                     local.copy_(w.to(local.dtype))
 
 
