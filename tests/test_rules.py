@@ -581,6 +581,9 @@ TE_CASES = {
     "TE-FP8-PARAMS-DEEPSPEED-FP32": ({"precision": {**TE_PARAMS, "high_precision": "fp32"}, "distributed": DS},
                                      {"precision": {**TE_PARAMS, "high_precision": "fp32"}, "distributed": {"strategy": "ddp"}}),
 }
+DPA_H100 = {"precision": {**TE, "te": {"recipe": "delayed", "fp8_dpa": True}}, "launch": {"device": "cuda", "gpu": "h100"}}
+TE_CASES["TE-FP8-DPA-GPU"] = ({**DPA_H100, "train": {"model": "builtin:llama-debug"}},  # head_dim 32
+                              {**DPA_H100, "train": {"model": "builtin:llama3-8b"}})  # head_dim 128
 PLAN_CASES.update(TE_CASES)
 RUN_CASES["TE-FP8-DPA-BACKEND"] = ({"precision": {**TE, "te": {"recipe": "current", "fp8_dpa": True}}},
                                    {"device": "cuda", "capability": (9, 0)}, {"device": "cuda", "capability": (10, 0)})
@@ -593,15 +596,55 @@ def test_te_rule_fires_and_its_fix_silences_it(rule_id):
     assert rule_id not in fired(fixed)
 
 
-def test_fp8_weights_plan_under_ddp_and_fsdp2_and_fp8_dpa_with_delayed_on_hopper():
+def test_fp8_weights_plan_under_ddp_and_fsdp2_and_fp8_dpa_with_delayed_on_hopper_at_head_dim_128():
     for strategy in ("ddp", "fsdp2"):
         errors = {f.rule.id for f in check(Facts(plan=plan_of({"precision": TE_PARAMS, "distributed": {"strategy": strategy}})))
                   if f.is_error}
         assert not errors, errors
-    assert "TE-FP8-DPA-BACKEND" not in fired({"precision": {**TE, "te": {"recipe": "delayed", "fp8_dpa": True}}},
-                                             device="cuda", capability=(9, 0))
-    assert "TE-FP8-DPA-BACKEND" in fired({"precision": {**TE, "te": {"recipe": "delayed", "fp8_dpa": True}}},
-                                         device="cuda", capability=(12, 0))
+    dpa = {"precision": {**TE, "te": {"recipe": "delayed", "fp8_dpa": True}}}
+    assert "TE-FP8-DPA-BACKEND" not in fired({**dpa, "train": {"model": "builtin:llama3-8b"}}, device="cuda", capability=(9, 0))
+    assert "TE-FP8-DPA-BACKEND" in fired({**dpa, "train": {"model": "builtin:llama-debug"}}, device="cuda", capability=(9, 0))
+    assert "TE-FP8-DPA-BACKEND" in fired({**dpa, "train": {"model": "builtin:llama3-8b"}}, device="cuda", capability=(12, 0))
+
+
+def _dpa_finding(data: dict, rule_id: str, **facts):
+    plan = plan_of(data)
+    (finding,) = [f for f in check(Facts(plan=plan, **facts), "run" if facts else "plan") if f.rule.id == rule_id]
+    return finding
+
+
+@pytest.mark.parametrize("model,head_dim", [("llama-debug", 32), ("llama-small", 64), ("llama3-1b", 64)])
+def test_fp8_dpa_on_an_h100_is_refused_at_plan_time_naming_the_head_dim(model, head_dim):
+    finding = _dpa_finding({**DPA_H100, "train": {"model": f"builtin:{model}"}}, "TE-FP8-DPA-GPU")
+    assert f"builtin:{model} (head_dim {head_dim})" in finding.message
+    assert f"trains only head_dim 128 (qk and v), not head_dim {head_dim}" in finding.message
+    assert "No dot product attention backend is available" in finding.message
+    # the fix names what would give it a backend: no FP8 attention, a head_dim-128 model, or a B200; not another recipe
+    assert finding.fix == ("set precision.te.fp8_dpa = false, or a train.model whose head_dim has one (builtin:llama3-8b, "
+                           "builtin:llama3-70b: head_dim 128), or launch.gpu = 'b200'")
+    assert "TE-FP8-DPA-GPU" not in fired({**DPA_H100, "train": {"model": f"builtin:{model}"}, "launch": {"device": "cuda", "gpu": "b200"}})
+
+
+def test_current_scaling_attention_on_hopper_names_the_recipe_and_the_gpu_that_have_a_backend():
+    data = {"precision": {**TE, "te": {"recipe": "current", "fp8_dpa": True}}, "train": {"model": "builtin:llama3-8b"},
+            "launch": {"device": "cuda", "gpu": "h200"}}
+    finding = _dpa_finding(data, "TE-FP8-DPA-GPU")
+    assert "FusedAttention is disabled for Float8CurrentScaling below sm100" in finding.message
+    assert finding.fix == "set precision.te.fp8_dpa = false, or precision.te.recipe = \"delayed\", or launch.gpu = 'b200'"
+    run = _dpa_finding({**data, "launch": {"device": "cuda"}}, "TE-FP8-DPA-BACKEND", device="cuda", capability=(9, 0))
+    assert run.fix == "set precision.te.fp8_dpa = false, or precision.te.recipe = \"delayed\", or run on a GPU that has one (b200)"
+
+
+def test_auto_is_refused_at_plan_time_only_where_no_gpu_has_a_backend():
+    auto = {"launch": {"device": "cuda", "gpu": "auto"}, "train": {"model": "builtin:llama-debug"}}
+    delayed = {**auto, "precision": {**TE, "te": {"recipe": "delayed", "fp8_dpa": True}}}
+    assert "TE-FP8-DPA-GPU" not in fired(delayed)  # a B200 has one; the run checks the GPU it finds
+    assert "TE-FP8-DPA-BACKEND" in fired(delayed, device="cuda", capability=(9, 0))
+    nvfp4 = {**auto, "precision": {**TE, "te": {"recipe": "nvfp4", "fp8_dpa": True}}}
+    finding = _dpa_finding(nvfp4, "TE-FP8-DPA-GPU")
+    assert "FusedAttention is disabled for NVFP4BlockScaling on every GPU" in finding.message
+    assert finding.fix == 'set precision.te.fp8_dpa = false, or precision.te.recipe = "delayed" (or "current", "mxfp8")'
+    assert "TE-FP8-DPA-GPU" not in fired({**delayed, "launch": {"device": "cpu"}})  # no GPU: rule CPU-BACKEND speaks
 
 
 @pytest.mark.parametrize("rule_id", sorted(K8S_CASES))

@@ -114,7 +114,7 @@ class MemoryEstimate:
 def estimate(plan: Plan, params: int, spec_folder: str | None = None) -> MemoryEstimate:
     """Bytes per GPU for `params` parameters trained as `plan` says: the model states, and for a builtin model (or,
     with `spec_folder`, an hf: model whose config.json is read there) the activations; the initialisation peak."""
-    rows = model_states(plan, params)
+    rows = model_states(plan, params, spec_folder)
     cfg = model_config(plan.train.model, spec_folder)
     return MemoryEstimate(params, rows, activations(plan, cfg) if cfg else None, init_peak(plan, params, cfg))
 
@@ -130,8 +130,20 @@ def model_config(model: str, spec_dir: str | None = None):
     return model_shape(model, spec_dir)[0]
 
 
-def model_states(plan: Plan, params: int) -> tuple[MemoryRow, ...]:
-    """Model-state bytes per GPU for `params` parameters trained as `plan` says."""
+def fp8_weight_share(plan: Plan, spec_dir: str | None = None) -> float:
+    """The share of the model's parameters that precision.te.fp8_params stores as FP8 weights: the Linears the run
+    converts (launcher/planning/predict's layer selection) over every parameter; 1.0 where planning does not know the
+    model's shapes (py:, an hf: model without `spec_dir`)."""
+    from launcher.planning.predict import fp8_weight_params
+    from launcher.planning.predict.shapes import model_shape
+
+    shape = model_shape(plan.train.model, spec_dir or ".")[0] if plan.train.model.startswith(("builtin:", "hf:")) else None
+    return fp8_weight_params(plan, shape) / shape.params if shape is not None and shape.params else 1.0
+
+
+def model_states(plan: Plan, params: int, spec_dir: str | None = None) -> tuple[MemoryRow, ...]:
+    """Model-state bytes per GPU for `params` parameters trained as `plan` says (`spec_dir`: where an hf: model's
+    config.json is read, for the share of FP8 weights under precision.te.fp8_params)."""
     p, d = plan.precision, plan.distributed
     n = plan.world_size
     states = STATES_PER_PARAM[plan.train.optimizer]
@@ -180,14 +192,20 @@ def model_states(plan: Plan, params: int) -> tuple[MemoryRow, ...]:
                 MemoryRow("optimizer_states", state_dtype, state_bytes, 1)]
 
     if b is not None and b.setting(p, "fp8_params"):
-        # quantized_model_init keeps FP8 weights (1 byte, counted for every parameter: the swapped Linears hold nearly all).
-        # DDP / FSDP2: TE's FusedAdam(master_weights=True) keeps an fp32 master copy of every parameter, laid out as the
-        # optimizer states are (FSDP2: sharded); DeepSpeed's bf16/fp16 ZeRO optimizer keeps its own (its row stays).
+        # quantized_model_init stores the converted Linears' weights in FP8 (1 byte); the other parameters (embedding, the
+        # Linears kept in high precision, norms) stay as they were (`params_kept`). DDP / FSDP2: TE's FusedAdam
+        # (master_weights=True) keeps an fp32 master copy of the FP8 weights, laid out as the optimizer states are
+        # (FSDP2: sharded). It would give every other fp32 parameter one too, which its step never reads; fp8launch makes
+        # their states without it (launcher/train/precision/te.py, wrap_optimizer). DeepSpeed's bf16/fp16 ZeRO optimizer
+        # keeps its own master copy of everything (its row stays).
+        share = fp8_weight_share(plan, spec_dir)
         first = rows[0]
-        rows = [MemoryRow("params", "fp8", 1, first.shards, first.offloaded, first.layout)] + [r for r in rows if r.name != "params"]
+        kept = [MemoryRow("params_kept", first.dtype, first.bytes_per_param * (1 - share), first.shards, first.offloaded, first.layout)]
+        rows = ([MemoryRow("params", "fp8", share, first.shards, first.offloaded, first.layout)] + kept * (share < 1)
+                + [r for r in rows if r.name != "params"])
         if not any(r.name == "master_weights" for r in rows):
             opt = next(r for r in rows if r.name == "optimizer_states")
-            rows.insert(2, MemoryRow("master_weights", "fp32", 4, opt.shards, opt.offloaded, opt.layout))
+            rows.insert(len(rows) - 1, MemoryRow("master_weights", "fp32", 4 * share, opt.shards, opt.offloaded, opt.layout))
     return tuple(rows)
 
 

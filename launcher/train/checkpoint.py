@@ -455,7 +455,7 @@ def _restore_te_scaling(model: Any, saved: dict, precision: Any) -> None:
     if delayed_recipe is None:
         raise ValueError(f"the checkpoint holds Transformer Engine delayed-scaling state of {len(saved)} module(s) and this run's "
                          "precision is not Transformer Engine")
-    te_state.restore_scaling_state(model, saved, delayed_recipe)
+    te_state.restore_scaling_state(model, saved, delayed_recipe, getattr(precision, "recipe", None))
 
 
 def _te_refusal_line(error: BaseException) -> str:

@@ -6,11 +6,14 @@ Covered: the keyword names fp8launch passes (and that others are refused); extra
 FP8 forward and for stateless recipes, a pickle TE refuses to load for delayed scaling); the fp8_meta layout and
 the delayed-scaling state fp8launch's checkpoint saves and restores (a restored module continues bit for bit);
 te.distributed.checkpoint being invisible to torch.compile; DotProductAttention as the builtin attention core
-(causal, grouped-query, "bshd") and in FP8 under fp8_dpa; FP8 weights with FusedAdam's fp32 master copy.
+(causal, grouped-query, "bshd") and in FP8 under fp8_dpa, at a shape TE trains on an H100 (head_dim 128); where FP8
+attention has a backend (launcher/planning/te_attention.py) and TE's own error where it has none; current scaling's
+attention state (one delayed GEMM) saved and restored in TE's layout; FP8 weights with FusedAdam's fp32 master copy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 import types
@@ -23,8 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from train._precision import TinyLlama, make_plan  # noqa: E402
 from train.te_2_20 import EXTRA_STATE_REFUSAL, TE_MODULE_STATE_METHODS, UNSAFE_PICKLE_ENV  # noqa: E402
-from train.test_te_standin import fake_te  # noqa: E402
+from train import test_te_standin as standin  # noqa: E402
+from train.test_te_standin import META_DO, META_DP, META_O, META_QKV, META_S, fake_te  # noqa: E402
 
+from launcher.planning.te_attention import NO_BACKEND, refusal  # noqa: E402
 from launcher.train.models.llama import CoreAttention  # noqa: E402
 from launcher.train.precision import te_state  # noqa: E402
 from launcher.train.precision.te import build_recipe, is_quantized_weight, quantized_init, swap_modules, te_autocast  # noqa: E402
@@ -185,37 +190,120 @@ def test_tes_checkpoint_never_reaches_a_compiled_graph(impl):
 
 # --- attention ----------------------------------------------------------------------------------------------------------
 
-def attention(impl):
-    return impl.te.DotProductAttention(num_attention_heads=4, kv_channels=16, num_gqa_groups=2, attention_dropout=0.0,
-                                       qkv_format="bshd", attn_mask_type="causal")
+HEADS, KV_HEADS, HEAD_DIM, SEQ = 4, 2, 128, 128
+"""A shape real TE trains in FP8 on an H100: FusedAttention's FP8 kernels train only head_dim 128 on sm90 (and, with a
+cuDNN before 9.7, sequence lengths that are multiples of 128): launcher/planning/te_attention.py."""
 
 
-def qkv(impl, dtype=torch.bfloat16):
-    g = torch.Generator().manual_seed(3)
-    q = torch.randn(2, 32, 4, 16, generator=g)
-    k, v = torch.randn(2, 32, 2, 16, generator=g), torch.randn(2, 32, 2, 16, generator=g)
-    return [t.to(impl.device, dtype) for t in (q, k, v)]
+def attention(impl, head_dim=HEAD_DIM):
+    return impl.te.DotProductAttention(num_attention_heads=HEADS, kv_channels=head_dim, num_gqa_groups=KV_HEADS,
+                                       attention_dropout=0.0, qkv_format="bshd", attn_mask_type="causal")
+
+
+def qkv(impl, dtype=torch.bfloat16, head_dim=HEAD_DIM, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, SEQ, HEADS, head_dim, generator=g)
+    k, v = torch.randn(2, SEQ, KV_HEADS, head_dim, generator=g), torch.randn(2, SEQ, KV_HEADS, head_dim, generator=g)
+    return [t.to(impl.device, dtype).requires_grad_(True) for t in (q, k, v)]
+
+
+def capabilities(impl) -> list[tuple[int, int]]:
+    """The GPUs an attention test runs on: the real one, or for the stand-in an H100, a B200, an RTX PRO 6000 and an L40S
+    (each emulated: the stand-in selects its backend for STATE.capability)."""
+    if impl.name == "te":
+        return [torch.cuda.get_device_capability()]
+    return [(9, 0), (10, 0), (12, 0), (8, 9)]
+
+
+@contextlib.contextmanager
+def on_gpu(impl, capability):
+    if impl.name == "stand-in":
+        saved, standin.STATE.capability = standin.STATE.capability, capability
+        try:
+            yield
+        finally:
+            standin.STATE.capability = saved
+    else:
+        yield
+
+
+def fp8_attention_step(impl, core, recipe, q, k, v):
+    """One FP8 forward and backward of `core`; the output."""
+    with te_autocast(impl.te, recipe):
+        out = core(q, k, v)
+    out.float().pow(2).mean().backward()
+    return out.detach()
 
 
 def test_dot_product_attention_computes_the_builtin_attention_core(impl):
     q, k, v = qkv(impl)
     out = attention(impl)(q, k, v)
-    assert out.shape == (2, 32, 64)
+    assert out.shape == (2, SEQ, HEADS * HEAD_DIM)
     torch.testing.assert_close(out.float(), CoreAttention()(q, k, v).float(), rtol=2e-2, atol=2e-2)
 
 
 def test_fp8_dpa_runs_the_attention_in_fp8(impl):
-    if impl.name == "te" and torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("FP8 attention (FusedAttention) needs sm90+")
+    cap = capabilities(impl)[0]
+    if refusal(cap, "delayed", HEAD_DIM):
+        pytest.skip(f"no FP8 attention backend here: {refusal(cap, 'delayed', HEAD_DIM)}")
     q, k, v = qkv(impl)
     core = attention(impl)
     recipe = impl.te_recipe.DelayedScaling(fp8_format=impl.te_recipe.Format.HYBRID, fp8_dpa=True)
-    with te_autocast(impl.te, recipe):
-        fp8 = core(q, k, v)
-    assert core.fp8_meta["scaling_fwd"].amax_history.abs().sum() > 0
-    ref = CoreAttention()(q, k, v)
+    fp8 = fp8_attention_step(impl, core, recipe, q, k, v)
+    fwd, bwd = core.fp8_meta["scaling_fwd"].amax_history, core.fp8_meta["scaling_bwd"].amax_history
+    assert fwd.shape[1] == 9 and bwd.shape[1] == 6  # three GEMMs' slots
+    assert (fwd[:, [META_QKV, META_O, META_S]].abs().sum(0) > 0).all()  # Q/K/V (one scale), O and S in FP8
+    assert (bwd[:, [META_DO, META_DP]].abs().sum(0) > 0).all()  # dO and dP in FP8
+    ref = CoreAttention()(*(t.detach() for t in (q, k, v)))
     assert not torch.equal(fp8, ref)
     torch.testing.assert_close(fp8.float(), ref.float(), rtol=0.15, atol=0.15)
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp8_attention_has_a_backend_exactly_where_planning_says(impl, recipe, head_dim):
+    """te_attention.refusal (what rules TE-FP8-DPA-GPU and TE-FP8-DPA-BACKEND ask) against the library: where it refuses,
+    TE raises its own error at the first forward; elsewhere FP8 attention trains."""
+    for cap in capabilities(impl):
+        with on_gpu(impl, cap):
+            built = build_recipe(te_plan(recipe=recipe, fp8_dpa=True).precision.te, impl.te_recipe)
+            q, k, v = qkv(impl, head_dim=head_dim)
+            why = refusal(cap, recipe, head_dim)
+            if why:
+                with pytest.raises(ValueError, match=NO_BACKEND):
+                    fp8_attention_step(impl, attention(impl, head_dim), built, q, k, v)
+            else:
+                out = fp8_attention_step(impl, attention(impl, head_dim), built, q, k, v)
+                assert torch.isfinite(out).all() and q.grad is not None and torch.isfinite(q.grad).all(), (cap, recipe, head_dim)
+
+
+def test_current_scaling_attention_keeps_one_delayed_gemm_and_resumes_in_that_layout(impl):
+    """Float8CurrentScaling with fp8_dpa: DotProductAttention keeps a DelayedScaling state for S and dP only (3 forward
+    and 2 backward slots; num_gemms 3), which fp8launch's checkpoint saves and puts back in that layout (rebuilt as three
+    GEMMs its 3 scales would not fit the 9 slots); the restored module's next step is the uninterrupted one's."""
+    cap = (10, 0) if impl.name == "stand-in" else capabilities(impl)[0]
+    if refusal(cap, "current", HEAD_DIM):
+        pytest.skip(f"no FP8 attention backend here: {refusal(cap, 'current', HEAD_DIM)}")
+    recipe = impl.te_recipe.Float8CurrentScaling(fp8_dpa=True)
+    with on_gpu(impl, cap):
+        a = attention(impl)
+        for seed in range(3):
+            fp8_attention_step(impl, a, recipe, *qkv(impl, seed=seed))
+        meta = a.fp8_meta
+        assert meta["num_gemms"] == 3 and meta["recipe"].delayed() and meta["recipe"].amax_history_len == 1
+        assert [type(r).__name__ for r in meta["local_recipes"]] == ["Float8CurrentScaling", "DelayedScaling"]
+        assert meta["scaling_fwd"].scale.shape == (3,) and meta["scaling_fwd"].amax_history.shape == (1, 3)
+        assert meta["scaling_bwd"].scale.shape == (2,) and meta["scaling_bwd"].amax_history.shape == (1, 2)
+        assert (meta["scaling_fwd"].scale[2] != 1) and (meta["scaling_bwd"].scale[1] != 1)  # S's and dP's scales moved
+        saved = te_state.scaling_state(a)[""]
+        b = attention(impl)
+        delayed = lambda n: impl.te_recipe.DelayedScaling(fp8_format=recipe.fp8_format, amax_history_len=n)  # noqa: E731
+        assert te_state.restore_scaling_state(b, {"": saved}, delayed, recipe) == 1
+        x = qkv(impl, seed=9)
+        same = fp8_attention_step(impl, b, recipe, *x)
+        torch.testing.assert_close(same, fp8_attention_step(impl, a, recipe, *qkv(impl, seed=9)), rtol=0, atol=0)
+        fresh = fp8_attention_step(impl, attention(impl), recipe, *qkv(impl, seed=9))
+        assert not torch.equal(fresh, same)  # without the restore: S scaled by 1, not by the saved scale
 
 
 # --- FP8 weights and FusedAdam's master copy --------------------------------------------------------------------------

@@ -110,7 +110,8 @@ def test_fp8_params_tables_say_exactly_what_is_stored():
     # FSDP2 / DDP: TE's FusedAdam keeps the fp32 master copy of the fp8 weights (issue 29), and FSDP2 gathers them in fp8
     assert table["master_weights"] == "fp32 (TE FusedAdam's master copy of the fp8 weights)"
     assert table["weight_comm"] == "fp8 (TE's FP8 weights all-gathered as FP8)"
-    assert [r.name for r in estimate(fsdp, 10**9).rows] == ["params", "grads", "master_weights", "optimizer_states"]
+    # the FP8 weights, the parameters kept in fp32 (embedding, first and last Linear, norms: issue 35), their gradients
+    assert [r.name for r in estimate(fsdp, 10**9).rows] == ["params", "params_kept", "grads", "master_weights", "optimizer_states"]
     ds = make_plan(precision={"mode": "fp8", "backend": "te", "te": {"fp8_params": True}}, distributed={"strategy": "deepspeed"})
     assert precision_table(ds)["master_weights"] == "fp32 (in the ZeRO optimizer)"
     assert {r.name: r.dtype for r in estimate(ds, 10**9).rows}["master_weights"] == "fp32"

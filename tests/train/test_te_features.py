@@ -18,8 +18,8 @@ from launcher.train.precision import te as te_backend
 from tests.support import plan_from
 
 from ._engine_setup import train_in_process
-from .test_te_resume import losses, standin, te_cpu_plan  # noqa: F401 - standin is a fixture
-from .test_te_standin import DotProductAttention, Float8Tensor, fake_te
+from .test_te_resume import blackwell_standin, losses, standin, te_cpu_plan  # noqa: F401 - fixtures
+from .test_te_standin import META_DO, META_DP, META_O, META_QKV, META_S, NO_BACKEND, DotProductAttention, Float8Tensor, fake_te
 
 CPU = torch.device("cpu")
 
@@ -35,7 +35,8 @@ def train(tmp_path, name, **keys):
 
 # --- precision.te.fp8_dpa -----------------------------------------------------------------------------------------
 
-def test_fp8_dpa_puts_te_attention_in_the_builtin_models_and_runs_it_in_fp8(tmp_path, standin):
+def test_fp8_dpa_puts_te_attention_in_the_builtin_models_and_runs_it_in_fp8(tmp_path, blackwell_standin):
+    """On a B200 (llama-debug's head_dim 32 has no FP8 attention backend on an H100: rule TE-FP8-DPA-GPU)."""
     records, trainer = train(tmp_path, "dpa", **{"precision.te.recipe": "delayed", "precision.te.fp8_dpa": True})
     start = records[0]
     assert start["layers"]["layers.0.attention.core"] == "fp8 dpa" and start["layers"]["layers.1.attention.core"] == "fp8 dpa"
@@ -43,10 +44,18 @@ def test_fp8_dpa_puts_te_attention_in_the_builtin_models_and_runs_it_in_fp8(tmp_
     assert "2 attention cores in FP8 (te.DotProductAttention)" in start["precision"]
     cores = [m for m in trainer.state.engine.module.modules() if isinstance(m, DotProductAttention)]
     assert len(cores) == 2
-    for core in cores:  # q, k, v cast to FP8: three GEMMs' worth of scaling state, filled by the steps
-        history = core.fp8_meta["scaling_fwd"].amax_history
-        assert history.shape[1] == 9 and history[:, :3].abs().sum() > 0
-        assert (core.fp8_meta["scaling_fwd"].scale[:3] != 1).all()  # the scales moved off their initial 1
+    for core in cores:  # three GEMMs' worth of scaling state, the slots of Q/K/V, O, S, dO and dP filled by the steps
+        assert core.selected_backend == "FusedAttention"
+        fwd, bwd = core.fp8_meta["scaling_fwd"], core.fp8_meta["scaling_bwd"]
+        assert fwd.amax_history.shape[1] == 9 and (fwd.amax_history[:, [META_QKV, META_O, META_S]].abs().sum(0) > 0).all()
+        assert (fwd.scale[[META_QKV, META_O, META_S]] != 1).all()  # the scales moved off their initial 1
+        assert (bwd.scale[[META_DO, META_DP]] != 1).all()
+
+
+def test_fp8_dpa_of_head_dim_32_has_no_backend_on_an_h100(tmp_path, standin):
+    """What rule TE-FP8-DPA-GPU refuses at plan time: the stand-in on an H100 fails at the first step with TE's error."""
+    with pytest.raises(ValueError, match=NO_BACKEND.split(" for ")[0]):
+        train(tmp_path, "dpa-h100", **{"precision.te.recipe": "delayed", "precision.te.fp8_dpa": True, "train.steps": 1})
 
 
 def test_without_fp8_dpa_the_attention_stays_ours(tmp_path, standin):
@@ -171,3 +180,55 @@ def test_tes_checkpoint_is_what_dynamo_cannot_trace():
     assert any("linear" in op for op in compiled_ops(lambda x: lin(x) * 2, x))  # without the checkpoint it compiles
     ops = compiled_ops(lambda x: te.distributed.checkpoint(lin, x, use_reentrant=False) * 2, x)
     assert not any("linear" in op or "checkpoint" in op for op in ops), ops
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t._data.numel() * t._data.element_size() if isinstance(t, Float8Tensor) else t.numel() * t.element_size()
+
+
+@pytest.mark.parametrize("keep_first_last", [False, True])
+def test_the_memory_estimate_is_the_bytes_fused_adam_and_the_fp8_weights_take(standin, monkeypatch, keep_first_last):
+    """precision.te.fp8_params: the estimate's rows against what the stand-in (TE 2.20.2's FusedAdam: initialize_state
+    gives every parameter an fp32 master copy) really allocates for a builtin model after a step: FP8 weights at 1 byte,
+    the other parameters at 4, a master copy of the FP8 weights only (fp8launch makes none for the fp32 parameters, whose
+    step never reads it), two fp32 moments. Exact but for each FP8 weight's 4-byte scale."""
+    from launcher.planning.memory import model_states
+    from launcher.planning.models import param_count, parse_builtin
+    from launcher.train.models.llama import Llama
+
+    from ._precision import make_plan
+
+    model_name = "builtin:llama-debug?layers=2"
+    plan = make_plan(precision={"mode": "fp8", "backend": "te", "keep_first_last": keep_first_last,
+                                "te": {"recipe": "current", "fp8_params": True}},
+                     train={"model": model_name}, distributed={"strategy": "ddp", "procs_per_node": 1})
+    cfg = parse_builtin(model_name)
+    n = param_count(cfg)
+
+    def allocated():
+        te, te_recipe = te_backend._te()
+        torch.manual_seed(0)
+        model = Llama(cfg)
+        prec = te_backend.apply_te(model, plan, CPU, te=te, te_recipe=te_recipe)
+        _, opt = prec.wrap_optimizer(model, torch.optim.AdamW(model.parameters()))
+        with prec.autocast():
+            model(torch.randint(0, cfg.vocab_size, (2, 16))).float().pow(2).mean().backward()
+        opt.step()
+        params = list(model.parameters())
+        out = {"params": sum(_bytes(p) for p in params if isinstance(p, Float8Tensor)),
+               "params_kept": sum(_bytes(p) for p in params if not isinstance(p, Float8Tensor))}
+        for name in ("master_param", "exp_avg", "exp_avg_sq"):
+            out[name] = sum(_bytes(opt.state[p][name]) for p in params if name in opt.state[p])
+        return out, sum(isinstance(p, Float8Tensor) for p in params)
+
+    got, fp8_weights = allocated()
+    rows = {r.name: r.bytes_per_gpu(n) for r in model_states(plan, n)}
+    assert 0 < fp8_weights and got["params_kept"] > 0
+    assert rows["params"] == pytest.approx(got["params"], abs=0.5)  # the scales (4 bytes each) are not counted
+    assert rows["params_kept"] == pytest.approx(got["params_kept"], abs=0.5)
+    assert rows["master_weights"] == pytest.approx(got["master_param"], abs=0.5)
+    assert rows["optimizer_states"] == pytest.approx(got["exp_avg"] + got["exp_avg_sq"], abs=0.5)
+    # as TE builds it, FusedAdam would give the fp32 parameters a copy too: 4 bytes for each of them
+    monkeypatch.setattr(te_backend, "_states_without_master", lambda optimizer, params: None)
+    te_made, _ = allocated()
+    assert te_made["master_param"] == got["master_param"] + got["params_kept"]

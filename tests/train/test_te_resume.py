@@ -49,8 +49,16 @@ def te_cpu_plan(folder, **keys) -> str:
 
 @pytest.fixture
 def standin(monkeypatch):
-    """The stand-in TE where launcher/train/precision/te.py imports the real one."""
+    """The stand-in TE (on an H100) where launcher/train/precision/te.py imports the real one."""
     te, te_recipe, log = fake_te()
+    monkeypatch.setattr(te_backend, "_te", lambda: (te, te_recipe))
+    return te
+
+
+@pytest.fixture
+def blackwell_standin(monkeypatch):
+    """The stand-in TE on a B200 (sm100): FP8 attention of llama-debug's head_dim 32, and under current scaling."""
+    te, te_recipe, log = fake_te(capability=(10, 0))
     monkeypatch.setattr(te_backend, "_te", lambda: (te, te_recipe))
     return te
 
@@ -91,7 +99,7 @@ def test_without_the_scaling_state_the_resumed_losses_differ(tmp_path, standin, 
     """The equality above is not luck: dropping the restored scales and histories changes steps 5..8."""
     keys = {"precision.te.recipe": "delayed", "precision.te.amax_history_len": 4}
     ref, out = run(tmp_path, "ref", **keys)
-    monkeypatch.setattr(te_state, "restore_scaling_state", lambda model, saved, recipe: 0)
+    monkeypatch.setattr(te_state, "restore_scaling_state", lambda model, saved, *recipes: 0)
     resumed, _ = run(tmp_path, "lost", **keys, **{"train.resume": os.path.join(out, "checkpoints", "step-4")})
     after = {s: v for s, v in losses(ref).items() if s > 4}
     assert set(losses(resumed)) == set(after) and losses(resumed) != after
@@ -102,6 +110,21 @@ def test_a_current_scaling_run_resumes_with_no_te_state(tmp_path, standin):
     step4 = os.path.join(out, "checkpoints", "step-4")
     assert torch.load(os.path.join(step4, "rank-00000.pt"), weights_only=True)["te_scaling"] == {}
     resumed, _ = run(tmp_path, "resumed", **{"precision.te.recipe": "current", "train.resume": step4})
+    assert losses(resumed) == {s: v for s, v in losses(ref).items() if s > 4}
+
+
+def test_current_scaling_fp8_attention_resumes_in_tes_layout(tmp_path, blackwell_standin):
+    """Float8CurrentScaling with fp8_dpa: each te.DotProductAttention keeps one GEMM's delayed-scaling state (S and dP: 3
+    forward and 2 backward slots) under num_gemms 3. The resumed run puts it back in that layout and continues as the
+    uninterrupted one (rebuilt as three GEMMs it failed: "The size of tensor a (9) must match the size of tensor b (3)")."""
+    keys = {"precision.te.recipe": "current", "precision.te.fp8_dpa": True}
+    ref, out = run(tmp_path, "ref", **keys)
+    step4 = os.path.join(out, "checkpoints", "step-4")
+    scaling = torch.load(os.path.join(step4, "rank-00000.pt"), weights_only=True)["te_scaling"]
+    assert sorted(scaling) == ["layers.0.attention.core", "layers.1.attention.core"]  # the Linears keep none
+    core = scaling["layers.0.attention.core"]
+    assert core["scale_fwd"].shape == (3,) and core["amax_history_bwd"].shape == (1, 2) and int(core["num_gemms"]) == 3
+    resumed, _ = run(tmp_path, "resumed", **keys, **{"train.resume": step4})
     assert losses(resumed) == {s: v for s, v in losses(ref).items() if s > 4}
 
 

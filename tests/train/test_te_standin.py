@@ -12,7 +12,11 @@ depends on it, and the tests that hold it to that contract:
   NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1 (module/_extra_state.py);
 - get_fp8_meta_tensors / reset_fp8_meta_tensors / init_fp8_meta_tensors as module/base.py has them;
 - te.distributed.checkpoint is dynamo-disabled (torch._disable_dynamo), recomputes with the forward's scales;
-- DotProductAttention (causal, "bshd", grouped-query) with FP8 q/k/v under the recipe's fp8_dpa;
+- DotProductAttention (causal, "bshd", grouped-query) on an emulated GPU (fake_te(capability=...), an H100 unless told):
+  it selects its backend as get_attention_backend does and raises TE's "No dot product attention backend is
+  available" where TE would (FP8 attention: sm90 trains head_dim 128 only, ...); under fp8_dpa Q/K/V (one scale), S,
+  dO, dP (and with delayed scaling O, dQKV) in FP8 in TE's quantizer slots, and under current scaling TE's layout: a
+  [current, delayed] recipe pair whose delayed state (S and dP: 3 forward, 2 backward slots) is fp8_meta's;
 - quantized_model_init builds Float8Tensor weights (float8 data + scale, a tensor subclass that dequantizes
   for compute, with FSDP2's fsdp_pre_all_gather / fsdp_post_all_gather) and keeps the high-precision initial
   value (get_high_precision_init_val); FusedAdam keeps an fp32 master copy (master_weights) and re-quantizes.
@@ -144,6 +148,10 @@ class _GlobalState:
     checkpointing: bool = False
     forwarded: list = dataclasses.field(default_factory=list)
     """Delayed-scaling modules that ran a forward in this autocast region (their fwd scales update on exit)."""
+    capability: tuple[int, int] = (9, 0)
+    """The GPU the stand-in is (torch.cuda.get_device_capability): what DotProductAttention selects its backend for."""
+    cudnn: tuple[int, int, int] = (9, 21, 0)
+    """The cuDNN version it has (cudnnGetVersion)."""
 
 
 STATE = _GlobalState()
@@ -241,6 +249,16 @@ class _StatelessState:
         self.recipe = recipe
 
 
+def _adjust_amax_history_length(state: _DelayedState, length: int) -> None:
+    """module/base.py adjust_amax_history_length: the history cut or zero-padded to `length` rows."""
+    h = state.amax_history
+    if h.shape[0] != length:
+        new = torch.zeros(length, h.shape[1], dtype=h.dtype, device=h.device)
+        n = min(h.shape[0], length)
+        new[:n] = h[:n]
+        state.amax_history = new
+
+
 class TEModule(nn.Module):
     """The parts of TransformerEngineBaseModule fp8launch depends on."""
 
@@ -252,6 +270,8 @@ class TEModule(nn.Module):
         self.fp8_initialized = False
         self.fp8_meta = {"fp8_checkpoint": False, "fp8_group": None}
         self.fp8_meta_tensors_initialized = False
+        self.quantizers: dict = {"scaling_fwd": [], "scaling_bwd": []}
+        """Per slot (FP8FwdTensors / FP8BwdTensors index): the recipe state that scales it and its index there."""
         self._stash: list = []
 
     # fp8_meta as module/base.py keeps it
@@ -260,17 +280,13 @@ class TEModule(nn.Module):
         if self.fp8_meta_tensors_initialized:
             state = self.fp8_meta[key]
             if recipe.delayed() and isinstance(state, _DelayedState):
-                if state.amax_history.shape[0] != recipe.amax_history_len:  # adjust_amax_history_length
-                    h = state.amax_history
-                    new = torch.zeros(recipe.amax_history_len, h.shape[1], dtype=h.dtype, device=h.device)
-                    n = min(h.shape[0], recipe.amax_history_len)
-                    new[:n] = h[:n]
-                    state.amax_history = new
+                _adjust_amax_history_length(state, recipe.amax_history_len)
                 return
             if not recipe.delayed() and isinstance(state, _StatelessState):
                 return
         n = self.fp8_meta["num_gemms"] * (3 if fwd else 2)
         self.fp8_meta[key] = _DelayedState(recipe, n) if recipe.delayed() else _StatelessState(recipe)
+        self.quantizers[key] = [(self.fp8_meta[key], i) for i in range(n)]
 
     def init_fp8_meta_tensors(self, recipe) -> None:
         self.set_meta_tensor(True, recipe)
@@ -359,12 +375,12 @@ class TEModule(nn.Module):
             if STATE.checkpointing and torch.is_grad_enabled():
                 self._stash.append(self.fp8_meta["scaling_fwd"].scale.clone())
 
-    def _scale_for(self, t: torch.Tensor, key: str, index: int) -> torch.Tensor:
-        recipe = self.fp8_meta["recipe"]
-        fmt = _formats(recipe)[0 if key == "scaling_fwd" else 1]
-        state = self.fp8_meta[key]
+    def _scale_for(self, t: torch.Tensor, key: str, slot: int) -> torch.Tensor:
+        """The scale of slot `slot`'s quantizer for `t`: a delayed-scaling state's (its amax recorded), else t's own."""
+        state, index = self.quantizers[key][slot]
+        fmt = _formats(state.recipe)[0 if key == "scaling_fwd" else 1]
         if not isinstance(state, _DelayedState):
-            return _current_scale(t, fmt, getattr(recipe, "margin", 0))
+            return _current_scale(t, fmt, getattr(state.recipe, "margin", 0))
         if key == "scaling_fwd" and STATE.recompute and self._recompute_scale is not None:
             return self._recompute_scale[index]
         if not STATE.recompute:
@@ -372,11 +388,13 @@ class TEModule(nn.Module):
                 state.amax_history[0, index] = torch.maximum(state.amax_history[0, index], t.detach().abs().max().float())
         return state.scale[index]
 
-    def _quantize(self, t: torch.Tensor, key: str, index: int) -> torch.Tensor:
-        fmt = _formats(self.fp8_meta["recipe"])[0 if key == "scaling_fwd" else 1]
-        scale = self._scale_for(t, key, index)
-        out = _cast(t, scale, fmt)
-        if key == "scaling_bwd" and isinstance(self.fp8_meta[key], _DelayedState) and index == 0:
+    _bwd_update_slot: int | None = 0
+    """The backward slot after whose cast the module's backward is done (its bwd scales update); None: the module says."""
+
+    def _quantize(self, t: torch.Tensor, key: str, slot: int) -> torch.Tensor:
+        fmt = _formats(self.quantizers[key][slot][0].recipe)[0 if key == "scaling_fwd" else 1]
+        out = _cast(t, self._scale_for(t, key, slot), fmt)
+        if key == "scaling_bwd" and slot == self._bwd_update_slot:
             self._update_scales("scaling_bwd")  # reduce_and_update_fp8_tensors(forward=False) after this module's backward
         return out
 
@@ -549,8 +567,70 @@ class Linear(TEModule):
         return _GradQuant.apply(out, self, 0)
 
 
+# DotProductAttention's FP8 tensors: quantizer slots (cpp_extensions/fused_attn.py META_*, csrc/common.h FP8FwdTensors /
+# FP8BwdTensors): QKV = GEMM1_OUTPUT, O = GEMM2_INPUT, S = GEMM3_OUTPUT; dQKV = GRAD_OUTPUT1, dO = GRAD_INPUT2, dP = GRAD_INPUT3
+META_QKV, META_O, META_S = 2, 3, 8
+META_DQKV, META_DO, META_DP = 0, 3, 5
+
+NO_BACKEND = ("No dot product attention backend is available for the provided inputs. Please run with NVTE_DEBUG=1 "
+              "NVTE_DEBUG_LEVEL=2 to find out the reasons for disabling all backends.")
+"""dot_product_attention.py, DotProductAttention.forward, when get_attention_backend disabled every backend."""
+
+
+def _fused_fp8_supported(cc, cudnn, training: bool, d_qk: int, d_v: int, s_q: int, s_kv: int) -> bool:
+    """nvte_get_fused_attn_backend's FP8 sub-backend (common/fused_attn/fused_attn.cpp) for what the stand-in runs:
+    causal "bshd" attention, no bias, vanilla softmax; cuDNN 9.10.0 excluded for its known FP8 bugs."""
+    if cc < (9, 0) or cudnn == (9, 10, 0):
+        return False
+    hopper, mult16 = cc < (10, 0), d_qk % 16 == 0 and d_v % 16 == 0
+    return ((cudnn >= (9, 2, 1) and hopper and s_q % 128 == 0 and s_kv % 128 == 0 and d_qk == d_v == 128)
+            or (cudnn >= (9, 7, 0) and mult16 and ((hopper and not training and d_qk <= 256 and d_v <= 256)
+                                                  or (hopper and training and d_qk == d_v == 128)
+                                                  or (not hopper and d_qk <= 128 and d_v <= 128)))
+            or (cudnn >= (9, 21, 0) and not hopper and mult16 and d_qk <= 192 and d_v <= 128))
+
+
+def _attention_backend(module, d_qk: int, d_v: int, s_q: int, s_kv: int) -> str:
+    """get_attention_backend (attention/dot_product_attention/utils.py) on the GPU the stand-in is (STATE.capability,
+    STATE.cudnn), flash-attn not installed (TE then drops FlashAttention; FP8 training turns it off anyway): the
+    backend it selects, or TE's ValueError where it disables every one."""
+    cc, cudnn, meta = STATE.capability, STATE.cudnn, module.fp8_meta
+    fused, unfused = cc >= (8, 0), True
+    fp8 = module.fp8 and meta["recipe"].fp8_dpa
+    if fp8:  # Filter: Execution type
+        recipe = (meta.get("local_recipes") or [meta["recipe"]])[0]
+        unfused = os.environ.get("NVTE_UnfusedDPA_Emulate_FP8", "0") == "1"
+        if recipe.float8_current_scaling() and (cc < (10, 0) or cudnn < (9, 14, 0)):
+            fused = False
+        if recipe.mxfp8() and (cc < (10, 0) or recipe.fp8_mha or cudnn < (9, 21, 0) or cudnn in ((9, 23, 0), (9, 23, 1))):
+            fused = False
+        if recipe.float8_block_scaling() or recipe.nvfp4() or cc == (12, 0):
+            fused = False
+        fused = fused and _fused_fp8_supported(cc, cudnn, module.training, d_qk, d_v, s_q, s_kv)  # Filter: cuDNN support
+    if fused:
+        return "FusedAttention"
+    if unfused:
+        return "UnfusedDotProductAttention"
+    raise ValueError(NO_BACKEND)
+
+
+class _BackwardDone(torch.autograd.Function):
+    """Forward: identity; backward, after every cast of the module's backward: its backward scales update."""
+
+    @staticmethod
+    def forward(ctx, x, module):
+        ctx.module = module
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.module._update_scales("scaling_bwd")
+        return grad, None
+
+
 class DotProductAttention(TEModule):
     num_gemms = 3
+    _bwd_update_slot = None  # _BackwardDone
 
     def __init__(self, num_attention_heads, kv_channels, **kw):
         super().__init__()
@@ -558,21 +638,89 @@ class DotProductAttention(TEModule):
         assert kw.get("qkv_format") == "bshd" and kw.get("attn_mask_type", "causal") == "causal", kw
         self.heads, self.kv_channels = num_attention_heads, kv_channels
         self.gqa = kw.get("num_gqa_groups") or num_attention_heads
+        self.selected_backend = None
+        """The backend the last forward ran (TE logs it: "Running with FusedAttention backend")."""
+
+    def init_fp8_metadata(self) -> None:
+        """DotProductAttention.init_fp8_metadata (NVTE_DPA_FP8_RECIPE unset): under Float8CurrentScaling with fp8_dpa the
+        attention keeps the recipe for QKV, O, dO, dQKV and a DelayedScaling for S and dP (amax_history_len 1,
+        "most_recent"), which becomes fp8_meta["recipe"]: local_recipes [CS, DS], 2 GEMMs' slots of current scaling and one
+        GEMM's delayed-scaling state (3 forward, 2 backward slots) in fp8_meta["scaling_fwd"/"scaling_bwd"]."""
+        meta = self.fp8_meta
+        self.fp8 = STATE.enabled
+        meta["fp8_checkpoint"] = self.fp8
+        if not self.fp8:
+            self.fp8_initialized = False
+            return
+        recipe = recipes = dpa = STATE.recipe
+        if recipe.float8_current_scaling() and (recipe.fp8_dpa or recipe.fp8_mha):
+            dpa = DelayedScaling(fp8_format=recipe.fp8_format, amax_history_len=1, amax_compute_algo="most_recent",
+                                 fp8_dpa=recipe.fp8_dpa, fp8_mha=recipe.fp8_mha, reduce_amax=True)
+            recipes = [recipe, dpa]
+        meta["global_recipe"] = recipe
+        meta["local_recipes"] = recipes if isinstance(recipes, list) else [recipes]
+        if self.fp8_initialized and dpa == meta.get("recipe"):
+            return
+        meta["recipe"], meta["num_gemms"] = dpa, self.num_gemms
+        meta["fp8_max_fwd"], meta["fp8_max_bwd"] = (FP8_MAX[f] for f in _formats(dpa))
+        self.init_fp8_meta_tensors(recipes)
+        self.fp8_initialized = True
+
+    def set_meta_tensor(self, fwd: bool, recipe) -> None:
+        """DotProductAttention.set_meta_tensor: a recipe or [CS, DS]; num_gemms [2, 1] for the pair, [3] for one recipe;
+        the last recipe's state is fp8_meta's, the quantizers are every state's slots in order."""
+        recipes = recipe if isinstance(recipe, list) else [recipe]
+        key = "scaling_fwd" if fwd else "scaling_bwd"
+        if self.fp8_meta_tensors_initialized:
+            state = self.fp8_meta[key]
+            if recipes[-1].delayed() and isinstance(state, _DelayedState):
+                _adjust_amax_history_length(state, recipes[-1].amax_history_len)
+                return
+            if not recipes[-1].delayed() and isinstance(state, _StatelessState):
+                return
+        gemms = [2, 1] if len(recipes) == 2 else [3]
+        per_gemm = 3 if fwd else 2
+        states = [_DelayedState(r, g * per_gemm) if r.delayed() else _StatelessState(r) for r, g in zip(recipes, gemms)]
+        self.fp8_meta[key] = states[-1 if len(recipes) == 2 else 0]
+        self.quantizers[key] = [(st, i) for st, g in zip(states, gemms) for i in range(g * per_gemm)]
 
     def forward(self, query_layer, key_layer, value_layer, attention_mask=None, qkv_format=None, **kw):
         q, k, v = query_layer, key_layer, value_layer
         assert q.shape[2] == self.heads and k.shape[2] == self.gqa and q.shape[3] == self.kv_channels, (q.shape, k.shape)
         self.prepare_forward()
+        self.selected_backend = _attention_backend(self, q.shape[3], v.shape[3], q.shape[1], k.shape[1])
         if self.fp8 and self.fp8_meta["recipe"].fp8_dpa:
-            self._recompute_scale = self._stash.pop(0) if STATE.recompute and self._stash else None
-            fmt = _formats(self.fp8_meta["recipe"])[0]
-            q, k, v = (_FakeQuant.apply(t, self._scale_for(t, "scaling_fwd", i), fmt) for i, t in enumerate((q, k, v)))
+            return self._fp8_attention(q, k, v)
         b, s = q.shape[:2]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         rep = self.heads // self.gqa
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1)
-        return _GradQuant.apply(out, self, 0) if self.fp8 and self.fp8_meta["recipe"].fp8_dpa else out
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1)
+
+    def _fp8_attention(self, q, k, v):
+        """FusedAttention's FP8 tensors: Q, K, V cast together (one QKV scale), S and dO (and under DelayedScaling O and
+        dQKV) in FP8, dP in FP8 (utils.py get_fused_attn_spec, combine_and_quantize)."""
+        self._recompute_scale = self._stash.pop(0) if STATE.recompute and self._stash else None
+        delayed = self.fp8_meta["local_recipes"][0].delayed()
+        fmt = _formats(self.fp8_meta["recipe"])[0]
+        b, s = q.shape[:2]
+        shapes, sizes = [t.shape for t in (q, k, v)], [t.numel() for t in (q, k, v)]
+        qkv = _BackwardDone.apply(torch.cat([t.reshape(-1) for t in (q, k, v)]), self)
+        if delayed:
+            qkv = _GradQuant.apply(qkv, self, META_DQKV)
+        qkv = _FakeQuant.apply(qkv, self._scale_for(qkv, "scaling_fwd", META_QKV), fmt)
+        q, k, v = (t.view(shape).transpose(1, 2) for t, shape in zip(qkv.split(sizes), shapes))
+        rep = self.heads // self.gqa
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])
+        future = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        probs = scores.masked_fill(future, float("-inf")).softmax(-1).to(q.dtype)
+        probs = _GradQuant.apply(probs, self, META_DP)
+        probs = _FakeQuant.apply(probs, self._scale_for(probs, "scaling_fwd", META_S), fmt)
+        out = (probs @ v).transpose(1, 2).reshape(b, s, -1)
+        if delayed:
+            out = _FakeQuant.apply(out, self._scale_for(out, "scaling_fwd", META_O), fmt)
+        return _GradQuant.apply(out, self, META_DO)
 
 
 class _Norm(nn.Module):
@@ -642,8 +790,9 @@ checkpoint = torch._disable_dynamo(_checkpoint)  # as TE's: @torch._disable_dyna
 # --- optimizers.FusedAdam ------------------------------------------------------------------------------------------
 
 class FusedAdam(torch.optim.Optimizer):
-    """Adam / AdamW with an fp32 master copy of every parameter (master_weights): steps the copy, writes the
-    parameter from it (re-quantizing an FP8 weight)."""
+    """Adam / AdamW; with master_weights every parameter gets an fp32 master copy when its state is made
+    (initialize_state: empty_like + the parameter's value, as TE's _initialize_state); an FP8 or bf16/fp16 parameter
+    steps its copy and is written (re-quantized) from it, a plain fp32 parameter steps itself (TE's p_f32_model)."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, **kw):
         _check("FusedAdam", kw, TE_OPTIMIZER_ARGS)
@@ -707,7 +856,10 @@ class FusedAdam(torch.optim.Optimizer):
                 t = int(state["step"])
                 g = self._local(p.grad).float()
                 m, v = self._local(state["exp_avg"]), self._local(state["exp_avg_sq"])
-                w = self._local(state["master_param"]) if self.master_weights else local.float()
+                # TE's lists: an FP8 parameter and a bf16/fp16 one step the master copy (p_main_of_*), a plain fp32 parameter
+                # steps itself (p_f32_model) and its master copy, if it has one, is never read or written
+                stepped = isinstance(local, Float8Tensor) or (self.master_weights and local.dtype != torch.float32)
+                w = self._local(state["master_param"]) if stepped else local.data
                 if group["weight_decay"]:
                     if self.adam_w_mode:
                         w.mul_(1 - group["lr"] * group["weight_decay"])
@@ -719,15 +871,16 @@ class FusedAdam(torch.optim.Optimizer):
                 w.addcdiv_(m / c1, (v / c2).sqrt().add_(group["eps"]), value=-group["lr"])
                 if isinstance(local, Float8Tensor):
                     local.quantize_(w)
-                else:
+                elif stepped:
                     local.copy_(w.to(local.dtype))
 
 
-def fake_te():
-    """(transformer_engine.pytorch, transformer_engine.common.recipe, log) look-alikes; `log` records what was built
-    and the autocast / quantized_model_init contexts entered (the recipe objects)."""
+def fake_te(capability: tuple[int, int] = (9, 0), cudnn: tuple[int, int, int] = (9, 21, 0)):
+    """(transformer_engine.pytorch, transformer_engine.common.recipe, log) look-alikes on a GPU of `capability` (an H100
+    unless told) with `cudnn`; `log` records what was built and the autocast / quantized_model_init contexts entered (the
+    recipe objects)."""
     global STATE
-    STATE = _GlobalState()
+    STATE = _GlobalState(capability=capability, cudnn=cudnn)
     log = types.SimpleNamespace(built=[], quantized_init=[], autocast=[], in_quantized_init=False, in_autocast=None)
 
     def record(cls):
@@ -790,3 +943,25 @@ def test_float8_weights_dequantize_to_their_fp8_values_and_requantize_in_place()
     q.quantize_(w * 2)
     torch.testing.assert_close(q.dequantize(), w * 2, rtol=0.07, atol=2e-3)
     assert math.isclose(float(q._scale_inv), float(w.abs().max() * 2 / 448), rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current", "mxfp8", "nvfp4"])
+def test_the_stand_ins_attention_backend_selection_agrees_with_plannings(recipe):
+    """Two transcriptions of TE's selection (get_attention_backend + fused_attn.cpp): the stand-in's, per filter as TE
+    runs them, and launcher/planning/te_attention.py's, per refusal; over GPUs and head dims they must agree."""
+    from launcher.planning.te_attention import refusal
+
+    classes = {"delayed": DelayedScaling, "current": Float8CurrentScaling, "mxfp8": MXFP8BlockScaling, "nvfp4": NVFP4BlockScaling}
+    fake_te()
+    r = classes[recipe](fp8_dpa=True)
+    dpa = DelayedScaling(fp8_dpa=True, amax_history_len=1) if recipe == "current" else r
+    module = types.SimpleNamespace(fp8=True, training=True, fp8_meta={"recipe": dpa, "local_recipes": [r, dpa] if dpa is not r else [r]})
+    for cap in [(8, 9), (9, 0), (10, 0), (10, 3), (12, 0)]:
+        STATE.capability = cap
+        for head_dim in (16, 24, 32, 64, 96, 128, 160, 192, 256):
+            try:
+                backend = _attention_backend(module, head_dim, head_dim, 128, 128)
+            except ValueError as e:
+                assert str(e) == NO_BACKEND
+                backend = None
+            assert (backend is None) == bool(refusal(cap, recipe, head_dim)), (cap, recipe, head_dim, backend)

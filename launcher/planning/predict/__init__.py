@@ -226,6 +226,12 @@ def layer_selection(plan, shape: ModelShape) -> tuple[int, dict[str, int]]:
     return fp8, kept
 
 
+def fp8_weight_params(plan, shape: ModelShape) -> int:
+    """Weights of the Linears `plan` runs in FP8 (every copy; grouped experts not counted), by the same rule."""
+    linears = sum(s.count for s in shape.linears)
+    return sum(weights for k, (_, weights, on, _, _) in enumerate(_choices(plan, shape)) if k < linears and on)
+
+
 @dataclass(frozen=True, slots=True)
 class Selection:
     """Which layers a plan runs in FP8, against the field's default (every Linear but the output layer: torchtitan's

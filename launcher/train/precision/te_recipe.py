@@ -56,7 +56,8 @@ def unread_fields(te: TEConfig, defaults: dict) -> tuple[str, ...]:
 def fused_adam_args(plan) -> dict:
     """Keyword arguments of transformer_engine.pytorch.optimizers.FusedAdam(params, **args) for precision.te.fp8_params
     (read from TE 2.20.2, optimizers/fused_adam.py): train.optimizer's Adam mode, lr, betas, eps and weight decay, and an
-    fp32 master copy of every parameter (master_weights), which it steps and re-quantizes the FP8 weights from."""
+    fp32 master copy (master_weights), which it steps and re-quantizes the FP8 weights from (te.py gives the fp32
+    parameters, which it steps in place, none)."""
     import torch
 
     t = plan.train

@@ -22,6 +22,14 @@ At the first forward TE keeps them (set_meta_tensor returns early for an initial
 state) and sets the run's own recipe. The modules' `_extra_state` entries are saved empty
 (`empty_extra_state`), the payload TE ignores.
 
+te.DotProductAttention under Float8CurrentScaling with fp8_dpa (attention/dot_product_attention/
+dot_product_attention.py, init_fp8_metadata and set_meta_tensor, NVTE_DPA_FP8_RECIPE unset) keeps the run's recipe for
+Q/K/V, O, dO, dQKV and a DelayedScaling (amax_history_len 1, "most_recent") for S and dP: its recipes are
+[current, delayed] with num_gemms [2, 1], and fp8_meta holds the delayed one's state, one GEMM's worth (scale (3,),
+(2,)) under num_gemms 3. That state is restored with the same two recipes: allocated for three GEMMs, as one recipe
+would, its 3 scales would not fit the 9 slots, and TE would keep delayed-scaling quantizers for Q/K/V at the first
+forward (set_meta_tensor returns early for the delayed state it finds).
+
 Duck-typed on those TE methods: no TE import here (the tests' stand-in has the same methods).
 """
 
@@ -76,11 +84,13 @@ def scaling_state(model: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
 
 
 def restore_scaling_state(model: nn.Module, saved: dict[str, dict[str, torch.Tensor]],
-                          delayed_recipe: Callable[[int], object]) -> int:
+                          delayed_recipe: Callable[[int], object], run_recipe: object = None) -> int:
     """Put `saved` (from `scaling_state`) back into the model's TE modules, before their first forward.
     `delayed_recipe(amax_history_len)` builds the DelayedScaling recipe TE allocates the state for (the run's
-    own recipe replaces it at the first forward; only its format and history length matter here). Raises
-    ValueError when the checkpoint holds state of modules this model does not have. Returns how many modules."""
+    own recipe replaces it at the first forward; only its format and history length matter here). A state of fewer
+    GEMMs than its module's num_gemms is DotProductAttention's under current scaling: allocated as TE does, for
+    [`run_recipe`, that DelayedScaling]. Raises ValueError when the checkpoint holds state of modules this model does not
+    have. Returns how many modules."""
     if not saved:
         return 0
     modules = dict(te_modules(model))
@@ -93,9 +103,16 @@ def restore_scaling_state(model: nn.Module, saved: dict[str, dict[str, torch.Ten
             raise ValueError(f"the FP8 scaling state of {fqn} in the checkpoint lacks {sorted(set(_TENSORS) - set(t))}")
         m = modules[fqn]
         recipe = delayed_recipe(int(t["amax_history_fwd"].shape[0]))
-        m.fp8_meta["num_gemms"] = int(t["num_gemms"])
+        num_gemms, delayed_gemms = int(t["num_gemms"]), t["scale_fwd"].numel() // 3
+        recipes = recipe
+        if delayed_gemms != num_gemms:  # DotProductAttention under current scaling: S and dP only
+            if run_recipe is None or getattr(run_recipe, "delayed", lambda: False)():
+                raise ValueError(f"the FP8 scaling state of {fqn} in the checkpoint covers {delayed_gemms} of its {num_gemms} "
+                                 "GEMMs (FP8 attention under current scaling), and this run's recipe is not current scaling")
+            recipes = [run_recipe, recipe]
+        m.fp8_meta["num_gemms"] = num_gemms
         m.fp8_meta["recipe"] = recipe
-        m.init_fp8_meta_tensors(recipe)
+        m.init_fp8_meta_tensors(recipes)
         m.reset_fp8_meta_tensors({"scaling_fwd": [t["scale_fwd"], t["amax_history_fwd"]],
                                   "scaling_bwd": [t["scale_bwd"], t["amax_history_bwd"]]})
     return len(saved)
