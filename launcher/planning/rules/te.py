@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from launcher.planning import te_attention
 from launcher.planning.backends import MSAMP, TE
 from launcher.planning.hardware import capability_text, requirement, supports
 from launcher.planning.rules.core import Facts, Rule
@@ -108,19 +109,12 @@ RULES: tuple[Rule, ...] = (
              "fp8_dpa (FP8 attention GEMMs, high-precision Q/K/V).",
          fix="set precision.te.fp8_mha = false, and precision.te.fp8_dpa = true for FP8 attention",
          condition=lambda f: fp8(f, TE) and f.plan.precision.te.fp8_mha and f.plan.train.model.startswith("builtin:")),
-    Rule(id="TE-FP8-DPA-BACKEND", severity="error", stage="run",
-         when="precision.te.fp8_dpa with recipe current on a GPU below compute capability 10.0, or on sm120",
-         why="Transformer Engine has no FP8 attention backend there: it disables FusedAttention for FP8 current scaling below sm100 "
-             "and for any FP8 attention on sm120, FlashAttention for FP8 training, and the unfused attention for FP8 unless "
-             "NVTE_UnfusedDPA_Emulate_FP8=1 (attention/dot_product_attention/utils.py, get_attention_backend): the first forward "
-             "fails with \"No dot product attention backend is available\".",
-         fix='set precision.te.fp8_dpa = false, or precision.te.recipe = "delayed", or run on an sm100 GPU (B200, GB200)',
-         condition=lambda f: fp8(f, TE) and f.plan.precision.te.fp8_dpa and f.capability is not None
-             and (f.capability == (12, 0) or (f.plan.precision.te.recipe == "current" and f.capability < (10, 0))),
-         detail=lambda f: f"Transformer Engine has no FP8 attention backend for recipe {f.plan.precision.te.recipe!r} on "
-             f"{capability_text(f.capability)} (FusedAttention is disabled for "
-             + ("FP8 on sm120" if f.capability == (12, 0) else "FP8 current scaling below sm100")
-             + ", FlashAttention for FP8 training, the unfused attention for FP8): the first forward would fail."),
+    Rule(id="TE-FP8-DPA-BACKEND", severity="error", stage="run", when=te_attention.WHEN_RUN, why=te_attention.WHY, fix=te_attention.FIX,
+         condition=lambda f: bool(te_attention.run_refusal(f.plan, f.capability)),
+         detail=lambda f: te_attention.run_refusal(f.plan, f.capability), fix_for=lambda f: te_attention.run_fix(f.plan, f.capability)),
+    Rule(id="TE-FP8-DPA-GPU", severity="error", stage="plan", when=te_attention.WHEN_PLAN, why=te_attention.WHY, fix=te_attention.FIX,
+         condition=lambda f: bool(te_attention.plan_refusal(f.plan)), detail=lambda f: te_attention.plan_refusal(f.plan),
+         fix_for=lambda f: te_attention.plan_fix(f.plan)),
     Rule(id="TE-FP8-PARAMS-OPTIMIZER", severity="error", stage="plan",
          when="precision.te.fp8_params with train.optimizer = sgd",
          why="FP8 weights train only with an optimizer that keeps a high-precision master copy, steps it and re-quantizes the "
