@@ -110,6 +110,9 @@ def read_config(d: Draft, p: str = "", parent: str = "") -> None:
     z = p + "zero_optimization."
     if d.has(z + "stage") and not auto("zero_optimization.stage"):
         d.mapped(z + "stage", ("distributed.deepspeed.zero_stage", int(d.get(z + "stage"))))
+    elif not d.has(z + "stage"):
+        d.mapped(f"({z}stage)", ("distributed.deepspeed.zero_stage", 0), value=0,
+                 note="DeepSpeed's default (DeepSpeedZeroConfig.stage): no ZeRO partitioning")
     for part in ("optimizer", "param"):
         device = d.get(f"{z}offload_{part}.device")
         if device is not None:
