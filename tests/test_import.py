@@ -586,3 +586,30 @@ def test_importing_reaches_no_torch(tmp_path):
             "assert 'torch' not in sys.modules, 'torch was imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_megatron_precision_aware_optimizer_moments_map_to_optimizer_states(tmp_path):
+    path = _edited(tmp_path, "megatron_bridge/llama32_1b_task_configuration.yaml",
+                   "  use_precision_aware_optimizer: false\n", "  use_precision_aware_optimizer: true\n")
+    path = _edited(tmp_path, path, "  exp_avg_dtype:\n    _call_: false\n    _target_: torch.float32\n  exp_avg_sq_dtype:\n"
+                   "    _call_: false\n    _target_: torch.float32\n", "  exp_avg_dtype:\n    _call_: false\n    _target_: torch.bfloat16\n"
+                   "  exp_avg_sq_dtype:\n    _call_: false\n    _target_: torch.bfloat16\n")
+    r = import_config(path, folder=str(tmp_path))
+    entry = next(e for e in r.report.entries if e.source.startswith("optimizer.use_precision_aware_optimizer"))
+    # bf16 moments; under the distributed optimizer's DeepSpeed ZeRO-1 fp8launch keeps them fp32 (rule LEVELS-DEEPSPEED)
+    assert entry.status == APPROXIMATED and "bf16" in entry.before and "fp32" in entry.after and "LEVELS-DEEPSPEED" in entry.note
+
+
+def test_nemo_without_a_scheduler_keeps_the_lr_constant(tmp_path):
+    text = (DATA / "nemo/llama3_8b.yaml").read_text()
+    start = text.index("    sched:\n")
+    end = text.index("\n  data:", start)  # the sched table ends where model.data starts
+    path = tmp_path / "nosched.yaml"
+    path.write_text(text[:start] + text[end + 1:])
+    spec = tomllib.loads(import_config(str(path), folder=str(tmp_path)).text)
+    assert (spec["train"]["warmup_steps"], spec["train"]["min_lr_ratio"]) == (0, 1.0)
+
+
+def test_torchtitan_moe_debug_flavors_get_the_moe_debug_builtin(tmp_path):
+    path = _edited(tmp_path, "torchtitan/deepseek_v3_16b.toml", 'flavor = "16B"', 'flavor = "debugmodel"')
+    assert tomllib.loads(import_config(path, folder=str(tmp_path)).text)["train"]["model"] == "builtin:moe-debug"

@@ -6,8 +6,11 @@
 
 The kind is detected from the content (each kind scores the keys it knows), not from the extension: an
 Accelerate config, an Axolotl YAML, a torchtitan job TOML, a NeMo / Megatron-Bridge YAML or a DeepSpeed JSON.
-One module per kind (its `KIND` record: score, read, name); draft.py holds the spec being built and the report;
-planable.py makes the result plan. Nothing here imports torch.
+One module per kind (its `KIND` record: score, read, name, unknown); known/ holds each tool's key names: a key the
+tool refuses (torchtitan: any; Accelerate: a top-level one; DeepSpeed: one in a section it validates strictly) stops
+the import, exit 2, with "did you mean"; any other unknown key is reported. draft.py holds the spec being built and
+the report (report.py: every line mapped, approximated with before / after / effect, or no equivalent); batch.py
+the batch; planable.py makes the result plan. Nothing here imports torch.
 """
 
 from __future__ import annotations

@@ -219,9 +219,10 @@ def _half(d: Draft, fp8: bool, preset: dict) -> None:
         d.mapped(_src(d, preset, mode), (target, mode))
     elif isinstance(d.get("mixed_precision"), str) and not fp8:
         d.mapped("mixed_precision", note="fp8launch's default precision")
+    _moments(d)
     for key in ("optimizer.bf16", "optimizer.fp16", "optimizer.params_dtype", "optimizer.main_grads_dtype", "optimizer.main_params_dtype",
                 "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype", "optimizer.use_precision_aware_optimizer"):
-        if d.has(key):
+        if d.has(key) and key not in d.taken:
             d.mapped(key, note="fp8launch keeps fp32 master weights, gradients and optimizer states")
     for key in ("bf16", "fp16", "fp32", "params_dtype", "pipeline_dtype", "autocast_enabled", "autocast_dtype", "grad_reduce_in_fp32",
                 "megatron_amp_O2", "native_amp_init_scale", "native_amp_growth_interval", "hysteresis", "loss_scale", "initial_loss_scale",
@@ -232,6 +233,32 @@ def _half(d: Draft, fp8: bool, preset: dict) -> None:
     if isinstance(d.get("mixed_precision"), str):
         d.take("mixed_precision")
     d.group("mixed_precision", "a Megatron mixed-precision option fp8launch has no equivalent for")
+
+
+def _dtype(value) -> str:
+    """A dtype as Megatron-Bridge's YAML writes it ({_target_: torch.bfloat16} or a string) -> fp32 / bf16 / fp16 / uint8."""
+    text = str(value.get("_target_", "") if isinstance(value, dict) else value).lower()
+    return next((name for word, name in (("bfloat16", "bf16"), ("float16", "fp16"), ("half", "fp16"), ("uint8", "uint8"),
+                                         ("float32", "fp32")) if word in text), "fp32")
+
+
+def _moments(d: Draft) -> None:
+    """Megatron-Core's precision-aware optimizer keeps the Adam moments in exp_avg_dtype / exp_avg_sq_dtype (TE's FusedAdam)."""
+    keys = ("optimizer.use_precision_aware_optimizer", "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype")
+    if d.get(keys[0]) is not True:
+        return
+    dtypes = {_dtype(d.get(k, "float32")) for k in keys[1:]}
+    sources = tuple(k for k in keys if d.has(k))
+    if dtypes == {"fp32"}:
+        d.mapped(sources, ("precision.optimizer_states", "fp32"))
+    elif dtypes == {"bf16"}:
+        d.mapped(sources, ("precision.optimizer_states", "bf16"), note="both moments in bf16")
+    else:
+        states = "fp8" if "uint8" in dtypes else "bf16"
+        d.approximated(sources, ("precision.optimizer_states", states),
+                       before=f"Transformer Engine FusedAdam's moments in {' / '.join(sorted(dtypes))}",
+                       after="torchao's AdamWFp8 (e4m3 codes, one scale per 256 values)" if states == "fp8" else "both moments in bf16",
+                       effect="low-precision moments in both; their rounding differs")
 
 
 def _world(d: Draft) -> None:
@@ -363,6 +390,9 @@ def _optimizer(d: Draft) -> None:
 def _schedule(d: Draft) -> None:
     s = next((p for p in ("model.optim.sched", "scheduler") if isinstance(d.get(p), dict)), None)
     if s is None:
+        if isinstance(d.get("model.optim"), dict):  # NeMo 1.x builds no scheduler without optim.sched
+            d.mapped("(model.optim.sched)", ("train.warmup_steps", 0), ("train.min_lr_ratio", 1.0),
+                     note="no sched: NeMo keeps the lr constant, so does the spec")
         return
     style = d.get(f"{s}.name", d.get(f"{s}.lr_decay_style"))
     key = f"{s}.name" if d.has(f"{s}.name") else f"{s}.lr_decay_style"
