@@ -54,7 +54,8 @@ def vet(d: Draft) -> list[Unknown]:
     sagemaker = str(d.get("compute_environment", "LOCAL_MACHINE")) == "AMAZON_SAGEMAKER"
     top = known.SAGEMAKER if sagemaker else known.CLUSTER
     says = 'accelerate launch stops: load_config_from_file raises "The config file ... had unknown keys"'
-    out = [Unknown(k, near, says, refused=True, tool="Accelerate") for k, near in unknown([k.split(".")[0] for k in d.leaves], top)]
+    keys = [str(k) for k in d.data if k != deepspeed.PREFIX]  # a key set to null too: Accelerate counts every key
+    out = [Unknown(k, near, says, refused=True, tool="Accelerate") for k, near in unknown(keys, top)]
     for table, prefix in NESTED.items():
         names = [a for a in known.LAUNCH if a.startswith(prefix)]
         allowed = set(names) | {a[len(prefix):] for a in names}

@@ -52,7 +52,8 @@ def vet(d: Draft) -> list[Unknown]:
     plugins = bool(d.get("plugins"))
     says = "Axolotl's schema has no such key and drops it" + (" (unless one of `plugins` reads it)" if plugins else "")
     top = set(known.TOP) | set(known.PLUGINS)
-    out = [Unknown(k, near, says, tool="Axolotl") for k, near in unknown([k.split(".")[0] for k in d.leaves], top)]
+    keys = [str(k) for k in d.data if k != deepspeed.PREFIX]
+    out = [Unknown(k, near, says, tool="Axolotl") for k, near in unknown(keys, top)]
     fsdp = set(known.FSDP)
     for key in [k[len("fsdp_config."):].split(".")[0] for k in d.leaves if k.startswith("fsdp_config.")]:
         bare = key if key == "fsdp_version" else key.removeprefix("fsdp_")
