@@ -613,3 +613,9 @@ def test_nemo_without_a_scheduler_keeps_the_lr_constant(tmp_path):
 def test_torchtitan_moe_debug_flavors_get_the_moe_debug_builtin(tmp_path):
     path = _edited(tmp_path, "torchtitan/deepseek_v3_16b.toml", 'flavor = "16B"', 'flavor = "debugmodel"')
     assert tomllib.loads(import_config(path, folder=str(tmp_path)).text)["train"]["model"] == "builtin:moe-debug"
+
+
+def test_nemo_without_min_lr_decays_to_zero(tmp_path):
+    path = _edited(tmp_path, "nemo/llama3_8b.yaml", "      min_lr: 1e-5\n", "")
+    spec = tomllib.loads(import_config(path, folder=str(tmp_path)).text)
+    assert spec["train"]["min_lr_ratio"] == 0.0  # CosineAnnealing's min_lr default, not fp8launch's 0.1

@@ -440,6 +440,8 @@ def _schedule(d: Draft) -> None:
             d.approximated(sources, ("train.weight_decay", float(end)), before=f"a {style} weight-decay ramp from {start} to {end}",
                            after=f"a constant {end}", effect="more weight decay early in the run" if float(end) > float(start)
                            else "less weight decay early in the run")
+    if d.value("train.min_lr_ratio") is None:  # NeMo's CosineAnnealing(min_lr=0.0), Megatron's --min-lr 0.0
+        d.mapped("(min_lr)", ("train.min_lr_ratio", 0.0), value=0.0, note="NeMo's and Megatron's default: the decay ends at 0")
     d.group(s, "a Megatron schedule option fp8launch has no equivalent for")
 
 
