@@ -217,7 +217,7 @@ class Draft:
         """What depends on the whole spec, made again at each planning round: the tables no setting reads dropped
         (prune), the batch entries, the values the "auto" lines name."""
         self.prune()
-        batch.finish(self)
+        self._batch()
         for entry, key, why in self.autos:
             used = self.used(key)
             if key == "distributed.global_batch_size" and not used:
@@ -249,6 +249,22 @@ class Draft:
                     e.note = (e.note + "; " if e.note else "") + f"{', '.join(gone)} not written: no effect with {reader}"
 
     # --- the batch -------------------------------------------------------------------------------
+
+    def _batch(self) -> None:
+        """The batch entries (batch.entries) for the spec as it stands, where the source read its batch (batch_at)."""
+        self.report.entries = [e for e in self.report.entries if e.tag != batch.TAG]
+        at = len(self.report.entries) if self.batch_at is None else min(self.batch_at, len(self.report.entries))
+        d = self.spec.get("distributed", {})
+        ranks = max(1, d.get("nodes", 1) * d.get("procs_per_node", 8) // max(1, d.get("tensor_parallel", 1)))
+        placeholder = "distributed.procs_per_node" in self.placeholders
+        made = batch.entries(self.batch, micro=self.value("train.micro_batch_size"), ranks=ranks, placeholder=placeholder)
+        for entry in made:
+            for key, value in entry.sets:
+                self.set(key, value)
+        self.report.entries[at:at] = made
+        extra = batch.hint(self.batch, self.value("train.micro_batch_size"))
+        if placeholder and extra and extra not in self.placeholders["distributed.procs_per_node"]:
+            self.placeholders["distributed.procs_per_node"] += f"; {extra}"
 
     def note_batch(self, attr: str, value: int, source: str) -> None:
         """The source's micro ("micro"), accumulation ("accum") or global ("global_") batch, read from `source`."""
