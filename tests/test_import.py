@@ -1,10 +1,20 @@
 """`fp8launch import`: real configs of Accelerate, Axolotl, torchtitan, NeMo / Megatron-Bridge and DeepSpeed
-(tests/data/import/, where each comes from is in its README.md) -> the exact spec values, the report entry of each
-FP8, parallelism and training setting, a spec that plans; an unknown or unreadable file -> exit 2, one line, nothing
-written."""
+(tests/data/import/, where each comes from is in its README.md) -> the spec values and report statuses written by hand
+in tests/data/import/expected/; every report line mapped, approximated (before, after, what it does) or no equivalent;
+the tools whose parser installs here (DeepSpeed 0.19.8, Accelerate 1.15) read the same files and agree with the spec;
+an unknown, unreadable or misspelt file -> exit 2, one line, nothing written.
+
+Where the tool is not installed the reading follows its source: Axolotl axolotl-ai-cloud/axolotl 067b021c8b87a9e5e380b
+9173c704cf7340e30f5 (src/axolotl/utils/schemas/validation.py check_fsdp_version_in_fsdp_config, utils/trainer.py
+setup_fsdp_envs); torchtitan pytorch/torchtitan 238fa9953e4aec2a62582121564273d7cbb1e9f1 (config/manager.py
+_dict_to_dataclass "Invalid field names") and 78b0d60858574bfcecfa16b377d10ed2595b68d3 (config_manager.py string_list);
+Megatron-Bridge NVIDIA-NeMo/Megatron-Bridge 067f987df03b8355b03192d88d70f1709fedf51a (training/config.py, gpt_provider.py).
+"""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -15,9 +25,16 @@ from pathlib import Path
 import pytest
 
 from launcher.commands.importer import import_config
-from launcher.commands.importer.report import APPROXIMATED, MAPPED, NONE
+from launcher.commands.importer.report import APPROXIMATED, MAPPED, NONE, STATUSES
+from launcher.errors import SourceError
 
 DATA = Path(__file__).resolve().parent / "data" / "import"
+EXPECTED = DATA / "expected"
+CORPUS = sorted(str(p.relative_to(EXPECTED)) for p in EXPECTED.rglob("*.toml"))
+BAD = ("accelerate/invalid_keys.yaml",)
+"""Real files the import must refuse, as their tool does."""
+CONFIGS = sorted(str(p.relative_to(DATA)) for p in DATA.rglob("*") if p.suffix in (".yaml", ".toml", ".json")
+                 and "expected" not in p.parts and str(p.relative_to(DATA)) not in BAD)
 
 
 def imported(relative: str, tmp_path: Path):
@@ -27,53 +44,441 @@ def imported(relative: str, tmp_path: Path):
     return tomllib.loads(result.text), entries, result
 
 
-def status(entries: dict, source: str) -> str:
-    return entries[source][0]
-
-
-def test_accelerate_fp8_template_te(tmp_path):
-    spec, e, r = imported("accelerate/fp8.yaml", tmp_path)
-    assert r.kind.id == "accelerate" and spec["name"] == "fp8"
-    assert spec["precision"] == {"mode": "fp8", "backend": "te", "high_precision": "bf16", "keep_first_last": False,
-                                 "te": {"recipe": "delayed", "swap": ["linear", "layernorm"], "fp8_format": "E4M3", "margin": 0,
-                                        "amax_history_len": 1024, "amax_compute_algo": "most_recent"}}
-    assert spec["distributed"] == {"strategy": "ddp", "procs_per_node": 1}
-    assert e["mixed_precision, fp8_config.backend"][:2] == (MAPPED, {"precision.mode": "fp8", "precision.backend": "te"})
-    assert e["(amax_compute_algo)"][:2] == (MAPPED, {"precision.te.amax_compute_algo": "most_recent"})  # Accelerate's default, not TE's
-    assert status(e, "fp8_config.interval") == MAPPED and "TE-REMOVED-KEY" in e["fp8_config.interval"][2]
-    assert status(e, "fp8_config.override_linear_precision") == MAPPED
-    assert status(e, "fp8_config.use_autocast_during_eval") == APPROXIMATED
-    assert status(e, "(model)") == status(e, "(data)") == NONE
-    assert "interval" not in spec["precision"]["te"]  # TE-REMOVED-KEY would refuse it
-
-
-def test_accelerate_multi_gpu_fp8_config_as_accelerate_config_writes_it(tmp_path):
-    spec, e, r = imported("accelerate/0_34_0_fp8.yaml", tmp_path)
-    assert spec["distributed"] == {"nodes": 1, "procs_per_node": 2, "strategy": "ddp"}
-    assert spec["precision"]["te"]["amax_compute_algo"] == "max" and spec["launch"] == {"launcher": "torchrun", "device": "auto"}
-    assert e["fp8_config.override_linear_precision"][0] == MAPPED  # the "(false, false, false)" string the questionnaire writes
-    assert status(e, "rdzv_backend") == APPROXIMATED
-    assert e["num_processes"][:2] == (MAPPED, {"distributed.procs_per_node": 2})
-    bundled = next(s for s in e if s.startswith("{debug"))
-    assert status(e, bundled) == NONE and "tpu_use_sudo" in bundled
-
-
-def test_accelerate_deepspeed_reads_the_deepspeed_json_it_names(tmp_path):
-    spec, e, r = imported("accelerate/deepspeed.yaml", tmp_path)
-    assert spec["distributed"] == {"procs_per_node": 2, "strategy": "deepspeed",
-                                   "deepspeed": {"zero_stage": 1, "overlap_comm": True, "contiguous_gradients": True}}
-    assert spec["precision"] == {"mode": "fp16"}
-    j = "[DeepSpeed JSON]."
-    assert e[j + "zero_optimization.stage"][:2] == (MAPPED, {"distributed.deepspeed.zero_stage": 1})
-    assert status(e, j + "optimizer.params.lr") == NONE and "prepare()" in e[j + "optimizer.params.lr"][2]  # "auto"
-    assert e[j + "scheduler.type"][:2] == (APPROXIMATED, {"train.min_lr_ratio": 0.0})  # WarmupDecayLR: linear to 0
-    assert status(e, j + "fp16.loss_scale") == MAPPED
+def dotted(spec: dict, key: str, default=KeyError):
+    node = spec
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            if default is KeyError:
+                raise KeyError(key)
+            return default
+        node = node[part]
+    return node
 
 
 def _write(tmp_path: Path, name: str, text: str) -> str:
     path = tmp_path / name
     path.write_text(textwrap.dedent(text).lstrip())
     return str(path)
+
+
+def _edited(tmp_path: Path, relative: str, old: str, new: str, name: str | None = None) -> str:
+    """A copy of a corpus file (or of an edited copy: an absolute path) with `old` replaced by `new`, which must occur."""
+    text = (DATA / relative).read_text()
+    assert old in text, old
+    target = tmp_path / "src" / (name or Path(relative).name)
+    target.parent.mkdir(exist_ok=True)
+    target.write_text(text.replace(old, new))
+    return str(target)
+
+
+# --- the corpus: hand-written expectations ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("expected", CORPUS)
+def test_corpus_spec_and_report_match_the_hand_written_expectations(expected, tmp_path):
+    want = tomllib.loads((EXPECTED / expected).read_text())
+    spec, entries, result = imported(want["source"], tmp_path)
+    assert result.kind.id == want["kind"]
+    got = {key: dotted(spec, key, None) for key in want["spec"]}
+    assert got == want["spec"]
+    statuses = {source: entries[source][0] if source in entries else None for source in want.get("report", {})}
+    assert statuses == want.get("report", {})
+    for key in want.get("absent", {}).get("keys", []):
+        assert dotted(spec, key, None) is None, key
+
+
+def test_corpus_holds_five_real_configs_per_kind_each_with_its_source():
+    readme = (DATA / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `([^`]+)`[^|]*\| [^|]+ \| `[^`]+`[^|]* \| ([0-9a-f]{40}) \|$", readme, re.M))
+    kinds: dict[str, int] = {}
+    for expected in CORPUS:
+        want = tomllib.loads((EXPECTED / expected).read_text())
+        assert want["source"] in rows, f"{want['source']} has no row (repository, path, commit) in README.md"
+        assert (DATA / want["source"]).is_file()
+        kinds[want["kind"]] = kinds.get(want["kind"], 0) + 1
+    assert set(kinds) == {"accelerate", "axolotl", "torchtitan", "megatron", "deepspeed"}
+    assert min(kinds.values()) >= 5, kinds
+    assert all(config in rows for config in CONFIGS + list(BAD)), [c for c in CONFIGS if c not in rows]
+
+
+# --- the contract of every report line ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("relative", CONFIGS)
+def test_every_report_line_is_mapped_approximated_with_before_and_after_or_no_equivalent(relative, tmp_path):
+    result = import_config(str(DATA / relative), folder=str(tmp_path))
+    for entry in result.report.entries:
+        line = entry.line()
+        assert entry.status in STATUSES and line.startswith(entry.status), line
+        if entry.status == APPROXIMATED:
+            assert entry.before and entry.after and entry.note, line
+            assert f"before: {entry.before}; after: {entry.after}; " in line, line
+        elif entry.status == NONE:
+            assert entry.note, line  # why, and what to do
+        if '"auto"' in entry.note:  # the value used in its place: the key it sets, or said
+            assert entry.sets or "the spec uses " in entry.note or "runs with its default " in entry.note, line
+        assert "FALSE" not in line, line  # YAML's NO read as a type name
+
+
+@pytest.mark.parametrize("relative", CONFIGS)
+def test_the_written_spec_plans_and_starts_with_the_report(relative, cli, tmp_path):
+    r = cli("import", str(DATA / relative), "--out", "imported.toml")
+    assert r.exit_code == 0, r.stderr
+    text = (tmp_path / "imported.toml").read_text()
+    assert text.startswith("# Imported by `fp8launch import` from ")
+    for line in r.stdout.splitlines()[:-2]:  # the report, then "wrote ..." and "next: ..."
+        assert f"# {line}" in text
+    assert cli("plan", "imported.toml").exit_code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["generated", "imported.toml"]  # no temporary file left
+
+
+# --- read as the tool reads it: the installed parsers -------------------------------------------------------------
+
+DEEPSPEED_FILES = [c for c in CONFIGS if c.endswith(".json")]
+
+
+def _deepspeed_config(data: dict, ranks: int, monkeypatch):
+    """DeepSpeed 0.19.8's own reading of a config dict, for `ranks` data-parallel ranks."""
+    config = pytest.importorskip("deepspeed.runtime.config")
+    monkeypatch.setattr(config.dist, "get_rank", lambda *a, **k: 0)
+
+    class Mpu:
+        def get_data_parallel_world_size(self):
+            return ranks
+
+    return config.DeepSpeedConfig(data, mpu=Mpu())
+
+
+@pytest.mark.parametrize("relative", DEEPSPEED_FILES)
+def test_deepspeed_reads_each_json_as_the_spec_says(relative, tmp_path, monkeypatch):
+    spec, entries, result = imported(relative, tmp_path)
+    data = json.loads((DATA / relative).read_text())
+    t, d = spec["train"], spec["distributed"]
+    ranks = d.get("nodes", 1) * d["procs_per_node"] // d.get("tensor_parallel", 1)
+    auto = {k for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps") if data.get(k) == "auto"}
+    if auto:  # what the Hugging Face Trainer fills in: the spec's values
+        data = {k: v for k, v in data.items() if k not in auto} | {"train_micro_batch_size_per_gpu": t.get("micro_batch_size", 1)}
+    cfg = _deepspeed_config(data, ranks, monkeypatch)
+    assert cfg.zero_optimization_stage == d["deepspeed"]["zero_stage"]
+    assert (cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == (t.get("micro_batch_size", 1),
+                                                                                      t.get("grad_accum_steps", 1))
+    assert cfg.train_batch_size == d.get("global_batch_size") or "global_batch_size" not in d
+    assert cfg.train_batch_size == t.get("micro_batch_size", 1) * t.get("grad_accum_steps", 1) * ranks
+    mode = "bf16" if cfg.bfloat16_config.enabled else "fp16" if cfg.float16_config.enabled else "fp32"
+    assert spec["precision"]["mode"] == mode
+    if data.get("gradient_clipping") != "auto":
+        assert t.get("max_grad_norm", 1.0) == cfg.gradient_clipping
+    if cfg.scheduler_name is None:  # no scheduler: DeepSpeed's lr is constant
+        assert (t["warmup_steps"], t["min_lr_ratio"]) == (0, 1.0)
+    if cfg.optimizer_params and isinstance(cfg.optimizer_params.get("lr"), float):
+        assert t["lr"] == cfg.optimizer_params["lr"]
+    for part in ("optimizer", "param"):
+        offload = getattr(cfg.zero_config, f"offload_{part}")
+        assert d.get("deepspeed", {}).get(f"offload_{part}", "none") == (offload.device if offload else "none")
+
+
+def test_deepspeed_key_lists_are_the_installed_deepspeeds(monkeypatch):
+    pytest.importorskip("deepspeed.runtime.config")
+    from deepspeed.runtime import constants
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig
+
+    from launcher.commands.importer import deepspeed as importer
+    from launcher.commands.importer.known import deepspeed as known
+
+    seen: set[str] = set()
+
+    class Keys:
+        def __init__(self, data):
+            self.data = data
+
+        def __contains__(self, key):
+            seen.add(key)
+            return key in self.data
+
+        def __iter__(self):
+            return iter(self.data)
+
+    class Tracked(dict):  # every top-level key DeepSpeedConfig looks up
+        def get(self, key, default=None):
+            seen.add(key)
+            return super().get(key, default)
+
+        def __contains__(self, key):
+            seen.add(key)
+            return super().__contains__(key)
+
+        def __getitem__(self, key):
+            seen.add(key)
+            return super().__getitem__(key)
+
+        def keys(self):
+            return Keys(dict(self))
+
+    _deepspeed_config(Tracked(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=1), 1, monkeypatch)
+    assert set(known.TOP) - {"msamp"} == seen
+
+    def fields(model):
+        return {n for n, f in model.model_fields.items()} | {f.alias for f in model.model_fields.values() if f.alias}
+
+    assert known.STRICT["zero_optimization"] == fields(DeepSpeedZeroConfig)
+    assert known.STRICT["zero_optimization.offload_param"] == fields(DeepSpeedZeroOffloadParamConfig)
+    assert known.STRICT["zero_optimization.offload_optimizer"] == fields(DeepSpeedZeroOffloadOptimizerConfig)
+    assert (known.STRICT["bf16"], known.STRICT["fp16"]) == (fields(DeepSpeedBF16Config), fields(DeepSpeedFP16Config))
+    assert DeepSpeedZeroConfig.model_config.get("extra") == "forbid"  # why an unknown key there is refused
+    zero = {f.alias or n: f.default for n, f in DeepSpeedZeroConfig.model_fields.items()}
+    for key, (default, _) in importer.DEEPSPEED_DEFAULTS.items():
+        if key.startswith("zero_optimization."):
+            assert zero[key.split(".", 1)[1]] == default, key
+    assert (constants.GRADIENT_CLIPPING_DEFAULT, constants.SCHEDULER_TYPE_DEFAULT) == (1.0, None)
+
+
+ACCELERATE_FILES = [c for c in CONFIGS if c.startswith("accelerate/")]
+
+
+@pytest.mark.parametrize("relative", ACCELERATE_FILES)
+def test_accelerate_loads_each_config_as_the_spec_says(relative, tmp_path):
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    cfg = config_args.load_config_from_file(str(DATA / relative))
+    spec, entries, result = imported(relative, tmp_path)
+    d = spec["distributed"]
+    kind = cfg.distributed_type if isinstance(cfg.distributed_type, bool) else str(cfg.distributed_type.value)
+    if kind in (False, "NO"):  # YAML's unquoted NO is false: Accelerate matches it against no type, one process
+        assert (d["strategy"], d["procs_per_node"]) == ("ddp", 1)
+    else:
+        assert d["strategy"] == {"MULTI_GPU": "ddp", "MULTI_CPU": "ddp", "FSDP": "fsdp2", "DEEPSPEED": "deepspeed"}[kind]
+        assert d["procs_per_node"] * d.get("nodes", 1) == cfg.num_processes
+    if kind != "DEEPSPEED":  # there the DeepSpeed JSON's fp16 / bf16 decide
+        modes = {"no": "fp32", "fp16": "fp16", "bf16": "bf16", "fp8": "fp8", None: None}
+        assert spec.get("precision", {}).get("mode") == modes[cfg.mixed_precision]
+    if cfg.mixed_precision == "fp8":
+        assert spec["precision"]["backend"] == {"TE": "te", "AO": "torchao", "MSAMP": "msamp"}[cfg.fp8_config["backend"]]
+
+
+def test_accelerate_key_lists_are_the_installed_accelerates():
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    from accelerate.commands.launch import launch_command_parser
+
+    from launcher.commands.importer.known import accelerate as known
+
+    assert set(known.CLUSTER) == set(config_args.ClusterConfig.__dataclass_fields__) | {"fp16", "dynamo_backend"}
+    assert set(known.SAGEMAKER) == set(config_args.SageMakerConfig.__dataclass_fields__) | {"fp16", "dynamo_backend"}
+    assert set(known.LAUNCH) == {a.dest for a in launch_command_parser()._actions}
+
+
+def test_a_top_level_key_accelerate_refuses_is_refused(cli, tmp_path):
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    with pytest.raises(ValueError, match="had unknown keys"):
+        config_args.load_config_from_file(str(DATA / "accelerate/invalid_keys.yaml"))
+    r = cli("import", str(DATA / "accelerate/invalid_keys.yaml"))
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "invalid_key is unknown to Accelerate" in r.stderr
+    assert "another_invalid_key" in r.stderr and not list(tmp_path.glob("*.toml"))
+
+
+# --- the issue's cases, each on a real file ----------------------------------------------------------------------
+
+FSDP2_VARIANTS = {
+    "as shipped": ("fsdp_version: 2\nfsdp_config:\n", "fsdp_version: 2\nfsdp_config:\n"),
+    "fsdp_version inside fsdp_config": ("fsdp_version: 2\nfsdp_config:\n", "fsdp_config:\n  fsdp_version: 2\n"),
+    "its alias version inside fsdp_config": ("fsdp_version: 2\nfsdp_config:\n", "fsdp_config:\n  version: 2\n"),
+}
+
+
+@pytest.mark.parametrize("variant", FSDP2_VARIANTS)
+def test_axolotl_3b_fp8_fsdp2_imports_as_fsdp2_with_float8_all_gather_and_compile(variant, tmp_path):
+    path = _edited(tmp_path, "axolotl/3b-fp8-fsdp2.yaml", *FSDP2_VARIANTS[variant])
+    r = import_config(path, folder=str(tmp_path))
+    spec = tomllib.loads(r.text)
+    assert spec["distributed"]["strategy"] == "fsdp2"
+    assert spec["precision"]["torchao"]["fsdp_float8_all_gather"] is True and spec["compile"]["enabled"] is True
+    lines = "\n".join(r.report.lines())
+    assert "FSDP1 tuning knob" not in lines and "DDP" not in lines
+
+
+def test_axolotl_fsdp_config_without_a_version_is_fsdp1_approximated_not_ddp(tmp_path):
+    path = _edited(tmp_path, "axolotl/3b-fp8-fsdp2.yaml", "fsdp_version: 2\n", "")
+    r = import_config(path, folder=str(tmp_path))
+    entry = next(e for e in r.report.entries if ("distributed.strategy", "fsdp2") in e.sets)
+    assert tomllib.loads(r.text)["distributed"]["strategy"] == "fsdp2"
+    assert entry.status == APPROXIMATED and entry.before.startswith("FSDP1") and "FSDP2" in entry.after
+
+
+def test_axolotl_reshard_false_is_not_passed_so_fsdp2_reshards(tmp_path):
+    path = _edited(tmp_path, "axolotl/3b-fp8-fsdp2.yaml", "reshard_after_forward: true", "reshard_after_forward: false")
+    r = import_config(path, folder=str(tmp_path))
+    assert tomllib.loads(r.text)["distributed"]["fsdp2"]["reshard_after_forward"] is True
+    assert "only when true" in next(e.note for e in r.report.entries if e.source == "fsdp_config.reshard_after_forward")
+
+
+@pytest.mark.parametrize("name,states,status", [("adamw_torch_8bit", "int8", MAPPED), ("ao_adamw_fp8", "fp8", MAPPED),
+                                                ("adamw_bnb_8bit", "int8", APPROXIMATED)])
+def test_axolotl_low_bit_optimizers_map_to_optimizer_states(name, states, status, tmp_path):
+    path = _edited(tmp_path, "axolotl/adamw-pretrain-fsdp2.yaml", "optimizer: adamw_torch_fused", f"optimizer: {name}")
+    r = import_config(path, folder=str(tmp_path))
+    assert tomllib.loads(r.text)["precision"]["optimizer_states"] == states
+    assert next(e.status for e in r.report.entries if e.source == "optimizer") == status
+
+
+def test_axolotl_context_parallel_says_what_it_does_to_the_global_batch(tmp_path):
+    spec, entries, r = imported("axolotl/llama3-8b-fsdp2-alst.yaml", tmp_path)
+    entry = next(e for e in r.report.entries if e.source == "gradient_accumulation_steps")
+    # micro 1 x accum 1 x 8 placeholder ranks / context_parallel_size 8 = 1 sequence; fp8launch trains 8
+    assert entry.status == APPROXIMATED and entry.before.startswith("1 sequence per step") and entry.after.startswith("8 sequences")
+
+
+def test_axolotl_misspelt_key_is_reported_with_did_you_mean(tmp_path):
+    path = _edited(tmp_path, "axolotl/3b-fp8-fsdp2.yaml", "fp8_enable_fsdp_float8_all_gather:", "fp8_enable_fsdp_float8_allgather:")
+    r = import_config(path, folder=str(tmp_path))
+    entry = next(e for e in r.report.entries if e.source == "fp8_enable_fsdp_float8_allgather")
+    assert entry.status == NONE and "did you mean fp8_enable_fsdp_float8_all_gather?" in entry.note
+    assert "fsdp_float8_all_gather" not in tomllib.loads(r.text)["precision"]["torchao"]  # Axolotl drops it: no all-gather
+
+
+def test_torchtitan_string_converters_import_as_fp8_with_their_float8_keys(tmp_path):
+    spec, entries, r = imported("torchtitan/llama3_405b_2025.toml", tmp_path)
+    assert spec["precision"]["mode"] == "fp8" and spec["precision"]["torchao"]["fsdp_float8_all_gather"] is True
+    assert "splits it on commas" in entries["model.converters"][2]
+    assert all(entries[f"float8.{k}"][0] != NONE for k in ("enable_fsdp_float8_all_gather",
+                                                          "precompute_float8_dynamic_scale_for_fsdp", "filter_fqns"))
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("[training]", "[trainig]", "[trainig] is unknown to torchtitan (did you mean [training]?)"),
+    ("[quantize.linear.float8]", "[quantize.linaer.float8]",
+     "[quantize.linaer] is unknown to torchtitan (did you mean [quantize.linear]?)"),
+    ("seq_len = 8192", "seq_lenn = 8192", "training.seq_lenn is unknown to torchtitan (did you mean training.seq_len?)"),
+    ('converters = ["float8"]', 'converters = ["flaot8"]', 'model.converters "flaot8" is unknown to torchtitan (did you mean "float8"?)'),
+    ('converters = ["float8"]', 'converters = "float8,mx"', "mixes float8 and mx converters"),
+])
+def test_a_misspelt_torchtitan_section_key_or_converter_exits_2_with_did_you_mean(old, new, message, cli, tmp_path):
+    path = _edited(tmp_path, "torchtitan/llama3_405b.toml", old, new)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    r = cli("import", path)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+    assert r.stdout == "" and sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_torchtitan_unknown_sections_of_a_custom_config_module_are_reported(tmp_path):
+    path = _edited(tmp_path, "torchtitan/llama3_405b.toml", '[job]\n', '[job]\ncustom_config_module = "my.job_config"\n')
+    path = _edited(tmp_path, path, "[validation]", "[my_extension]\nx = 1\n\n[validation]")
+    entry = next(e for e in import_config(path, folder=str(tmp_path)).report.entries if e.source == "my_extension")
+    assert entry.status == NONE and "custom config module my.job_config" in entry.note
+
+
+def test_torchtitan_experts_only_mxfp8(tmp_path):
+    # docs/mxfp8.md: llama4_17bx16e.toml with --model.converters="quantize.grouped_mm.mx" --quantize.grouped_mm.mx.fqns="experts"
+    path = _edited(tmp_path, "torchtitan/llama4_17bx16e.toml", 'hf_assets_path = "./assets/hf/Llama-4-Scout-17B-16E"\n',
+                   'hf_assets_path = "./assets/hf/Llama-4-Scout-17B-16E"\nconverters = ["quantize.grouped_mm.mx"]\n')
+    path = _edited(tmp_path, path, '[quantize.linear.mx]', '[quantize.grouped_mm.mx]\nfqns = ["experts"]\n\n'
+                   '[quantize.grouped_mm.float8]\nfqns = ["experts"]\n\n[quantize.linear.mx]')
+    r = import_config(path, folder=str(tmp_path))
+    p = tomllib.loads(r.text)["precision"]
+    assert (p["mode"], p["torchao"]["recipe"], p["keep"]) == ("fp8", "mxfp8", ["*"])
+    assert p["rules"] == [{"match": "*.moe.experts", "recipe": "mxfp8"}]
+    e = {x.source: x for x in r.report.entries}
+    assert e["quantize.grouped_mm.mx.fqns"].status == MAPPED and e["quantize.grouped_mm.float8.fqns"].status == NONE
+    assert "no converter in model.converters reads this section" in e["quantize.grouped_mm.float8.fqns"].note
+
+
+def test_deepspeed_json_without_a_scheduler_trains_at_a_constant_lr(tmp_path):
+    from launcher.train.optim import lr_factor
+
+    spec, entries, r = imported("deepspeed/zero3_bf16_baseline.json", tmp_path)
+    t = spec["train"]
+    factors = [lr_factor(step, warmup_steps=t["warmup_steps"], steps=3, min_lr_ratio=t["min_lr_ratio"]) for step in range(3)]
+    assert factors == [1.0, 1.0, 1.0]  # before this fix: cosine to 0.1 (2e-5 -> 6.5e-6 over a 3-step run)
+    assert entries["(scheduler)"][0] == MAPPED
+
+
+@pytest.mark.parametrize("relative,world,accum,global_", [
+    ("deepspeed/deepspeed_bsz24_config.json", 4, 2, 24),                     # train_batch_size 24, micro 3
+    ("megatron_bridge/llama32_1b_task_configuration.yaml", 2, 256, 512),     # global 512, micro 1
+])
+def test_a_fixed_global_batch_survives_a_change_of_world_size_or_is_refused(relative, world, accum, global_, cli, tmp_path):
+    assert cli("import", str(DATA / relative), "--out", "s.toml").exit_code == 0
+    refused = cli("plan", "s.toml", "--set", f"distributed.procs_per_node={world}")
+    assert refused.exit_code == 2 and "BATCH-MISMATCH" in refused.stderr and f"global_batch_size = {global_}" in refused.stderr
+    kept = cli("plan", "s.toml", "--set", f"distributed.procs_per_node={world}", "--set", f"train.grad_accum_steps={accum}",
+               "--format", "json")
+    assert kept.exit_code == 0, kept.stderr
+    assert json.loads(kept.stdout)["plan"]["distributed"]["global_batch_size"] == global_
+
+
+def test_a_batch_the_source_does_not_fix_follows_the_world_size(cli, tmp_path):
+    assert cli("import", str(DATA / "axolotl/3b-fp8-fsdp2.yaml"), "--out", "s.toml").exit_code == 0
+    assert "global_batch_size" not in (tmp_path / "s.toml").read_text()
+    r = cli("plan", "s.toml", "--set", "distributed.procs_per_node=2", "--format", "json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["plan"]["distributed"]["global_batch_size"] == 16 * 2  # as Axolotl on 2 GPUs
+
+
+def test_megatron_bridge_dump_trains_at_the_datasets_length_and_says_the_model_is_untied(tmp_path):
+    spec, entries, r = imported("megatron_bridge/llama32_1b_task_configuration.yaml", tmp_path)
+    assert spec["train"]["seq_len"] == 1024 and "131072" not in r.text.split("version = 1")[1]
+    model = next(e for e in r.report.entries if ("train.model", "builtin:llama3-1b") in e.sets)
+    assert model.status == APPROXIMATED and "1.24B parameters" in model.before and "1.50B parameters" in model.after
+
+
+def test_megatron_fp8_param_gather_false_says_high_precision_weights(tmp_path):
+    path = _write(tmp_path, "mb.yaml", """
+        mixed_precision:
+          fp8: hybrid
+          fp8_recipe: tensorwise
+          fp8_param_gather: false
+        model:
+          tensor_model_parallel_size: 1
+        train:
+          train_iters: 50
+          global_batch_size: 16
+          micro_batch_size: 2
+        """)
+    entry = next(e for e in import_config(path, folder=str(tmp_path)).report.entries if e.source == "mixed_precision.fp8_param_gather")
+    assert entry.status == MAPPED and "high precision" in entry.note and "kept in FP8" not in entry.note
+
+
+def test_megatron_bridge_named_recipe(tmp_path):
+    path = _write(tmp_path, "mb.yaml", """
+        mixed_precision: bf16_with_fp8_current_scaling_mixed
+        model:
+          tensor_model_parallel_size: 1
+        train:
+          train_iters: 50
+          global_batch_size: 16
+          micro_batch_size: 2
+        """)
+    spec = tomllib.loads(import_config(path, folder=str(tmp_path)).text)
+    assert spec["precision"]["te"]["recipe"] == "current" and spec["precision"]["keep_first_blocks"] == 1
+    assert (spec["train"]["grad_accum_steps"], spec["distributed"]["global_batch_size"]) == (1, 16)  # 16 = 2 x 1 x 8 ranks
+
+
+def test_megatron_bridge_llama3_8b_fp8_current_scaling(tmp_path):
+    spec, e, r = imported("megatron_bridge/llama3_8b_fp8cs.yaml", tmp_path)
+    assert spec["precision"]["te"]["recipe"] == "current" and spec["precision"]["te"]["fp8_params"] is False
+    assert (spec["precision"]["keep_first_blocks"], spec["precision"]["keep_last_blocks"]) == (1, 1)
+    t = spec["train"]
+    assert (t["model"], t["seq_len"], t["grad_accum_steps"], spec["distributed"]["global_batch_size"]) == \
+        ("builtin:llama3-8b", 8192, 96, 768)
+    assert e["mixed_precision.fp8_param_gather"][0] == APPROXIMATED and e["model.context_parallel_size"][0] == NONE
+
+
+def test_deepspeed_strict_section_misspelt_is_refused_top_level_reported(cli, tmp_path):
+    bad = _edited(tmp_path, "deepspeed/zero3_bf16_baseline.json", '"overlap_comm"', '"overlap_com"')
+    r = cli("import", bad)
+    assert r.exit_code == 2 and "zero_optimization.overlap_com is unknown to DeepSpeed 0.19" in r.stderr
+    assert "did you mean zero_optimization.overlap_comm?" in r.stderr and "Extra inputs are not permitted" in r.stderr
+    path = _edited(tmp_path, "deepspeed/zero3_bf16_baseline.json", '"steps_per_print"', '"step_per_print"', name="top.json")
+    entry = next(e for e in import_config(path, folder=str(tmp_path)).report.entries if e.source == "step_per_print")
+    assert entry.status == NONE and "did you mean steps_per_print?" in entry.note
+
+
+def test_deepspeed_auto_lines_state_the_value_used(tmp_path):
+    spec, entries, r = imported("deepspeed_config_templates/zero_stage1_config.json", tmp_path)
+    assert "the spec uses train.lr = 0.0003 (fp8launch's default)" in entries["optimizer.params.lr"][2]
+    assert "the spec uses train.max_grad_norm = 1.0" in entries["gradient_clipping"][2]
+
+
+def test_accelerate_unquoted_no_is_one_process(tmp_path):
+    spec, entries, r = imported("accelerate/0_30_0_sagemaker.yaml", tmp_path)
+    assert entries["distributed_type"][:2] == (MAPPED, {"distributed.strategy": "ddp", "distributed.procs_per_node": 1})
+    assert "YAML reads an unquoted NO as false" in entries["distributed_type"][2]
 
 
 def test_accelerate_questionnaire_names_accelerate_never_reads_import_its_defaults(tmp_path):
@@ -97,7 +502,8 @@ def test_accelerate_questionnaire_names_accelerate_never_reads_import_its_defaul
     spec = tomllib.loads(r.text)
     e = {x.source: x for x in r.report.entries}
     assert spec["precision"]["te"]["amax_history_len"] == 1024 and spec["precision"]["te"]["amax_compute_algo"] == "most_recent"
-    assert e["fp8_config.amax_history_length"].status == APPROXIMATED and "never reads" in e["fp8_config.amax_history_length"].note
+    entry = e["fp8_config.amax_history_length"]
+    assert entry.status == APPROXIMATED and "read by nothing" in entry.before and entry.after.endswith("1024, what ran")
     assert spec["distributed"]["strategy"] == "fsdp2" and spec["distributed"]["fsdp2"] == {"reshard_after_forward": False}
     assert spec["activation_checkpointing"] == {"mode": "full"}
 
@@ -116,167 +522,13 @@ def test_accelerate_ao_and_a_rule_refusing_the_literal_translation(tmp_path):
     spec = tomllib.loads(r.text)
     e = {x.source: x for x in r.report.entries}
     assert spec["precision"]["torchao"] == {"recipe": "tensorwise", "skip_small": False, "pad_inner_dim": True}
-    assert spec["precision"]["keep_first_last"] is True
     # torchao + DDP + compile is refused (FP8-DDP-COMPILE): the nearest spec that plans keeps DDP, without compile
     assert spec["compile"] == {"enabled": False}
-    assert e["dynamo_config.dynamo_backend"].status == APPROXIMATED and "FP8-DDP-COMPILE" in e["dynamo_config.dynamo_backend"].note
+    entry = e["dynamo_config.dynamo_backend"]
+    assert entry.status == APPROXIMATED and (entry.before, entry.after) == ("compile.enabled = true", "compile.enabled = false")
+    assert "FP8-DDP-COMPILE" in entry.note
     # the FSDP2-only all-gather does nothing with DDP: not written
     assert "fsdp_float8_all_gather" not in spec["precision"]["torchao"] and e["(enable_fsdp_float8_all_gather)"].status == MAPPED
-
-
-def test_axolotl_3b_fp8_fsdp2(tmp_path):
-    spec, e, r = imported("axolotl/3b-fp8-fsdp2.yaml", tmp_path)
-    assert r.kind.id == "axolotl" and spec["name"] == "3b-fp8-fsdp2"
-    assert spec["precision"] == {"mode": "fp8", "backend": "torchao", "keep_first_last": True,
-                                 "torchao": {"recipe": "tensorwise", "skip_small": False, "pad_inner_dim": False,
-                                             "fsdp_float8_all_gather": True, "precompute_scale": False}}
-    assert spec["distributed"] == {"procs_per_node": 8, "strategy": "fsdp2", "fsdp2": {"reshard_after_forward": True, "cpu_offload": False}}
-    assert spec["compile"] == {"enabled": True}
-    t = spec["train"]
-    assert (t["model"], t["data"], t["seq_len"], t["micro_batch_size"], t["grad_accum_steps"], t["steps"]) == \
-        ("builtin:llama3-1b", "synthetic", 512, 16, 1, 100)
-    assert (t["optimizer"], t["lr"], t["weight_decay"], t["weight_decay_exclude"], t["min_lr_ratio"], t["warmup_steps"]) == \
-        ("adamw", 2e-5, 0.0, "norms_and_biases", 1.0, 10)
-    assert e["fp8"][0] == MAPPED and e["fp8_enable_fsdp_float8_all_gather"][0] == MAPPED
-    assert e["base_model"][0] == NONE and "huggingface-cli download meta-llama/Llama-3.2-3B --local-dir DIR" in e["base_model"][2]
-    assert e["datasets"][0] == NONE and "yahma/alpaca-cleaned --repo-type dataset" in e["datasets"][2]
-    assert e["num_epochs"][0] == NONE  # steps of an epoch depend on the data: a placeholder
-    assert e["(world size)"][0] == NONE
-    assert e["(lr_scheduler), cosine_min_lr_ratio"][:2] == (MAPPED, {"train.min_lr_ratio": 1.0})
-    assert e["attn_implementation"][0] == NONE
-    assert 'model = "builtin:llama3-1b"  # PLACEHOLDER: download meta-llama/Llama-3.2-3B, then "hf:DIR"' in r.text
-
-
-def test_torchtitan_llama3_405b_as_shipped(tmp_path):
-    spec, e, r = imported("torchtitan/llama3_405b.toml", tmp_path)
-    assert r.kind.id == "torchtitan" and spec["name"] == "llama3_405b"
-    assert spec["precision"] == {"mode": "fp8", "backend": "torchao", "keep_first_last": False, "keep": ["*output*"], "high_precision": "bf16",
-                                 "torchao": {"recipe": "tensorwise", "fsdp_float8_all_gather": True, "precompute_scale": True,
-                                             "skip_small": False}}
-    assert spec["distributed"] == {"procs_per_node": 8, "strategy": "fsdp2", "tensor_parallel": 8, "async_tp": True}
-    assert spec["compile"] == {"enabled": True} and spec["activation_checkpointing"] == {"mode": "full"}
-    t = spec["train"]
-    assert (t["model"], t["seq_len"], t["steps"], t["micro_batch_size"], t["lr"], t["adam_betas"], t["adam_eps"]) == \
-        ("builtin:llama3-70b", 8192, 3000, 2, 8e-5, [0.9, 0.95], 1e-8)
-    assert (t["weight_decay"], t["weight_decay_exclude"], t["warmup_steps"], t["min_lr_ratio"]) == (0.1, "none", 600, 0.0)
-    assert (t["checkpoint_every"], t["checkpoint_at_end"], t["log_every"], t["output_dir"]) == (0, False, 10, "./outputs/{name}")
-    assert spec["log"] == {"tensorboard": True}
-    filters = e["quantize.linear.float8.filter_fqns"]
-    assert filters[0] == APPROXIMATED and "*S*" in filters[2]  # a substring becomes a whole-name glob
-    assert e["model.name, model.flavor"][0] == NONE and "Llama-3.1-405B" in e["model.name, model.flavor"][2]
-    assert e["parallelism.tensor_parallel_degree"][:2] == (MAPPED, {"distributed.tensor_parallel": 8})
-    assert e["(optimizer.beta1, beta2)"][:2] == (MAPPED, {"train.adam_betas": [0.9, 0.95]})  # torchtitan's defaults
-    assert e["(lr_scheduler.decay_type)"][0] == APPROXIMATED  # linear -> cosine
-    assert e["training.dataset"][0] == NONE and "allenai/c4" in e["training.dataset"][2]
-    assert e["model.converters"][0] == MAPPED
-
-
-def test_torchtitan_deepseek_v3_16b_moe(tmp_path):
-    spec, e, r = imported("torchtitan/deepseek_v3_16b.toml", tmp_path)
-    assert spec["precision"] == {"mode": "bf16"}  # converters = ["float8"] is commented out in the file
-    assert spec["distributed"] == {"procs_per_node": 8, "strategy": "fsdp2", "tensor_parallel": 1, "async_tp": False, "expert_parallel": 8,
-                                   "fsdp2": {"reshard_after_forward": True}}
-    assert spec["compile"] == {"enabled": False} and spec["activation_checkpointing"] == {"mode": "selective"}
-    t = spec["train"]
-    assert (t["model"], t["seq_len"], t["micro_batch_size"], t["lr"], t["min_lr_ratio"], t["warmup_steps"]) == \
-        ("builtin:deepseek-v3-16b", 4096, 4, 2.2e-4, 0.1, 200)
-    assert e["model.name, model.flavor"][0] == APPROXIMATED  # GQA, not multi-head latent attention
-    assert e["parallelism.expert_parallel_degree"][:2] == (MAPPED, {"distributed.expert_parallel": 8})
-    quantize = next(s for s in e if s.startswith("quantize.linear.float8.{"))
-    assert e[quantize][0] == NONE and "FP8 is off" in e[quantize][2]
-    assert e["quantize.grouped_mm.float8.fqns"][0] == NONE
-    assert e["compile.enable, compile.components"][:2] == (APPROXIMATED, {"compile.enabled": False})
-    assert e["activation_checkpoint.mode, activation_checkpoint.selective_ac_option"][0] == APPROXIMATED
-    assert e["lr_scheduler.decay_type"][0] == MAPPED and e["lr_scheduler.decay_ratio"][0] == APPROXIMATED
-
-
-def test_torchtitan_2024_generation(tmp_path):
-    spec, e, r = imported("torchtitan/llama3_405b_2024.toml", tmp_path)
-    assert spec["precision"]["keep"] == ["output"] and spec["precision"]["torchao"]["fsdp_float8_all_gather"] is True
-    assert spec["distributed"]["tensor_parallel"] == 8 and spec["distributed"]["async_tp"] is True
-    assert spec["compile"] == {"enabled": True}
-    assert (spec["train"]["micro_batch_size"], spec["train"]["warmup_steps"]) == (2, 600)
-    assert e["float8.enable_float8_linear"][0] == MAPPED and e["training.compile"][0] == MAPPED
-    assert e["experimental.enable_async_tensor_parallel"][:2] == (MAPPED, {"distributed.async_tp": True})
-
-
-def test_nemo_gpt3_fp8_delayed(tmp_path):
-    spec, e, r = imported("nemo/gpt3_mlperf.yaml", tmp_path)
-    assert r.kind.id == "megatron" and spec["name"] == "train_gpt3_126m_tp2_pp4"
-    assert spec["precision"] == {"mode": "fp8", "backend": "te", "keep_first_last": True, "high_precision": "bf16",
-                                 "te": {"fp8_format": "HYBRID", "recipe": "delayed", "margin": 0, "amax_history_len": 1024,
-                                        "amax_compute_algo": "max", "reduce_amax": True, "fp8_params": False}}
-    assert spec["distributed"] == {"nodes": 1, "procs_per_node": 8, "tensor_parallel": 1, "strategy": "deepspeed",
-                                   "deepspeed": {"zero_stage": 1}}
-    t = spec["train"]
-    assert (t["micro_batch_size"], t["grad_accum_steps"], t["steps"], t["seq_len"], t["seed"], t["max_grad_norm"]) == (1, 1, 100, 2048, 2, 1.0)
-    assert (t["lr"], t["weight_decay"], t["adam_betas"], t["weight_decay_exclude"], t["min_lr_ratio"], t["warmup_steps"]) == \
-        (2e-5, 0.1, [0.9, 0.95], "none", 0.1, 132)
-    assert e["model.fp8, model.fp8_hybrid, model.fp8_e4m3"][0] == MAPPED
-    assert e["model.fp8_params"][0] == APPROXIMATED and "TE-FP8-PARAMS-DEEPSPEED" in e["model.fp8_params"][2]
-    assert e["model.tensor_model_parallel_size"][0] == APPROXIMATED and "TP-BACKEND" in e["model.tensor_model_parallel_size"][2]
-    assert e["model.pipeline_model_parallel_size"][0] == NONE and e["model.virtual_pipeline_model_parallel_size"][0] == NONE
-    assert e["model.fp8_interval"][0] == MAPPED  # 1: what TE >= 2.2 always does
-    assert e["model.data.data_prefix"][0] == NONE and "${...}" in e["model.data.data_prefix"][2]
-    assert e["model.optim.sched.warmup_steps"][0] == APPROXIMATED  # 132.5 steps
-    assert e["model.do_layer_norm_weight_decay"][:2] == (MAPPED, {"train.weight_decay_exclude": "none"})
-    assert e["model.global_batch_size"][0] == APPROXIMATED  # the pipeline ranks became data-parallel ranks
-
-
-def test_megatron_bridge_llama3_8b_fp8_current_scaling(tmp_path):
-    spec, e, r = imported("megatron_bridge/llama3_8b_fp8cs.yaml", tmp_path)
-    assert spec["precision"]["te"]["recipe"] == "current" and spec["precision"]["te"]["fp8_params"] is False
-    assert (spec["precision"]["keep_first_blocks"], spec["precision"]["keep_last_blocks"], spec["precision"]["keep_first_last"]) == (1, 1, True)
-    assert spec["distributed"] == {"procs_per_node": 8, "tensor_parallel": 1, "strategy": "deepspeed", "deepspeed": {"zero_stage": 1}}
-    t = spec["train"]
-    assert (t["model"], t["data"], t["seq_len"], t["grad_accum_steps"], t["steps"]) == ("builtin:llama3-8b", "synthetic", 8192, 96, 1168251)
-    assert (t["lr"], t["min_lr_ratio"], t["weight_decay"], t["adam_betas"], t["weight_decay_exclude"]) == \
-        (6e-4, 0.01, 0.033, [0.9, 0.95], "norms_and_biases")
-    assert e["mixed_precision.fp8_recipe"][:2] == (MAPPED, {"precision.te.recipe": "current"})
-    assert e["mixed_precision.fp8_param_gather"][0] == APPROXIMATED
-    assert e["model.context_parallel_size"][0] == NONE
-    assert e["train.global_batch_size"][0] == APPROXIMATED and "context parallel" in e["train.global_batch_size"][2]
-    assert e["optimizer.use_distributed_optimizer, ddp.use_distributed_optimizer"][0] == APPROXIMATED
-
-
-def test_megatron_bridge_named_recipe(tmp_path):
-    path = _write(tmp_path, "mb.yaml", """
-        mixed_precision: bf16_with_fp8_current_scaling_mixed
-        model:
-          tensor_model_parallel_size: 1
-        train:
-          train_iters: 50
-          global_batch_size: 16
-          micro_batch_size: 2
-        """)
-    spec = tomllib.loads(import_config(path, folder=str(tmp_path)).text)
-    assert spec["precision"]["te"]["recipe"] == "current" and spec["precision"]["keep_first_blocks"] == 1
-    assert spec["train"]["grad_accum_steps"] == 1  # 16 = 2 x 1 x 8 ranks
-
-
-def test_deepspeed_zero3_json(tmp_path):
-    spec, e, r = imported("deepspeed/zero3_bf16_baseline.json", tmp_path)
-    assert r.kind.id == "deepspeed"
-    assert spec["precision"] == {"mode": "bf16"}
-    assert spec["distributed"] == {"strategy": "deepspeed", "procs_per_node": 8,
-                                   "deepspeed": {"zero_stage": 3, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": 50000000}}
-    t = spec["train"]
-    assert (t["micro_batch_size"], t["grad_accum_steps"], t["optimizer"], t["lr"], t["weight_decay"], t["adam_eps"], t["adam_betas"]) == \
-        (4, 1, "adamw", 1e-4, 0.01, 1e-8, [0.9, 0.999])
-    assert e["zero_optimization.stage3_param_persistence_threshold"][0] == NONE
-    assert e["(world size)"][0] == NONE
-
-
-@pytest.mark.parametrize("relative", sorted(str(p.relative_to(DATA)) for p in DATA.glob("*/*") if p.suffix in (".yaml", ".toml", ".json")))
-def test_the_written_spec_plans_and_starts_with_the_report(relative, cli, tmp_path):
-    r = cli("import", str(DATA / relative), "--out", "imported.toml")
-    assert r.exit_code == 0, r.stderr
-    text = (tmp_path / "imported.toml").read_text()
-    assert text.startswith("# Imported by `fp8launch import` from ")
-    for line in r.stdout.splitlines()[:-2]:  # the report, then "wrote ..." and "next: ..."
-        assert f"# {line}" in text
-    assert cli("plan", "imported.toml").exit_code == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["generated", "imported.toml"]  # no temporary file left
 
 
 def test_default_out_is_the_name_here_and_is_not_overwritten(cli, tmp_path):
@@ -295,13 +547,20 @@ def test_the_kind_comes_from_the_content_not_the_extension(tmp_path):
 
 
 @pytest.mark.parametrize("name,content,message", [
+    ("empty.yaml", "", "empty: it holds no settings"),
+    ("comments.yaml", "# nothing set yet\n\n", "empty: it holds no settings"),
+    ("empty.toml", "", "empty: it holds no settings"),
     ("unknown.yaml", "hello: world\nanswer: 42\n", "not a config fp8launch can import"),
+    ("pyproject.toml", '[project]\nname = "x"\n[tool.ruff]\nline-length = 140\n', "not a config fp8launch can import"),
+    ("workflow.yaml", "on: push\njobs:\n  test:\n    runs-on: ubuntu-latest\n", "not a config fp8launch can import"),
+    ("config.json", '{"architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "num_hidden_layers": 16}',
+     "not a config fp8launch can import"),
     ("list.yaml", "- a\n- b\n", "not a table of settings"),
     ("broken.json", '{"zero_optimization": {', "cannot parse it as JSON, TOML or YAML"),
     ("binary.bin", b"\x00\xff\xfe", "not a text file"),
     ("missing.yaml", None, "cannot read it"),
 ])
-def test_an_unknown_or_unreadable_file_is_one_line_exit_2_and_nothing_written(name, content, message, cli, tmp_path):
+def test_an_unknown_empty_or_unreadable_file_is_one_line_exit_2_and_nothing_written(name, content, message, cli, tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     if content is not None:
@@ -314,9 +573,49 @@ def test_an_unknown_or_unreadable_file_is_one_line_exit_2_and_nothing_written(na
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
+def test_import_config_raises_source_error_for_a_refused_file(tmp_path):
+    with pytest.raises(SourceError, match="unknown to Accelerate"):
+        import_config(str(DATA / "accelerate/invalid_keys.yaml"), folder=str(tmp_path))
+
+
 def test_importing_reaches_no_torch(tmp_path):
-    code = ("import sys; from launcher.commands.importer import import_config; "
-            f"import_config({str(DATA / 'torchtitan' / 'llama3_405b.toml')!r}, folder={str(tmp_path)!r}); "
+    files = [str(DATA / f) for f in ("torchtitan/llama3_405b.toml", "deepspeed/bf16_full.json", "accelerate/deepspeed.yaml",
+                                     "axolotl/llama3-8b-deepspeed-alst.yaml", "nemo/mixtral_8x7b.yaml")]
+    code = ("import sys; from launcher.commands.importer import import_config\n"
+            f"for f in {files!r}: import_config(f, folder={str(tmp_path)!r})\n"
             "assert 'torch' not in sys.modules, 'torch was imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_megatron_precision_aware_optimizer_moments_map_to_optimizer_states(tmp_path):
+    path = _edited(tmp_path, "megatron_bridge/llama32_1b_task_configuration.yaml",
+                   "  use_precision_aware_optimizer: false\n", "  use_precision_aware_optimizer: true\n")
+    path = _edited(tmp_path, path, "  exp_avg_dtype:\n    _call_: false\n    _target_: torch.float32\n  exp_avg_sq_dtype:\n"
+                   "    _call_: false\n    _target_: torch.float32\n", "  exp_avg_dtype:\n    _call_: false\n    _target_: torch.bfloat16\n"
+                   "  exp_avg_sq_dtype:\n    _call_: false\n    _target_: torch.bfloat16\n")
+    r = import_config(path, folder=str(tmp_path))
+    entry = next(e for e in r.report.entries if e.source.startswith("optimizer.use_precision_aware_optimizer"))
+    # bf16 moments; under the distributed optimizer's DeepSpeed ZeRO-1 fp8launch keeps them fp32 (rule LEVELS-DEEPSPEED)
+    assert entry.status == APPROXIMATED and "bf16" in entry.before and "fp32" in entry.after and "LEVELS-DEEPSPEED" in entry.note
+
+
+def test_nemo_without_a_scheduler_keeps_the_lr_constant(tmp_path):
+    text = (DATA / "nemo/llama3_8b.yaml").read_text()
+    start = text.index("    sched:\n")
+    end = text.index("\n  data:", start)  # the sched table ends where model.data starts
+    path = tmp_path / "nosched.yaml"
+    path.write_text(text[:start] + text[end + 1:])
+    spec = tomllib.loads(import_config(str(path), folder=str(tmp_path)).text)
+    assert (spec["train"]["warmup_steps"], spec["train"]["min_lr_ratio"]) == (0, 1.0)
+
+
+def test_torchtitan_moe_debug_flavors_get_the_moe_debug_builtin(tmp_path):
+    path = _edited(tmp_path, "torchtitan/deepseek_v3_16b.toml", 'flavor = "16B"', 'flavor = "debugmodel"')
+    assert tomllib.loads(import_config(path, folder=str(tmp_path)).text)["train"]["model"] == "builtin:moe-debug"
+
+
+def test_nemo_without_min_lr_decays_to_zero(tmp_path):
+    path = _edited(tmp_path, "nemo/llama3_8b.yaml", "      min_lr: 1e-5\n", "")
+    spec = tomllib.loads(import_config(path, folder=str(tmp_path)).text)
+    assert spec["train"]["min_lr_ratio"] == 0.0  # CosineAnnealing's min_lr default, not fp8launch's 0.1

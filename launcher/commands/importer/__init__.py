@@ -6,8 +6,11 @@
 
 The kind is detected from the content (each kind scores the keys it knows), not from the extension: an
 Accelerate config, an Axolotl YAML, a torchtitan job TOML, a NeMo / Megatron-Bridge YAML or a DeepSpeed JSON.
-One module per kind (its `KIND` record: score, read, name); draft.py holds the spec being built and the report;
-planable.py makes the result plan. Nothing here imports torch.
+One module per kind (its `KIND` record: score, read, name, unknown); known/ holds each tool's key names: a key the
+tool refuses (torchtitan: any; Accelerate: a top-level one; DeepSpeed: one in a section it validates strictly) stops
+the import, exit 2, with "did you mean"; any other unknown key is reported. draft.py holds the spec being built and
+the report (report.py: every line mapped, approximated with before / after / effect, or no equivalent); batch.py
+the batch; planable.py makes the result plan. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ def load(path: str) -> tuple[str, dict]:
         except Exception as e:  # each parser has its own error types; the first line says where
             errors[fmt] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             continue
+        if data is None or data == {}:
+            raise SourceError(path, f"empty: it holds no settings (it reads as {fmt.upper()}, with nothing but blanks and comments)")
         if isinstance(data, dict):
             return fmt, data
         kind = {"str": "text", "list": "list", "int": "number", "float": "number", "bool": "boolean"}.get(type(data).__name__, "value")
@@ -120,6 +125,12 @@ def import_config(path: str, folder: str = ".") -> Imported:
         draft = Draft(data, path=path, title=kind.title, max_leaves=MAX_LEAVES)
     except ValueError as e:
         raise SourceError(path, str(e)) from None
+    found = kind.unknown(draft)
+    refused = [u for u in found if u.refused]
+    if refused:
+        more = f" ({len(refused) - 1} more: {', '.join(u.label or u.key for u in refused[1:])})" if len(refused) > 1 else ""
+        raise SourceError(path, with_fix(refused[0].line() + more, "correct the name, or remove the key"))
+    draft.ignore(found)
     try:
         kind.read(draft)
     except (ValueError, TypeError) as e:  # a value of the wrong type (lr: "fast"): invalid input, one line

@@ -1,7 +1,10 @@
 """An Accelerate config (what `accelerate config` writes; huggingface/accelerate
 src/accelerate/commands/config/cluster.py and config_args.py). What Accelerate really does with it, read from
-its code (accelerate 1.x):
+its code (accelerate 1.15, installed: tests/test_import.py loads each file through its load_config_from_file):
 
+- The file is read with yaml.safe_load, so `distributed_type: NO` is the boolean false; ClusterConfig keeps it,
+  and `accelerate launch` matches it against no distributed type: one process, as "NO".
+- A top-level key ClusterConfig lacks stops `accelerate launch` ("had unknown keys"): the import stops too.
 - `accelerate launch` turns each fp8_config key K into the environment variable ACCELERATE_FP8_<K> (fp8_ prefixed
   when missing: commands/launch.py, utils/launch.py setup_fp8_env), and the recipe handlers read only
   ACCELERATE_FP8_{BACKEND, FORMAT, MARGIN, INTERVAL, AMAX_HISTORY_LEN, AMAX_COMPUTE_ALGO, OVERRIDE_*,
@@ -16,6 +19,7 @@ its code (accelerate 1.x):
   true; the first and the last Linear stay in high precision, and dims not divisible by 16 (utils/ao.py).
 - MS-AMP: msamp.initialize at opt_level (O2 unless set); every Linear converted.
 - No backend: the first installed of torchao, Transformer Engine, MS-AMP (accelerator.py).
+- FSDP: fsdp_version 1 unless set (FullyShardedDataParallelPlugin reads FSDP_VERSION, default "1").
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import os
 
 from . import deepspeed, hub
 from .draft import Draft
+from .known import Unknown, unknown
+from .known import accelerate as known
 from .kind import Kind, count
 
 TYPES = {"NO": "ddp", "MULTI_GPU": "ddp", "MULTI_CPU": "ddp", "FSDP": "fsdp2", "DEEPSPEED": "deepspeed"}
@@ -32,6 +38,49 @@ IGNORED = {"amax_history_length": ("amax_history_len", "precision.te.amax_histor
            "amax_compute_algorithm": ("amax_compute_algo", "precision.te.amax_compute_algo", "most_recent"),
            "optimization_level": ("opt_level", "precision.msamp.opt_level", "O2")}
 """Keys `accelerate config` writes that Accelerate never reads: (the key it reads, the spec key, Accelerate's default)."""
+FP8_READ = ("fp8_backend", "fp8_format", "fp8_margin", "fp8_interval", "fp8_amax_history_len", "fp8_amax_compute_algo",
+            "fp8_override_linear_precision", "fp8_use_autocast_during_eval", "fp8_use_mxfp8_block_scaling", "fp8_opt_level",
+            "fp8_pad_inner_dim", "fp8_enable_fsdp_float8_all_gather")
+"""The launch arguments (an fp8_config key K is the argument K, or fp8_K) whose ACCELERATE_FP8_* variable a recipe handler
+reads (utils/dataclasses.py)."""
+NESTED = {"fsdp_config": "fsdp_", "dynamo_config": "dynamo_", "deepspeed_config": "", "parallelism_config": "parallelism_config_",
+          "megatron_lm_config": "megatron_lm_", "mpirun_config": "mpirun_"}
+"""The nested tables whose keys become `accelerate launch` arguments, and the prefix that argument's name has."""
+
+
+def vet(d: Draft) -> list[Unknown]:
+    """Top-level keys ClusterConfig (SageMakerConfig) lacks: refused, as load_config_from_file refuses them; nested keys no
+    launch argument or recipe handler reads: reported."""
+    sagemaker = str(d.get("compute_environment", "LOCAL_MACHINE")) == "AMAZON_SAGEMAKER"
+    top = known.SAGEMAKER if sagemaker else known.CLUSTER
+    says = 'accelerate launch stops: load_config_from_file raises "The config file ... had unknown keys"'
+    keys = [str(k) for k in d.data if k != deepspeed.PREFIX]  # a key set to null too: Accelerate counts every key
+    out = [Unknown(k, near, says, refused=True, tool="Accelerate") for k, near in unknown(keys, top)]
+    for table, prefix in NESTED.items():
+        names = [a for a in known.LAUNCH if a.startswith(prefix)]
+        allowed = set(names) | {a[len(prefix):] for a in names}
+        for key in [k[len(table) + 1:] for k in d.leaves if k.startswith(table + ".")]:
+            name = key.split(".")[0]
+            if name not in allowed:
+                near = unknown([name], allowed)[0][1]
+                out.append(Unknown(f"{table}.{name}", f"{table}.{near}" if near else None,
+                                   "accelerate launch sets it as an argument nothing reads", tool="Accelerate"))
+    read = set(FP8_READ) | {f"fp8_{k}" for k in IGNORED}
+    for key in [k[len("fp8_config."):] for k in d.leaves if k.startswith("fp8_config.")]:
+        name = key.split(".")[0]
+        arg = name if name.startswith("fp8") else f"fp8_{name}"
+        if arg not in read:
+            near = unknown([arg], read)[0][1]
+            out.append(Unknown(f"fp8_config.{name}", f"fp8_config.{near}" if near else None,
+                               f"accelerate launch exports ACCELERATE_{arg.upper()}, which no recipe handler reads",
+                               tool="Accelerate"))
+    return list({u.key: u for u in out}.values())
+
+
+def _type(d: Draft) -> str:
+    """distributed_type as Accelerate matches it: YAML reads NO as false, which matches no type: one process, as NO."""
+    value = d.get("distributed_type", "NO")
+    return "NO" if value is False else str(value).upper()
 
 
 def _read(d: Draft) -> None:
@@ -41,10 +90,10 @@ def _read(d: Draft) -> None:
     _fsdp(d)
     _dynamo(d)
     _parallelism(d)
-    hub.script(d, "an Accelerate config")
     if deepspeed.PREFIX in d.data:
-        deepspeed.read_config(d, deepspeed.PREFIX + ".", parent="Accelerate, at prepare(), from the training script's model, optimizer, "
-                                                                "scheduler and dataloader (fp8launch's own train.* apply)")
+        deepspeed.read_config(d, deepspeed.PREFIX + ".", parent="Accelerate, at prepare(), from the training script's model, "
+                                                                "optimizer, scheduler and dataloader (fp8launch's own train.* apply)")
+    hub.script(d, "an Accelerate config")
     d.bundle(("debug", "downcast_bf16", "enable_cpu_affinity", "same_network", "main_training_function", "tpu_env", "tpu_use_cluster",
               "tpu_use_sudo", "tpu_name", "tpu_zone", "commands", "command_file"),
              "`accelerate launch` options with no part in what fp8launch runs (its own entrypoint, one process per GPU, no TPUs)")
@@ -56,22 +105,27 @@ def _launch(d: Draft) -> None:
         if env == "LOCAL_MACHINE":
             d.mapped("compute_environment", ("launch.launcher", "torchrun"))
         else:
-            d.approximated("compute_environment", ("launch.launcher", "torchrun"),
-                           how=f"fp8launch launches with torchrun, SLURM or Kubernetes (launch.launcher), not on {env}")
+            d.approximated("compute_environment", ("launch.launcher", "torchrun"), before=f"launched on {env}",
+                           after="launched by torchrun (or SLURM / Kubernetes: launch.launcher)",
+                           effect="where and how the processes start; what each process trains is the same")
     machines = int(d.get("num_machines", 1))
     procs = d.get("num_processes")
     if d.has("num_machines"):
         d.mapped("num_machines", ("distributed.nodes", machines))
-    if str(d.get("distributed_type", "NO")).upper() == "NO":
+    if _type(d) == "NO":
+        written = d.get("distributed_type")
         d.mapped("distributed_type" if d.has("distributed_type") else "(distributed_type)", ("distributed.strategy", "ddp"),
-                 ("distributed.procs_per_node", 1), value="NO", note="one process" + ("" if d.has("distributed_type") else ", Accelerate's default"))
+                 ("distributed.procs_per_node", 1), value="NO",
+                 note="one process" + ("" if d.has("distributed_type") else ", Accelerate's default")
+                 + (" (YAML reads an unquoted NO as false, which Accelerate runs as NO)" if written is False else ""))
         if procs is not None:
             d.mapped("num_processes", note="one process (distributed_type NO)")
     elif procs is not None:
         per, rest = divmod(int(procs), max(1, machines))
         if rest:
-            d.approximated("num_processes", ("distributed.procs_per_node", max(1, per)), how=f"{procs} processes on {machines} machines: "
-                           f"fp8launch runs the same number on every node")
+            d.approximated("num_processes", ("distributed.procs_per_node", max(1, per)), before=f"{procs} processes on {machines} machines",
+                           after=f"{max(1, per)} per node x {machines} = {max(1, per) * machines} processes",
+                           effect="fp8launch runs the same number on every node: fewer data-parallel ranks, a smaller global batch")
         else:
             d.mapped("num_processes", ("distributed.procs_per_node", per), note=f"{procs} processes over {machines} machine(s)")
     else:
@@ -86,7 +140,9 @@ def _launch(d: Draft) -> None:
         if d.get("rdzv_backend") == "c10d":
             d.mapped("rdzv_backend", ("launch.rdzv_backend", "c10d"))
         else:
-            d.approximated("rdzv_backend", how="torchrun's c10d rendezvous (launch.rdzv_backend's one value) does what static does on one node")
+            d.approximated("rdzv_backend", before=f"{d.get('rdzv_backend')} rendezvous", after="torchrun's c10d rendezvous "
+                           "(launch.rdzv_backend's one value)", effect="the same on one node; across nodes every node must reach "
+                           "launch.rdzv_endpoint")
     if d.has("use_cpu"):
         d.mapped("use_cpu", ("launch.device", "cpu" if d.get("use_cpu") is True else "auto"))
     ids = d.get("gpu_ids")
@@ -98,17 +154,20 @@ def _launch(d: Draft) -> None:
 
 
 def _strategy(d: Draft) -> str:
-    kind = str(d.get("distributed_type", "NO")).upper()
+    kind = _type(d)
     if kind == "NO":
         return "ddp"
     strategy = TYPES.get(kind)
     if kind == "FSDP":
         version = int(d.get("fsdp_config.fsdp_version", 1))
+        sources = ("distributed_type", "fsdp_config.fsdp_version") if d.has("fsdp_config.fsdp_version") else "distributed_type"
         if version == 2:
-            d.mapped(("distributed_type", "fsdp_config.fsdp_version"), ("distributed.strategy", "fsdp2"))
+            d.mapped(sources, ("distributed.strategy", "fsdp2"))
         else:
-            d.approximated(("distributed_type", "fsdp_config.fsdp_version") if d.has("fsdp_config.fsdp_version") else "distributed_type",
-                           ("distributed.strategy", "fsdp2"), how="FSDP1 (Accelerate's default fsdp_version 1): fp8launch shards with FSDP2")
+            d.approximated(sources, ("distributed.strategy", "fsdp2"),
+                           before="FSDP1 (Accelerate's default fsdp_version 1): flat parameters", after="FSDP2 (fully_shard)",
+                           effect="parameters, gradients and optimizer states are sharded as before; FSDP1's own knobs have no "
+                                  "equivalent (below)")
     elif kind == "DEEPSPEED":
         d.mapped("distributed_type", ("distributed.strategy", "deepspeed"))
         _deepspeed(d)
@@ -116,7 +175,8 @@ def _strategy(d: Draft) -> str:
         d.mapped("distributed_type", ("distributed.strategy", strategy), *((("launch.device", "cpu"),) if kind == "MULTI_CPU" else ()))
     else:
         strategy = "ddp"
-        d.approximated("distributed_type", ("distributed.strategy", "ddp"), how=f"fp8launch runs on CUDA GPUs and CPUs, not {kind}: DDP")
+        d.approximated("distributed_type", ("distributed.strategy", "ddp"), before=f"{kind}", after="DDP",
+                       effect="fp8launch runs on CUDA GPUs and CPUs: the model is replicated on each GPU")
     return strategy
 
 
@@ -129,7 +189,8 @@ def _deepspeed(d: Draft) -> None:
     for part in ("optimizer", "param"):
         if d.has(f"{p}offload_{part}_device"):
             device = d.get(f"{p}offload_{part}_device")
-            d.mapped(f"{p}offload_{part}_device", (f"distributed.deepspeed.offload_{part}", device if device in ("cpu", "nvme") else "none"))
+            d.mapped(f"{p}offload_{part}_device",
+                     (f"distributed.deepspeed.offload_{part}", device if device in ("cpu", "nvme") else "none"))
         path = d.get(f"{p}offload_{part}_nvme_path")
         if path is not None and path != "none":
             d.mapped(f"{p}offload_{part}_nvme_path", ("distributed.deepspeed.nvme_path", str(path)))
@@ -140,7 +201,8 @@ def _deepspeed(d: Draft) -> None:
     if d.has(p + "gradient_clipping"):
         d.mapped(p + "gradient_clipping", ("train.max_grad_norm", float(d.get(p + "gradient_clipping"))))
     if d.has(p + "zero3_init_flag"):
-        d.mapped(p + "zero3_init_flag", note="fp8launch gives each module storage and partitions it at once under ZeRO-3 (launcher/train/materialize.py)")
+        d.mapped(p + "zero3_init_flag", note="fp8launch gives each module storage and partitions it at once under ZeRO-3 "
+                                             "(launcher/train/materialize.py)")
     d.group(p[:-1], "an `accelerate launch` DeepSpeed option fp8launch's deepspeed.json does not write")
 
 
@@ -160,12 +222,16 @@ def _precision(d: Draft, strategy: str) -> None:
         backend = "torchao"
         d.approximated(("mixed_precision", f + "backend") if d.has(f + "backend") else "mixed_precision",
                        ("precision.mode", "fp8"), ("precision.backend", "torchao"),
-                       how="no backend named: Accelerate takes the first installed of torchao, Transformer Engine, MS-AMP; torchao here")
+                       before="no backend named: the first installed of torchao, Transformer Engine, MS-AMP", after="torchao",
+                       effect="the same where torchao is installed; where only TE or MS-AMP is, Accelerate ran their FP8")
     d.mapped("(high precision)", ("precision.high_precision", "bf16"), note="Accelerate runs the rest of an fp8 model in bf16")
     for key, (read, spec_key, default) in IGNORED.items():
         if _misnamed(d, f, key) and spec_key.split(".")[1] == backend:
-            d.approximated(f + key, (spec_key, default), how=f"Accelerate never reads {key} (it reads {read}, ACCELERATE_FP8_{read.upper()}): "
-                                                              f"the run used its default {default!r}, imported as such")
+            d.approximated(f + key, (spec_key, default),
+                           before=f"{key} = {d.get(f + key)!r} is read by nothing (Accelerate reads {read}, "
+                                  f"ACCELERATE_FP8_{read.upper()}): the run used {default!r}",
+                           after=f"{spec_key} = {default!r}, what ran",
+                           effect=f"the spec trains as the source did, not as the key asks: set {spec_key} to get what it asks")
         elif d.has(f + key):
             d.none(f + key, f"Accelerate never reads {key} (it reads {read}): no effect in the source either")
     {"te": _te, "torchao": _ao, "msamp": _msamp}[backend](d, f, strategy)
@@ -176,7 +242,8 @@ def _te(d: Draft, f: str, strategy: str) -> None:
     mx = d.get(f + "use_mxfp8_block_scaling") is True
     d.mapped(f + "use_mxfp8_block_scaling" if d.has(f + "use_mxfp8_block_scaling") else "(TE recipe)",
              ("precision.te.recipe", "mxfp8" if mx else "delayed"),
-             note="Accelerate builds " + ("MXFP8BlockScaling" if mx else "DelayedScaling (MXFP8BlockScaling only with use_mxfp8_block_scaling)"))
+             note="Accelerate builds " + ("MXFP8BlockScaling" if mx else
+                                          "DelayedScaling (MXFP8BlockScaling only with use_mxfp8_block_scaling)"))
     d.mapped("(TE modules)", ("precision.keep_first_last", False), ("precision.te.swap", ["linear", "layernorm"]),
              note="Accelerate swaps every nn.Linear and nn.LayerNorm for TE's (not RMSNorm), the first and last Linear included")
     fmt = str(d.get(f + "fp8_format", "HYBRID")).upper()
@@ -184,7 +251,9 @@ def _te(d: Draft, f: str, strategy: str) -> None:
         d.mapped(f + "fp8_format" if d.has(f + "fp8_format") else "(fp8_format)", ("precision.te.fp8_format", fmt),
                  value=fmt, note="" if d.has(f + "fp8_format") else "Accelerate's default")
     else:
-        d.approximated(f + "fp8_format", ("precision.te.fp8_format", "HYBRID"), how="E5M2 alone is not a training format: HYBRID (E5M2 gradients)")
+        d.approximated(f + "fp8_format", ("precision.te.fp8_format", "HYBRID"), before=f"{fmt} for every tensor",
+                       after="HYBRID: E4M3 forward, E5M2 gradients",
+                       effect="E5M2 alone is not a training format: the forward pass gets E4M3's extra mantissa bit")
     if d.has(f + "margin"):
         d.mapped(f + "margin", ("precision.te.margin", int(d.get(f + "margin"))))
     if not mx and not _misnamed(d, f, "amax_history_length"):  # else the misnamed key's entry set it
@@ -207,15 +276,18 @@ def _te(d: Draft, f: str, strategy: str) -> None:
     if override is not None:
         values = _bools(override)
         if values is not None and not any(values):
-            d.mapped(f + "override_linear_precision", note="every GEMM in FP8, TE's only behaviour since 2.2 removed the key (TE-REMOVED-KEY)")
+            d.mapped(f + "override_linear_precision",
+                     note="every GEMM in FP8, TE's only behaviour since 2.2 removed the key (TE-REMOVED-KEY)")
         else:
-            d.none(f + "override_linear_precision", "Transformer Engine >= 2.2 removed it (rule TE-REMOVED-KEY): to keep layers in high "
-                                                    "precision use precision.keep or [[precision.rules]]")
+            d.none(f + "override_linear_precision", "Transformer Engine >= 2.2 removed it (rule TE-REMOVED-KEY): to keep layers in "
+                                                    "high precision use precision.keep or [[precision.rules]]")
     evaluate = d.get(f + "use_autocast_during_eval")
     if evaluate is True:
         d.mapped(f + "use_autocast_during_eval", note="fp8launch evaluates in the precision it trains in")
     elif evaluate is False:
-        d.approximated(f + "use_autocast_during_eval", how="fp8launch evaluates ([eval]) in the precision it trains in, FP8 included")
+        d.approximated(f + "use_autocast_during_eval", before="evaluation outside FP8 autocast (high precision)",
+                       after="evaluation in FP8 ([eval] runs the training precision)",
+                       effect="the eval loss includes FP8 rounding; training is the same")
 
 
 def _misnamed(d: Draft, f: str, key: str) -> bool:
@@ -253,15 +325,16 @@ def _msamp(d: Draft, f: str, strategy: str) -> None:
         d.mapped("(MS-AMP)", ("precision.keep_first_last", False), note="msamp.initialize converts every Linear")
         return
     level = str(d.get(f + "opt_level", "O2"))
-    d.mapped(f + "opt_level" if d.has(f + "opt_level") else "(opt_level)", ("precision.msamp.opt_level", level), ("precision.keep_first_last", False),
-             value=level, note=("" if d.has(f + "opt_level") else "accelerate launch's default; ") + "msamp.initialize converts every Linear")
+    d.mapped(f + "opt_level" if d.has(f + "opt_level") else "(opt_level)", ("precision.msamp.opt_level", level),
+             ("precision.keep_first_last", False), value=level,
+             note=("" if d.has(f + "opt_level") else "accelerate launch's default; ") + "msamp.initialize converts every Linear")
 
 
 def _fsdp(d: Draft) -> None:
     p = "fsdp_config."
     if not d.has("fsdp_config"):
         return
-    if str(d.get("distributed_type", "")).upper() != "FSDP":
+    if _type(d) != "FSDP":
         d.group("fsdp_config", "distributed_type is not FSDP: Accelerate does not read fsdp_config")
         return
     reshard = d.get(p + "fsdp_reshard_after_forward")
@@ -276,7 +349,9 @@ def _fsdp(d: Draft) -> None:
             d.mapped(key, ("distributed.fsdp2.reshard_after_forward", False))
         else:
             d.approximated(key, ("distributed.fsdp2.reshard_after_forward", True),
-                           how=f"{strategy}: fp8launch's FSDP2 shards over every data-parallel rank (no replication)")
+                           before=f"{strategy}: sharded within a node, replicated across nodes (or not sharded)",
+                           after="sharded over every data-parallel rank, resharded after forward",
+                           effect="less memory per GPU, more traffic between nodes")
     if d.has(p + "fsdp_offload_params"):
         d.mapped(p + "fsdp_offload_params", ("distributed.fsdp2.cpu_offload", bool(d.get(p + "fsdp_offload_params"))))
     if d.has(p + "fsdp_activation_checkpointing"):
@@ -288,7 +363,8 @@ def _fsdp(d: Draft) -> None:
         if str(policy).upper() == "TRANSFORMER_BASED_WRAP":
             d.mapped(sources, note="fp8launch shards each transformer block")
         else:
-            d.approximated(sources, how="fp8launch shards each transformer block")
+            d.approximated(sources, before=f"{policy}: FSDP units chosen by that policy", after="one FSDP unit per transformer block",
+                           effect="other unit sizes: the all-gathers' size and the peak memory differ")
     for key in ("fsdp_state_dict_type", "fsdp_sync_module_states", "fsdp_cpu_ram_efficient_loading", "fsdp_use_orig_params"):
         if d.has(p + key):
             d.mapped(p + key, note="fp8launch builds the model on the meta device, gives each rank its shard and checkpoints sharded "
@@ -309,7 +385,8 @@ def _dynamo(d: Draft) -> None:
     if backend == "INDUCTOR":
         d.mapped(key, ("compile.enabled", True))
     else:
-        d.approximated(key, ("compile.enabled", True), how=f"torch.compile with inductor, not {backend}")
+        d.approximated(key, ("compile.enabled", True), before=f"torch.compile with the {backend} backend",
+                       after="torch.compile with inductor", effect="other kernels: the speed differs, the numerics are torch's")
     if d.has(p + "dynamo_mode"):
         d.mapped(p + "dynamo_mode", ("compile.mode", str(d.get(p + "dynamo_mode"))))
     if d.has(p + "dynamo_use_fullgraph"):
@@ -323,10 +400,16 @@ def _parallelism(d: Draft) -> None:
     p = "parallelism_config.parallelism_config_"
     if d.has(p + "tp_size"):
         d.mapped(p + "tp_size", ("distributed.tensor_parallel", int(d.get(p + "tp_size"))))
-    if int(d.get(p + "cp_size", 1)) > 1:
-        d.none(p + "cp_size", "fp8launch has no context parallelism: each rank holds whole sequences")
-    if int(d.get(p + "dp_replicate_size", 1)) > 1:
-        d.approximated(p + "dp_replicate_size", how="fp8launch's FSDP2 shards over every data-parallel rank (no HSDP replication)")
+    cp = int(d.get(p + "cp_size", 1))
+    if cp > 1:
+        d.none(p + "cp_size", f"fp8launch has no context parallelism: each rank holds whole sequences, so the {cp} ranks that "
+                              f"split a sequence become data-parallel ranks and the script's global batch is {cp}x larger; "
+                              f"divide its per-device batch or accumulation by {cp} to keep it")
+    replicate = int(d.get(p + "dp_replicate_size", 1))
+    if replicate > 1:
+        d.approximated(p + "dp_replicate_size", before=f"HSDP: {replicate} replicas, each sharded over its own ranks",
+                       after="FSDP2 sharded over every data-parallel rank",
+                       effect="less memory per GPU, more traffic between the replicas' nodes")
     d.group("parallelism_config", "fp8launch derives the data-parallel size from the world size and tensor_parallel")
 
 
@@ -341,5 +424,5 @@ KEYS = ("compute_environment", "distributed_type", "mixed_precision", "num_proce
 KIND = Kind(id="accelerate", title="Accelerate config",
             score=lambda data: count(data, KEYS) + 3 * ("distributed_type" in data or "compute_environment" in data)
             if any(k in data for k in ("distributed_type", "compute_environment", "fp8_config")) else 0,
-            read=_read, name=_name,
+            read=_read, name=_name, unknown=vet,
             other="an Accelerate setting fp8launch has no equivalent for (fp8launch runs its own training entrypoint)")

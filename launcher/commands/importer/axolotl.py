@@ -1,14 +1,24 @@
-"""An Axolotl YAML (axolotl-ai-cloud/axolotl src/axolotl/utils/schemas/*.py; examples/llama-3/3b-fp8-fsdp2.yaml).
+"""An Axolotl YAML, read as axolotl-ai-cloud/axolotl 067b021c (2026-07-24) reads it (src/axolotl/utils/schemas/,
+utils/trainer.py, core/builders/base.py; examples/llama-3/3b-fp8-fsdp2.yaml). Axolotl is not installed here: the
+tests name this commit.
 
-What Axolotl does with the keys that matter here, read from its code:
+- Validation: pydantic models (known/axolotl.py holds their fields); a key none of them has is dropped.
+- FSDP is on with `fsdp_config` alone (prepare_optim_env: `cfg.fsdp or cfg.fsdp_config`; the top-level `fsdp:`
+  list is deprecated). The version is `fsdp_version`, else `fsdp_config.fsdp_version` / `fsdp_config.version`
+  (moved up by check_fsdp_version_in_fsdp_config), else 1. fsdp_config keys lose an `fsdp_` prefix
+  (check_fsdp_config_kwargs_prefix); setup_fsdp_envs passes offload_params, activation_checkpointing and
+  reshard_after_forward to Accelerate only when true, so false leaves Accelerate's default (FSDP2 reshards).
 - fp8: Accelerate with AORecipeKwargs around torchao's default Float8LinearConfig (tensorwise, no
   pad_inner_dim), enable_fsdp_float8_all_gather from fp8_enable_fsdp_float8_all_gather
   (core/trainers/base.py additional_accelerator_args); Accelerate keeps the first and last Linear and dims not
   divisible by 16 in high precision (accelerate/utils/ao.py), and Axolotl the MoE routers.
 - The optimizer and schedule are the Hugging Face Trainer's: AdamW with adam_beta1 / adam_beta2 / adam_epsilon
   (torch's defaults), no weight decay for biases and LayerNorm / RMSNorm weights (Trainer.get_decay_parameter_names);
-  lr_scheduler "cosine" by default, decaying to 0, or to cosine_min_lr_ratio x lr
-  (core/trainers/mixins/scheduler.py get_cosine_schedule_with_min_lr).
+  adamw_torch_8bit / 4bit are torchao's AdamW8bit / AdamW4bit (transformers trainer_optimizer.py), ao_adamw_fp8 its
+  AdamWFp8; lr_scheduler "cosine" by default, decaying to 0, or to cosine_min_lr_ratio x lr
+  (core/trainers/mixins/scheduler.py); no warmup_steps or warmup_ratio: min(int(0.03 x steps), 100) warm-up steps,
+  and 1 becomes 2 (core/builders/base.py _configure_warmup_and_logging).
+- context_parallel_size splits each sequence over that many ranks: the data-parallel ranks are world / cp.
 - The world size comes from `accelerate launch` / torchrun, not the YAML.
 """
 
@@ -18,21 +28,48 @@ import os
 
 from . import deepspeed, hub
 from .draft import Draft
+from .known import Unknown, unknown
+from .known import axolotl as known
 from .kind import Kind, count
 
-ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_apex_fused", "adamw_anyprecision", "adamw_torch_xla", "adamw_torch_npu_fused")
+ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_apex_fused", "adamw_anyprecision", "adamw_torch_xla",
+         "adamw_torch_npu_fused", "optimi_adamw")
+STATES = {"adamw_torch_8bit": "int8", "ao_adamw_8bit": "int8", "ao_adamw_fp8": "fp8"}
+"""Low-bit AdamWs that are torchao's, as precision.optimizer_states runs them (AdamW8bit, AdamWFp8; 256-value blocks)."""
+NEAR_STATES = {"adamw_torch_4bit": "torchao's AdamW4bit (4-bit moments)", "ao_adamw_4bit": "torchao's AdamW4bit (4-bit moments)",
+               "adamw_bnb_8bit": "bitsandbytes' 8-bit AdamW (its own block-wise quantization)",
+               "adamw_8bit": "bitsandbytes' 8-bit AdamW (its own block-wise quantization)",
+               "paged_adamw_8bit": "bitsandbytes' paged 8-bit AdamW"}
+"""Low-bit AdamWs whose nearest is torchao's AdamW8bit (precision.optimizer_states = "int8")."""
 
 
 def _num(value) -> float:
     return float(value)  # YAML reads 2e-5 (no dot) as a string
 
 
+def vet(d: Draft) -> list[Unknown]:
+    """Keys no Axolotl model has (dropped by its validation): reported. With `plugins`, a third-party plugin may read them."""
+    plugins = bool(d.get("plugins"))
+    says = "Axolotl's schema has no such key and drops it" + (" (unless one of `plugins` reads it)" if plugins else "")
+    top = set(known.TOP) | set(known.PLUGINS)
+    keys = [str(k) for k in d.data if k != deepspeed.PREFIX]
+    out = [Unknown(k, near, says, tool="Axolotl") for k, near in unknown(keys, top)]
+    fsdp = set(known.FSDP)
+    for key in [k[len("fsdp_config."):].split(".")[0] for k in d.leaves if k.startswith("fsdp_config.")]:
+        bare = key if key == "fsdp_version" else key.removeprefix("fsdp_")
+        if bare not in fsdp:
+            near = unknown([bare], fsdp)[0][1]
+            out.append(Unknown(f"fsdp_config.{key}", f"fsdp_config.{near}" if near else None,
+                               "not a field of Axolotl's FSDPConfig: dropped, so Accelerate never sees it", tool="Axolotl"))
+    return list({u.key: u for u in out}.values())
+
+
 def _read(d: Draft) -> None:
     if d.has("deepspeed"):
         deepspeed.attach(d, "deepspeed", os.path.dirname(os.path.abspath(d.path)))
         if deepspeed.PREFIX in d.data:
-            deepspeed.read_config(d, deepspeed.PREFIX + ".", parent="Axolotl's Hugging Face Trainer, from the Axolotl keys of the same "
-                                                                    "meaning (read below)")
+            deepspeed.read_config(d, deepspeed.PREFIX + ".", parent="Axolotl's Hugging Face Trainer, from the Axolotl keys of the "
+                                                                    "same meaning (read below)")
     _model_and_data(d)
     _precision(d)
     _distributed(d)
@@ -47,31 +84,41 @@ def _model_and_data(d: Draft) -> None:
     for key in ("base_model_config", "tokenizer_config", "tokenizer_type", "model_type", "tokenizer_use_fast"):
         if d.has(key):
             d.none(key, "fp8launch reads the model's own config.json and tokenizer.json from the train.model folder")
-    datasets = d.get("datasets")
-    if datasets:
-        first = datasets[0] if isinstance(datasets, list) and datasets and isinstance(datasets[0], dict) else {}
+    if d.get("reinit_weights") is True:
+        d.mapped("reinit_weights", note="random initialisation: what fp8launch does unless the hf: folder holds weights")
+    key = next((k for k in ("datasets", "pretraining_dataset") if d.get(k)), None)
+    if key:
+        datasets = d.get(key)
+        datasets = datasets if isinstance(datasets, list) else [datasets]
+        first = datasets[0] if datasets and isinstance(datasets[0], dict) else {}
         name = str(first.get("path", "")) if first else ""
         fmt = first.get("type") if first else None
         note = (f'"{fmt}" is a prompt format (template and loss masking): fp8launch trains on plain text, so write each row as text '
-                f"first (a jsonl with a text column)" if fmt else "")
+                f"first (a jsonl with a text column)" if fmt and fmt not in ("pretrain", "completion") else "")
         if len(datasets) > 1:
             note += ("; " if note else "") + f"{len(datasets)} datasets: fp8launch reads one, so join them"
         if name and os.path.exists(name):
-            d.approximated("datasets", ("train.data", f"hf-dataset:{name}?column=text"),
-                           how="a local dataset: read as plain text from its text column; " + (note or "set train.tokenizer"))
+            d.approximated(key, ("train.data", f"hf-dataset:{name}?column=text"), before=f"{name} through Axolotl's {fmt or 'default'} "
+                           "prompt format", after="its text column as plain text", effect="every token is trained on: "
+                           + (note or "no template, no loss masking; set train.tokenizer"))
         else:
-            hub.dataset(d, "datasets", name or "the dataset", note=note)
+            hub.dataset(d, key, name or "the dataset", note=note)
     d.group("test_datasets", "fp8launch's held-out data is [eval] data: a local file")
     if d.has("val_set_size"):
-        d.none("val_set_size", "fp8launch does not split the training data: set [eval] data to a held-out local file")
+        if not _num(d.get("val_set_size")):
+            d.mapped("val_set_size", note="0: no held-out split")
+        else:
+            d.none("val_set_size", "fp8launch does not split the training data: set [eval] data to a held-out local file")
     if d.has("sequence_len"):
         d.mapped("sequence_len", ("train.seq_len", int(d.get("sequence_len"))))
     if d.has("sample_packing"):
         d.mapped("sample_packing", note="fp8launch always packs: documents are laid end to end in seq_len windows (docs/data.md)")
     if d.has("pad_to_sequence_len"):
         d.mapped("pad_to_sequence_len", note="every fp8launch batch is seq_len long")
-    for key in ("special_tokens", "tokens", "chat_template", "train_on_inputs", "dataset_prepared_path", "dataset_processes"):
-        d.group(key, "dataset preparation (templates, special tokens, loss masking): fp8launch trains on every token of the text")
+    for key in ("special_tokens", "tokens", "chat_template", "train_on_inputs", "dataset_prepared_path", "dataset_processes",
+                "min_sample_len", "group_by_length"):
+        d.group(key, "dataset preparation (templates, special tokens, loss masking, filters): fp8launch trains on every token of "
+                     "the text")
 
 
 def _precision(d: Draft) -> None:
@@ -84,8 +131,8 @@ def _precision(d: Draft) -> None:
             gather = d.get("fp8_enable_fsdp_float8_all_gather") is True
             d.mapped("fp8_enable_fsdp_float8_all_gather", ("precision.torchao.fsdp_float8_all_gather", gather),
                      ("precision.torchao.precompute_scale", False),
-                     note="Axolotl does not precompute the float8 scales" + ("; its force_recompute_fp8_weight_in_bwd is torchao's default "
-                                                                              "in fp8launch" if gather else ""))
+                     note="Axolotl does not precompute the float8 scales" + ("; its force_recompute_fp8_weight_in_bwd is torchao's "
+                                                                              "default in fp8launch" if gather else ""))
         if half:
             d.mapped("bf16" if half == "bf16" else "fp16", ("precision.high_precision", half))
     else:
@@ -94,7 +141,8 @@ def _precision(d: Draft) -> None:
         if d.has("fp8_enable_fsdp_float8_all_gather"):
             d.none("fp8_enable_fsdp_float8_all_gather", "fp8 is off: no effect")
         if half:
-            d.mapped("bf16" if half == "bf16" else "fp16", ("precision.mode", half))
+            d.mapped("bf16" if half == "bf16" else "fp16", ("precision.mode", half),
+                     note='"auto": bf16 where the GPU has it (every GPU fp8launch runs FP8 on)' if d.get("bf16") == "auto" else "")
         elif d.has("bf16") or d.has("fp16"):
             d.mapped(tuple(k for k in ("bf16", "fp16") if d.has(k)), ("precision.mode", "fp32"))
     for key in ("bf16", "fp16"):
@@ -103,7 +151,8 @@ def _precision(d: Draft) -> None:
     for key in ("tf32", "float32", "bfloat16", "float16"):
         if d.has(key):
             d.none(key, "fp8launch sets the dtypes from precision.mode / high_precision; TF32 matmuls are torch's default setting")
-    for key in ("load_in_8bit", "load_in_4bit", "adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_linear"):
+    for key in ("load_in_8bit", "load_in_4bit", "adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
+                "lora_target_linear"):
         if d.has(key):
             if d.get(key) is False:
                 d.mapped(key, note="off")
@@ -111,27 +160,47 @@ def _precision(d: Draft) -> None:
                 d.none(key, "fp8launch trains every parameter of the model: no LoRA / QLoRA adapters, no quantized base weights")
 
 
+def _fsdp_version(d: Draft) -> tuple[int, tuple[str, ...]]:
+    """The FSDP version as Axolotl resolves it, and the keys that said it."""
+    for key in ("fsdp_version", "fsdp_config.fsdp_version", "fsdp_config.version"):
+        if d.has(key):
+            return int(d.get(key)), (key,)
+    return 1, ()
+
+
 def _distributed(d: Draft) -> None:
     d.world_unknown("`accelerate launch` / torchrun set Axolotl's world size, not the YAML")
-    version = d.get("fsdp_version")
     fsdp = d.get("fsdp_config")
-    if version is not None or d.get("fsdp"):
-        sources = tuple(k for k in ("fsdp_version", "fsdp") if d.has(k))
-        if int(version or 1) == 2:
-            d.mapped(sources, ("distributed.strategy", "fsdp2"))
+    on = bool(d.get("fsdp")) or bool(fsdp)
+    if on:
+        version, said = _fsdp_version(d)
+        sources = said + tuple(k for k in ("fsdp",) if d.has(k))
+        if version == 2:
+            d.mapped(sources, ("distributed.strategy", "fsdp2"), note="fsdp_config turns FSDP on" if not d.has("fsdp") else
+                     "the deprecated fsdp list turns FSDP on")
         else:
-            d.approximated(sources, ("distributed.strategy", "fsdp2"), how="FSDP1: fp8launch shards with FSDP2")
+            d.approximated(sources or "(fsdp_version)", ("distributed.strategy", "fsdp2"), value=version,
+                           before="FSDP1" + ("" if said else " (Axolotl's default with fsdp_config: fsdp_version 1)"),
+                           after="FSDP2 (fully_shard)", effect="parameters, gradients and optimizer states are sharded as before; "
+                           "FSDP1's own knobs have no equivalent")
+        if isinstance(fsdp, dict):
+            _fsdp_config(d)
     elif deepspeed.PREFIX not in d.data and not d.has("deepspeed"):
-        d.mapped("(strategy)", ("distributed.strategy", "ddp"), note="no fsdp or deepspeed: Axolotl runs DDP")
-    if isinstance(fsdp, dict):
-        _fsdp_config(d)
-    for key, target in (("tensor_parallel_size", "distributed.tensor_parallel"),):
-        if d.has(key):
-            d.mapped(key, (target, int(d.get(key))))
+        d.mapped("(strategy)", ("distributed.strategy", "ddp"), note="no fsdp_config or deepspeed: Axolotl runs DDP")
+    if d.has("tensor_parallel_size"):
+        d.mapped("tensor_parallel_size", ("distributed.tensor_parallel", int(d.get("tensor_parallel_size"))))
+    if d.has("expert_parallel_size"):
+        d.mapped("expert_parallel_size", ("distributed.expert_parallel", int(d.get("expert_parallel_size"))))
     for key in ("context_parallel_size", "sequence_parallel_degree"):
         if d.has(key):
-            (d.mapped(key, note="off") if int(d.get(key)) == 1 else
-             d.none(key, "fp8launch has no context / sequence-dimension parallelism: each rank holds whole sequences"))
+            cp = int(d.get(key))
+            if cp == 1:
+                d.mapped(key, note="off")
+            else:
+                d.none(key, f"fp8launch has no context / sequence-dimension parallelism: each rank holds whole sequences of "
+                            f"sequence_len, so the {cp} ranks that split one become data-parallel ranks (the batch line says what "
+                            "that does to the global batch)")
+                d.split_batch(cp, f"{key} {cp}")
     for key in ("dp_shard_size", "dp_replicate_size"):
         if d.has(key):
             d.none(key, "fp8launch's FSDP2 shards over every data-parallel rank (world size / tensor_parallel)")
@@ -143,15 +212,19 @@ def _distributed(d: Draft) -> None:
     for key in ("torch_compile_backend", "torch_compile_options"):
         if d.has(key):
             d.none(key, "fp8launch compiles each block with inductor")
-    if d.get("gradient_checkpointing") is True or d.get("gradient_checkpointing") == "offload":
+    checkpointing = d.get("gradient_checkpointing")
+    if checkpointing is True or checkpointing == "offload":
         d.mapped("gradient_checkpointing", ("activation_checkpointing.mode", "full"),
-                 note="" if d.get("gradient_checkpointing") is True else "without the offload: fp8launch recomputes, it does not offload")
+                 note="" if checkpointing is True else "without the offload: fp8launch recomputes, it does not offload")
     elif d.has("gradient_checkpointing"):
         d.mapped("gradient_checkpointing", note="off")
+    if d.has("activation_offloading") and d.get("activation_offloading") is not False:
+        d.none("activation_offloading", "fp8launch does not offload activations to the CPU: they stay on the GPU (with "
+                                        "activation_checkpointing, only each block's input)")
     d.group("gradient_checkpointing_kwargs", "fp8launch checkpoints each block with torch's non-reentrant checkpoint")
-    for key in ("attn_implementation", "flash_attention", "sdp_attention", "flex_attention", "xformers_attention", "flex_attn_compile_kwargs",
-                "sage_attention", "eager_attention"):
-        d.group(key, "attention kernels: fp8launch's builtin models use torch's scaled_dot_product_attention; hf: models their own")
+    for key in ("attn_implementation", "flash_attention", "sdp_attention", "flex_attention", "xformers_attention",
+                "flex_attn_compile_kwargs", "sage_attention", "eager_attention", "experts_implementation", "tiled_mlp"):
+        d.group(key, "kernels: fp8launch's builtin models use torch's scaled_dot_product_attention and grouped GEMMs; hf: models their own")
     for key in ("plugins",):
         d.group(key, "Axolotl plugins (e.g. Liger kernels): fp8launch runs the model's own modules")
     d.bundle(tuple(k for k in d.untaken() if k.startswith("liger_")),
@@ -164,18 +237,17 @@ def _fsdp_config(d: Draft) -> None:
     def key(name: str) -> str | None:
         return next((k for k in (p + name, p + "fsdp_" + name) if d.has(k)), None)
 
-    if (k := key("reshard_after_forward")) is not None:
-        d.mapped(k, ("distributed.fsdp2.reshard_after_forward", bool(d.get(k))))
-    elif (k := key("sharding_strategy")) is not None:
-        strategy = str(d.get(k)).upper()
-        if strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
-            d.mapped(k, ("distributed.fsdp2.reshard_after_forward", strategy == "FULL_SHARD"))
-        else:
-            d.approximated(k, how="fp8launch's FSDP2 shards over every data-parallel rank")
-    if (k := key("sharding_strategy")) is not None and k not in d.taken:
-        d.mapped(k, note="reshard_after_forward says it")
+    for name in ("fsdp_version", "version"):
+        if d.has(p + name) and p + name not in d.taken:
+            d.mapped(p + name, note="fsdp_version says it")
+    if (k := key("reshard_after_forward")) is not None and d.get(k) is True:
+        d.mapped(k, ("distributed.fsdp2.reshard_after_forward", True))
+    else:
+        d.mapped(k or "(reshard_after_forward)", ("distributed.fsdp2.reshard_after_forward", True), value=d.get(k) if k else None,
+                 note="Axolotl passes reshard_after_forward to Accelerate only when true (setup_fsdp_envs); otherwise Accelerate's "
+                      "FSDP2 default, true, is what ran")
     if (k := key("offload_params")) is not None:
-        d.mapped(k, ("distributed.fsdp2.cpu_offload", bool(d.get(k))))
+        d.mapped(k, ("distributed.fsdp2.cpu_offload", d.get(k) is True))
     if (k := key("activation_checkpointing")) is not None:
         if d.get(k) is True:
             d.mapped(k, ("activation_checkpointing.mode", "full"))
@@ -187,7 +259,7 @@ def _fsdp_config(d: Draft) -> None:
     for name in ("state_dict_type", "cpu_ram_efficient_loading", "sync_module_states", "use_orig_params"):
         if (k := key(name)) is not None:
             d.mapped(k, note="fp8launch builds the model on the meta device, gives each rank its shard and checkpoints sharded (DCP)")
-    d.group("fsdp_config", "an FSDP1 tuning knob FSDP2 (fully_shard) does not have")
+    d.group("fsdp_config", "an FSDP option fp8launch's FSDP2 does not have")
     if d.has("fsdp_final_state_dict_type"):
         d.none("fsdp_final_state_dict_type", "`fp8launch export` writes the final weights from a checkpoint")
 
@@ -204,8 +276,8 @@ def _training(d: Draft) -> None:
         if d.has("num_epochs"):
             d.mapped("num_epochs", note="max_steps decides the length, as in the HF Trainer")
     elif d.has("num_epochs"):
-        d.placeholder("num_epochs", "train.steps", 100, "fp8launch counts optimizer steps, not epochs: the steps of an epoch depend on the "
-                      "dataset's size", "epochs x dataset sequences / global batch")
+        d.placeholder("num_epochs", "train.steps", 100, "fp8launch counts optimizer steps, not epochs: the steps of an epoch depend on "
+                      "the dataset's size", "epochs x dataset sequences / global batch")
     _optimizer(d)
     _schedule(d)
     if d.has("max_grad_norm"):
@@ -235,10 +307,18 @@ def _optimizer(d: Draft) -> None:
     source = "optimizer" if d.has("optimizer") else "(optimizer)"
     if name in ADAMW:
         d.mapped(source, ("train.optimizer", "adamw"), value=name, note="" if d.has("optimizer") else "Axolotl's default")
+    elif name in STATES:
+        d.mapped(source, ("train.optimizer", "adamw"), ("precision.optimizer_states", STATES[name]),
+                 note=f"torchao's AdamW{'8bit' if STATES[name] == 'int8' else 'Fp8'}: {STATES[name]} moments, one scale per 256 values")
+    elif name in NEAR_STATES:
+        d.approximated(source, ("train.optimizer", "adamw"), ("precision.optimizer_states", "int8"), before=NEAR_STATES[name],
+                       after="torchao's AdamW8bit (dynamic-tree 8-bit codes, one scale per 256 values)",
+                       effect="8-bit moments in both; their quantization and so their rounding differ")
     elif name in ("sgd", "adam"):
         d.mapped(source, ("train.optimizer", name))
     else:
-        d.approximated(source, ("train.optimizer", "adamw"), how=f"fp8launch has adamw, adam and sgd: {name} becomes torch's AdamW")
+        d.approximated(source, ("train.optimizer", "adamw"), before=name, after="torch's AdamW",
+                       effect=f"fp8launch has adamw, adam and sgd: another update rule than {name}'s")
     if d.has("learning_rate"):
         d.mapped("learning_rate", ("train.lr", _num(d.get("learning_rate"))))
     wd = _num(d.get("weight_decay", 0.0))
@@ -248,7 +328,8 @@ def _optimizer(d: Draft) -> None:
     betas = (d.get("adam_beta1"), d.get("adam_beta2"))
     if any(b is not None for b in betas):
         d.mapped(tuple(k for k in ("adam_beta1", "adam_beta2") if d.has(k)),
-                 ("train.adam_betas", [_num(betas[0] if betas[0] is not None else 0.9), _num(betas[1] if betas[1] is not None else 0.999)]))
+                 ("train.adam_betas", [_num(betas[0] if betas[0] is not None else 0.9),
+                                       _num(betas[1] if betas[1] is not None else 0.999)]))
     if d.has("adam_epsilon"):
         d.mapped("adam_epsilon", ("train.adam_eps", _num(d.get("adam_epsilon"))))
     d.group("optim_args", f"arguments of {name}: fp8launch's optimizers take lr, betas, eps and weight_decay only")
@@ -260,13 +341,15 @@ def _schedule(d: Draft) -> None:
     ratio = d.get("cosine_min_lr_ratio")
     if kind == "cosine":
         sources = (source, "cosine_min_lr_ratio") if ratio is not None else source
-        d.mapped(sources, ("train.min_lr_ratio", _num(ratio) if ratio is not None else 0.0), value=[kind, ratio] if ratio is not None else kind,
+        d.mapped(sources, ("train.min_lr_ratio", _num(ratio) if ratio is not None else 0.0),
+                 value=[kind, ratio] if ratio is not None else kind,
                  note=("cosine decay to cosine_min_lr_ratio x lr" if ratio is not None else "the HF Trainer's cosine decays to 0")
                  + ("" if d.has("lr_scheduler") else " (Axolotl's default scheduler)"))
     elif kind in ("constant", "constant_with_warmup"):
         d.mapped(source, ("train.min_lr_ratio", 1.0), note="constant after the warm-up")
     else:
-        d.approximated(source, ("train.min_lr_ratio", 0.0), how=f"fp8launch's decay is a cosine: {kind} becomes a cosine to 0")
+        d.approximated(source, ("train.min_lr_ratio", 0.0), before=f"the Hugging Face {kind} schedule", after="a cosine decay to 0",
+                       effect="another lr between the warm-up and the end of the run")
     if d.has("cosine_min_lr_ratio") and "cosine_min_lr_ratio" not in d.taken:
         d.none("cosine_min_lr_ratio", f"read only with lr_scheduler cosine, not {kind}")
     constant = d.get("cosine_constant_lr_ratio")
@@ -274,16 +357,37 @@ def _schedule(d: Draft) -> None:
         if not constant:
             d.mapped("cosine_constant_lr_ratio", note="0: off")
         else:
-            d.approximated("cosine_constant_lr_ratio", how="fp8launch's cosine runs to the last step (no constant tail)")
-    if d.has("warmup_steps"):
-        d.mapped("warmup_steps", ("train.warmup_steps", int(d.get("warmup_steps"))))
+            d.approximated("cosine_constant_lr_ratio", before=f"the lr held for the first {constant} of the decay",
+                           after="a cosine from the end of the warm-up", effect="a lower lr in that stretch")
+    _warmup(d)
+    d.group("lr_scheduler_kwargs", "fp8launch's schedule has warmup_steps, steps and min_lr_ratio only")
+
+
+def _warmup(d: Draft) -> None:
+    steps = d.value("train.steps") if "train.steps" not in d.placeholders else None
+    value = d.get("warmup_steps")
+    if value is not None and float(value).is_integer():
+        n = int(value)
+        if n == 1:
+            d.mapped("warmup_steps", ("train.warmup_steps", 2), note="Axolotl turns 1 warm-up step into 2")
+        else:
+            d.mapped("warmup_steps", ("train.warmup_steps", n))
+    elif value is not None:
+        d.none("warmup_steps", f"Axolotl's schema refuses {value}: warmup_steps is an integer (a fraction of the steps is "
+                               f"warmup_ratio); the spec uses {d.used('train.warmup_steps')} warm-up steps: set train.warmup_steps")
     elif d.has("warmup_ratio"):
-        steps = d.value("train.steps")
-        if steps and not d.placeholders.get("train.steps"):
-            d.mapped("warmup_ratio", ("train.warmup_steps", round(_num(d.get("warmup_ratio")) * steps)))
+        if steps:
+            d.mapped("warmup_ratio", ("train.warmup_steps", max(int(_num(d.get("warmup_ratio")) * steps), 0)),
+                     note=f"int(warmup_ratio x {steps} steps)")
         else:
             d.none("warmup_ratio", "a share of the steps, and the YAML sets no step count; set train.warmup_steps")
-    d.group("lr_scheduler_kwargs", "fp8launch's schedule has warmup_steps, steps and min_lr_ratio only")
+    elif steps:
+        n = min(int(0.03 * steps), 100)
+        d.mapped("(warmup_steps)", ("train.warmup_steps", 2 if n == 1 else n), value=2 if n == 1 else n,
+                 note=f"Axolotl's default: min(int(0.03 x {steps} steps), 100)")
+    else:
+        d.none("(warmup_steps)", "Axolotl warms up for min(int(0.03 x steps), 100) steps, and the YAML sets no step count: set "
+                                 f"train.warmup_steps (the spec uses {d.used('train.warmup_steps')})")
 
 
 def _logging(d: Draft) -> None:
@@ -314,5 +418,5 @@ KEYS = ("base_model", "datasets", "micro_batch_size", "sequence_len", "num_epoch
 KIND = Kind(id="axolotl", title="Axolotl YAML",
             score=lambda data: count(data, KEYS) + 3 * ("base_model" in data) if "base_model" in data or
             ("datasets" in data and ("micro_batch_size" in data or "sequence_len" in data)) else 0,
-            read=_read, name=_name,
+            read=_read, name=_name, unknown=vet,
             other="an Axolotl setting fp8launch has no equivalent for")

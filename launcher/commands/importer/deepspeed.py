@@ -1,10 +1,15 @@
 """A DeepSpeed config JSON (https://www.deepspeed.ai/docs/config-json/), alone or as the file an Accelerate
-config or an Axolotl YAML names. Key names and defaults as DeepSpeed 0.19 reads them: deepspeed/runtime/config.py
-(ADAM_W_MODE_DEFAULT = True: optimizer type "Adam" steps as AdamW unless adam_w_mode is false, engine.py
-_configure_basic_optimizer) and deepspeed/runtime/lr_schedules.py (WarmupLR's warmup_type defaults to "log").
+config or an Axolotl YAML names. Read as DeepSpeed 0.19.8 reads it (deepspeed/runtime/config.py, constants.py):
 
-"auto" values are filled by the Hugging Face Trainer or Accelerate from their own arguments: read alone, the
-file says nothing there; read through an Accelerate / Axolotl config, that config's own keys say it.
+- a missing section keeps DeepSpeed's default: no "scheduler" keeps the lr constant (SCHEDULER_TYPE_DEFAULT None:
+  engine._configure_lr_scheduler builds none); no "gradient_clipping" clips at 1.0 (GRADIENT_CLIPPING_DEFAULT);
+  no "optimizer" steps the training script's own (client) optimizer;
+- optimizer type "Adam" steps as AdamW unless adam_w_mode is false (ADAM_W_MODE_DEFAULT, engine.py
+  _configure_basic_optimizer); WarmupLR's warmup_type defaults to "log" (lr_schedules.py);
+- "auto" values are dropped before validation (DeepSpeedConfigModel.__init__): the Hugging Face Trainer or
+  Accelerate fills them from its own arguments first; read alone, the file says nothing there, and each "auto"
+  line says the value the spec uses;
+- train_batch_size fixes the global batch: DeepSpeed asserts train_batch_size = micro x accum x world size.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ import os
 
 from . import hub
 from .draft import Draft, flatten
+from .known import Unknown, unknown
+from .known import deepspeed as known
 from .kind import Kind, count
+from .report import shown
 
 PREFIX = "[DeepSpeed JSON]"
 """Where a DeepSpeed file named by another config is put in that config's data (a key no config has)."""
@@ -24,10 +32,28 @@ FP16_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window":
 
 OTHER = "fp8launch's deepspeed.json leaves it at DeepSpeed's default (templates/deepspeed.json.j2 writes the keys fp8launch sets)"
 
+AUTO = {
+    "train_batch_size": "distributed.global_batch_size", "train_micro_batch_size_per_gpu": "train.micro_batch_size",
+    "gradient_accumulation_steps": "train.grad_accum_steps", "gradient_clipping": "train.max_grad_norm",
+    "bf16.enabled": "precision.mode", "fp16.enabled": "precision.mode", "optimizer.params.lr": "train.lr",
+    "optimizer.params.betas": "train.adam_betas", "optimizer.params.eps": "train.adam_eps",
+    "optimizer.params.weight_decay": "train.weight_decay", "scheduler.params.warmup_num_steps": "train.warmup_steps",
+    "scheduler.params.total_num_steps": "train.steps", "scheduler.params.warmup_max_lr": "train.lr",
+    "zero_optimization.reduce_bucket_size": "distributed.deepspeed.reduce_bucket_size",
+}
+"""A key that may be "auto" -> the spec key whose value fp8launch uses in its place."""
 
-def _num(value):
-    """A number as DeepSpeed reads it (5e8 in JSON is a float; "auto" and strings stay as they are)."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
+HIDDEN = "the Hugging Face Trainer would derive it from the model's hidden size"
+DEEPSPEED_DEFAULTS = {
+    "zero_optimization.stage3_prefetch_bucket_size": (50_000_000, HIDDEN),
+    "zero_optimization.stage3_param_persistence_threshold": (100_000, HIDDEN),
+    "zero_optimization.stage3_max_live_parameters": (1_000_000_000, HIDDEN),
+    "zero_optimization.stage3_max_reuse_distance": (1_000_000_000, HIDDEN),
+    "zero_optimization.allgather_bucket_size": (500_000_000, HIDDEN),
+    "scheduler.params.warmup_min_lr": (0, "the Hugging Face Trainer sets 0 too"),
+}
+"""DeepSpeed 0.19.8's defaults (DeepSpeedZeroConfig, lr_schedules.py) of keys fp8launch's deepspeed.json does not write:
+an "auto" there runs with them (tests/test_import.py reads them from the installed DeepSpeed)."""
 
 
 def attach(draft: Draft, source: str, base: str) -> bool:
@@ -44,11 +70,26 @@ def attach(draft: Draft, source: str, base: str) -> bool:
         if isinstance(data, dict):
             draft.data[PREFIX] = data
             draft.leaves.update({f"{PREFIX}.{k}": v for k, v in flatten(data).items()})
+            draft.ignore(vet(draft, PREFIX + "."))
             draft.mapped(source, ("distributed.strategy", "deepspeed"), note=f"its settings are read below as {PREFIX}.*")
             return True
     draft.none(source, "cannot read this DeepSpeed JSON (looked beside the config and in the current folder): its settings are not "
                        'imported; distributed.strategy = "deepspeed" with fp8launch\'s defaults', ("distributed.strategy", "deepspeed"))
     return False
+
+
+def vet(d: Draft, p: str = "") -> list[Unknown]:
+    """The keys under `p` DeepSpeed 0.19.8 does not read: refused inside the sections it validates strictly, where it
+    stops at initialize(); reported at the top level, where it ignores them."""
+    keys = [k[len(p):] for k in d.leaves if k.startswith(p)]
+    strict = {f"{s}.{k}" for s, names in known.STRICT.items() for k in names}
+    out = []
+    for key, near in unknown(keys, set(known.TOP) | strict):
+        refused = "." in key
+        says = ("DeepSpeed stops at initialize(): its pydantic section forbids unknown keys (\"Extra inputs are not permitted\")"
+                if refused else "DeepSpeed reads only the keys it knows and ignores it")
+        out.append(Unknown(p + key, p + near if near else None, says, refused=refused, tool="DeepSpeed 0.19"))
+    return out
 
 
 def read_config(d: Draft, p: str = "", parent: str = "") -> None:
@@ -57,24 +98,34 @@ def read_config(d: Draft, p: str = "", parent: str = "") -> None:
     def auto(key: str) -> bool:
         if d.get(p + key) != "auto":
             return False
-        d.none(p + key, f'"auto": {parent} fills it in' if parent
-               else '"auto": the Hugging Face Trainer or Accelerate fills it in from its own arguments; fp8launch\'s value is kept')
+        if key in AUTO:
+            d.auto(p + key, AUTO[key], f'"auto": {parent} fills it in' if parent else
+                   '"auto": the Hugging Face Trainer or Accelerate fills it in from its own arguments; read alone it says nothing')
+        else:
+            default, hf = DEEPSPEED_DEFAULTS.get(key, ("value", "the Hugging Face Trainer fills it from its own arguments"))
+            d.none(p + key, f'"auto" where fp8launch\'s deepspeed.json writes nothing: DeepSpeed drops "auto" and runs with its '
+                            f"default {shown(default)} ({hf})")
         return True
 
     z = p + "zero_optimization."
     if d.has(z + "stage") and not auto("zero_optimization.stage"):
         d.mapped(z + "stage", ("distributed.deepspeed.zero_stage", int(d.get(z + "stage"))))
+    elif not d.has(z + "stage"):
+        d.mapped(f"({z}stage)", ("distributed.deepspeed.zero_stage", 0), value=0,
+                 note="DeepSpeed's default (DeepSpeedZeroConfig.stage): no ZeRO partitioning")
     for part in ("optimizer", "param"):
         device = d.get(f"{z}offload_{part}.device")
         if device is not None:
-            d.mapped(f"{z}offload_{part}.device", (f"distributed.deepspeed.offload_{part}", device if device in ("cpu", "nvme") else "none"))
+            d.mapped(f"{z}offload_{part}.device",
+                     (f"distributed.deepspeed.offload_{part}", device if device in ("cpu", "nvme") else "none"))
         if d.has(f"{z}offload_{part}.nvme_path"):
             d.mapped(f"{z}offload_{part}.nvme_path", ("distributed.deepspeed.nvme_path", str(d.get(f"{z}offload_{part}.nvme_path"))))
         pin = d.get(f"{z}offload_{part}.pin_memory")
         if pin is True:
             d.mapped(f"{z}offload_{part}.pin_memory", note="fp8launch's deepspeed.json pins offloaded memory too")
         elif pin is False:
-            d.approximated(f"{z}offload_{part}.pin_memory", how="fp8launch's deepspeed.json always pins offloaded memory")
+            d.approximated(f"{z}offload_{part}.pin_memory", before="offloaded memory is pageable", after="pinned",
+                           effect="fp8launch's deepspeed.json always pins offloaded memory: faster copies, more locked host memory")
     if d.get(z + "cpu_offload") is True:  # ZeRO-Offload's key before offload_optimizer (DeepSpeed < 0.3.15)
         d.mapped(z + "cpu_offload", ("distributed.deepspeed.offload_optimizer", "cpu"))
     for key in ("overlap_comm", "contiguous_gradients"):
@@ -90,8 +141,11 @@ def read_config(d: Draft, p: str = "", parent: str = "") -> None:
     _batch(d, p, auto)
     if d.has(p + "gradient_clipping") and not auto("gradient_clipping"):
         d.mapped(p + "gradient_clipping", ("train.max_grad_norm", float(d.get(p + "gradient_clipping"))))
-    _optimizer(d, p, auto)
-    _scheduler(d, p, auto)
+    elif not parent and not d.has(p + "gradient_clipping"):
+        d.mapped("(gradient_clipping)", ("train.max_grad_norm", 1.0), value=1.0,
+                 note="DeepSpeed 0.19's default (GRADIENT_CLIPPING_DEFAULT)")
+    _optimizer(d, p, auto, parent)
+    _scheduler(d, p, auto, parent)
     for tracker in ("tensorboard", "wandb"):
         if d.get(f"{p}{tracker}.enabled") is True:
             project = d.get(f"{p}{tracker}.project")
@@ -132,7 +186,12 @@ def _precision(d: Draft, p: str, auto, parent: str) -> None:
             elif _num(d.get(f"{p}fp16.{key}")) == value:
                 d.mapped(f"{p}fp16.{key}", note="fp8launch's deepspeed.json writes the same")
             else:
-                d.approximated(f"{p}fp16.{key}", how=f"fp8launch's deepspeed.json writes {key} = {value}")
+                d.approximated(f"{p}fp16.{key}", before=f"{key} = {shown(d.get(f'{p}fp16.{key}'))}", after=f"{key} = {value}",
+                               effect="fp8launch's deepspeed.json writes its own dynamic loss scaling: the scale moves differently")
+    levels = (("bf16_master_weights_and_grads", "precision.master_weights"), ("bf16_optimizer_states", "precision.optimizer_states"))
+    for key, target in levels:
+        if d.get(f"{p}bf16.{key}") is True and dtype == "bf16":
+            d.mapped(f"{p}bf16.{key}", (target, "bf16"), note="bf16 " + ("weights without an fp32 copy" if "master" in key else "moments"))
     for name in ("bf16", "fp16"):
         d.group(p + name, "fp8launch keeps fp32 master weights, gradients and optimizer states under DeepSpeed")
     d.group(p + "torch_autocast", "fp8launch runs the model in precision.high_precision itself (no DeepSpeed autocast)")
@@ -140,15 +199,25 @@ def _precision(d: Draft, p: str, auto, parent: str) -> None:
     d.group(p + "msamp", "MS-AMP's DeepSpeed section: fp8launch writes it from precision.msamp")
 
 
+def _num(value):
+    """A number as DeepSpeed reads it (5e8 in JSON is a float; "auto" and strings stay as they are)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def _batch(d: Draft, p: str, auto) -> None:
-    for key, attr in (("train_micro_batch_size_per_gpu", "micro"), ("gradient_accumulation_steps", "accum"), ("train_batch_size", "global_")):
+    for key, attr in (("train_micro_batch_size_per_gpu", "micro"), ("gradient_accumulation_steps", "accum"),
+                      ("train_batch_size", "global_")):
         if d.has(p + key) and not auto(key):
             d.note_batch(attr, d.get(p + key), p + key)
 
 
-def _optimizer(d: Draft, p: str, auto) -> None:
+def _optimizer(d: Draft, p: str, auto, parent: str) -> None:
     o = p + "optimizer."
     kind = d.get(o + "type")
+    if kind is None and not parent:
+        d.none("(optimizer)", 'no "optimizer" section: DeepSpeed steps the optimizer the training script passes to deepspeed.initialize; '
+                              f"the spec uses fp8launch's {d.used('train.optimizer')} with lr {shown(d.used('train.lr'))}: set "
+                              "train.optimizer and train.lr to the script's")
     if kind is not None:
         adam_w = d.get(o + "params.adam_w_mode", True)
         sources = (o + "type", o + "params.adam_w_mode") if d.has(o + "params.adam_w_mode") else o + "type"
@@ -158,20 +227,27 @@ def _optimizer(d: Draft, p: str, auto) -> None:
         elif str(kind).lower() == "adam":
             d.mapped(sources, ("train.optimizer", "adam"))
         else:
-            d.approximated(sources, ("train.optimizer", "adamw"), how=f"fp8launch has no {kind}: AdamW, the nearest it has")
+            d.approximated(sources, ("train.optimizer", "adamw"), before=f"DeepSpeed's {kind}", after="torch's AdamW",
+                           effect=f"fp8launch has adamw, adam and sgd: AdamW is the nearest to {kind}; its update rule differs")
     for key, target, conv in (("lr", "train.lr", float), ("weight_decay", "train.weight_decay", float),
                               ("eps", "train.adam_eps", float), ("betas", "train.adam_betas", lambda v: [float(x) for x in v])):
         if d.has(o + "params." + key) and not auto("optimizer.params." + key):
             d.mapped(o + "params." + key, (target, conv(d.get(o + "params." + key))))
     if d.has(o + "params.torch_adam"):
         d.mapped(o + "params.torch_adam", note="fp8launch builds torch's optimizer itself (DeepSpeed's CPU Adam with offload)")
+    if d.get(o + "params.bias_correction") is False:
+        d.approximated(o + "params.bias_correction", before="Adam without bias correction", after="with bias correction (torch's)",
+                       effect="the first steps' updates are larger than the source's (uncorrected moments start near 0)")
     d.group(p + "optimizer", "fp8launch's optimizers take lr, betas, eps and weight_decay only")
 
 
-def _scheduler(d: Draft, p: str, auto) -> None:
+def _scheduler(d: Draft, p: str, auto, parent: str) -> None:
     s = p + "scheduler."
     kind = d.get(s + "type")
     if kind is None:
+        if not parent:
+            d.mapped("(scheduler)", ("train.warmup_steps", 0), ("train.min_lr_ratio", 1.0),
+                     note='no "scheduler" section: DeepSpeed keeps the lr constant, so does the spec')
         return
     params = s + "params."
     if d.has(params + "warmup_num_steps") and not auto("scheduler.params.warmup_num_steps"):
@@ -185,23 +261,29 @@ def _scheduler(d: Draft, p: str, auto) -> None:
             if float(d.get(params + key)) == 0:
                 d.mapped(params + key, note="fp8launch's warm-up starts near 0 as well")
             else:
-                d.approximated(params + key, how="fp8launch's linear warm-up starts at lr / (warmup_steps + 1)")
+                d.approximated(params + key, before=f"the warm-up starts at {key} = {shown(d.get(params + key))}",
+                               after="at lr / (warmup_steps + 1)", effect="a lower lr in the first warm-up steps")
     warmup = d.get(params + "warmup_type", "log")
     if warmup == "linear":
         d.mapped(params + "warmup_type")
     elif kind in ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR"):
-        d.approximated(params + "warmup_type" if d.has(params + "warmup_type") else "(scheduler warm-up)", value=warmup,
-                       how=f"DeepSpeed's {warmup} warm-up{' (its default)' if not d.has(params + 'warmup_type') else ''} is linear in fp8launch")
+        default = "" if d.has(params + "warmup_type") else " (its default)"
+        d.approximated(params + "warmup_type" if d.has(params + "warmup_type") else f"({params}warmup_type)", value=warmup,
+                       before=f"DeepSpeed's {warmup} warm-up{default}", after="a linear warm-up",
+                       effect="a log warm-up rises fast and flattens; a linear one gives a lower lr early in the warm-up")
     if kind == "WarmupLR":
         d.mapped(s + "type", ("train.min_lr_ratio", 1.0), note="WarmupLR holds lr after the warm-up")
     elif kind == "WarmupCosineLR":
         ratio = d.get(params + "cos_min_ratio", 0.0001)
-        d.mapped((s + "type", params + "cos_min_ratio") if d.has(params + "cos_min_ratio") else s + "type", ("train.min_lr_ratio", float(ratio)),
+        d.mapped((s + "type", params + "cos_min_ratio") if d.has(params + "cos_min_ratio") else s + "type",
+                 ("train.min_lr_ratio", float(ratio)),
                  note="cosine decay to cos_min_ratio x lr" + ("" if d.has(params + "cos_min_ratio") else " (DeepSpeed's default 0.0001)"))
     elif kind == "WarmupDecayLR":
-        d.approximated(s + "type", ("train.min_lr_ratio", 0.0), how="DeepSpeed decays linearly to 0 after the warm-up; fp8launch's decay is a cosine to 0")
+        d.approximated(s + "type", ("train.min_lr_ratio", 0.0), before="a linear decay to 0 after the warm-up",
+                       after="a cosine decay to 0", effect="the same start and end, a higher lr through the middle of the run")
     else:
-        d.none(s + "type", f"fp8launch's schedule is a linear warm-up and a cosine decay (train.warmup_steps, train.min_lr_ratio); {kind} has no equivalent")
+        d.none(s + "type", f"fp8launch's schedule is a linear warm-up and a cosine decay (train.warmup_steps, train.min_lr_ratio); "
+                           f"{kind} has no equivalent: the spec decays to {shown(d.used('train.min_lr_ratio'))} x lr, set yours")
     for key in [k[len(params):] for k in d.untaken(params[:-1]) if d.get(k) == "auto"]:
         auto("scheduler.params." + key)
     d.group(p + "scheduler", "fp8launch's schedule has warmup_steps, steps and min_lr_ratio only")
@@ -210,27 +292,34 @@ def _scheduler(d: Draft, p: str, auto) -> None:
 def world_from_batch(d: Draft) -> None:
     """A DeepSpeed JSON read alone: its train_batch_size = micro x accum x world says the world size."""
     b = d.batch
+    why = "the deepspeed launcher's --num_gpus / --num_nodes set the world size, not this file"
     if b.micro and b.accum and b.global_ and b.global_ % (b.micro * b.accum) == 0:
         world = b.global_ // (b.micro * b.accum)
         nodes, procs = (1, world) if world <= 8 else (world // 8, 8) if world % 8 == 0 else (1, world)
         d.mapped("(world size)", ("distributed.nodes", nodes), ("distributed.procs_per_node", procs),
                  note=f"train_batch_size / (train_micro_batch_size_per_gpu x gradient_accumulation_steps) = {world} processes")
+    elif b.micro and b.global_ and not b.accum and b.global_ % b.micro == 0:
+        # DeepSpeed derives the accumulation: train_batch_size / (micro x world); the placeholder world keeps it whole
+        procs = max(n for n in range(1, 9) if (b.global_ // b.micro) % n == 0)
+        d.world_unknown(f"{why}; {procs} processes keep train_batch_size {b.global_} whole (micro {b.micro} x accumulation "
+                        f"{b.global_ // b.micro // procs} x {procs})", procs=procs)
     else:
-        d.world_unknown("the deepspeed launcher's --num_gpus / --num_nodes set the world size, not this file")
+        d.world_unknown(why)
 
 
 def _read(d: Draft) -> None:
     d.mapped("(DeepSpeed JSON)", ("distributed.strategy", "deepspeed"))
     read_config(d)
     world_from_batch(d)
-    hub.script(d, "a DeepSpeed config")
+    hub.script(d, "a DeepSpeed config", optimizer=False)
 
 
 KEYS = ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps",
-        "gradient_clipping", "fp16", "bf16", "optimizer", "scheduler", "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer")
+        "gradient_clipping", "fp16", "bf16", "optimizer", "scheduler", "steps_per_print", "wall_clock_breakdown",
+        "zero_allow_untested_optimizer")
 
 KIND = Kind(
     id="deepspeed", title="DeepSpeed JSON",
     score=lambda data: count(data, KEYS) if "zero_optimization" in data or "train_micro_batch_size_per_gpu" in data
     or "train_batch_size" in data else 0,
-    read=_read, name=lambda d: None, other=OTHER)
+    read=_read, name=lambda d: None, other=OTHER, unknown=vet)

@@ -2,7 +2,8 @@
 
     draft = Draft(data, path="job.toml", title="torchtitan job TOML")
     draft.mapped("training.seq_len", ("train.seq_len", 8192))       # takes the source key, sets the spec key
-    draft.approximated("lr_scheduler.decay_type", ("train.min_lr_ratio", 0.0), how="cosine, not linear")
+    draft.approximated("lr_scheduler.decay_type", ("train.min_lr_ratio", 0.0), before="a linear decay to 0",
+                       after="a cosine decay to 0", effect="a higher lr through the middle of the run")
     draft.none("parallelism.pipeline_parallel_degree", "no pipeline parallelism: ...")
     draft.group("profiling", "...")                                   # what is left under a table, as one entry
     text = render(draft, header)                                       # the TOML, the report as its comment block
@@ -15,12 +16,15 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from launcher.planning.backends import BACKENDS
 from launcher.targets.toml_text import toml_text
 
+from launcher.planning.read import defaults
+
+from . import batch
+from .known import Unknown
 from .report import APPROXIMATED, MAPPED, NONE, UNSET, Entry, Report, one_line, shown
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -52,21 +56,6 @@ def spec_name(text: str) -> str:
     return name if NAME.match(name) else "imported"
 
 
-@dataclass(slots=True)
-class Batch:
-    """What the source says about the batch; the spec's grad_accum_steps follows from the data-parallel ranks
-    the spec ends with (planning may change tensor_parallel), so it is worked out at each render."""
-
-    micro: int | None = None
-    micro_source: str = ""
-    accum: int | None = None
-    accum_source: str = ""
-    global_: int | None = None
-    global_source: str = ""
-    ranks_note: str = ""
-    """Why the source's data-parallel ranks differ from the spec's (context / pipeline parallel), for the report."""
-
-
 class Draft:
     """A spec being built from a source config, with its report."""
 
@@ -81,10 +70,14 @@ class Draft:
         self.taken: set[str] = set()
         self.placeholders: dict[str, str] = {}
         """Spec keys holding a placeholder -> what to put there instead (marked on their line in the TOML)."""
-        self.batch = Batch()
+        self.batch = batch.Batch()
         self.batch_at: int | None = None
         """Where the batch's entries go in the report: where the importer read the source's batch (note_batch)."""
         self.name = ""
+        self.autos: list[tuple[Entry, str, str]] = []
+        """"auto" entries, the spec key each one names and why (auto())."""
+        self.unknowns: list[Unknown] = []
+        """Keys the source's tool does not read (ignore())."""
 
     # --- the source ------------------------------------------------------------------------------
 
@@ -116,6 +109,16 @@ class Draft:
             node = node.setdefault(part, {})
         node[leaf] = value
 
+    def used(self, key: str) -> Any:
+        """What the spec runs with for `key`: its value, else fp8launch's default."""
+        value = self.value(key)
+        if value is not None:
+            return value
+        node: Any = defaults()
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
     def value(self, key: str, default: Any = None) -> Any:
         node: Any = self.spec
         for part in key.split("."):
@@ -132,7 +135,7 @@ class Draft:
 
     # --- the report ------------------------------------------------------------------------------
 
-    def _entry(self, status: str, source: str | tuple[str, ...], sets: tuple, note: str, value: Any, tag: str = "") -> Entry:
+    def _entry(self, status: str, source: str | tuple[str, ...], sets: tuple, note: str, value: Any) -> Entry:
         sources = (source,) if isinstance(source, str) else tuple(source)
         if value is UNSET:
             values = [self.get(s) for s in sources if self.get(s) is not None]
@@ -141,13 +144,18 @@ class Draft:
             self.take(s)
         for key, v in sets:
             self.set(key, v)
-        return self.report.add(Entry(source=", ".join(sources), status=status, value=value, sets=list(sets), note=note, tag=tag))
+        return self.report.add(Entry(source=", ".join(sources), status=status, value=value, sets=list(sets), note=note))
 
     def mapped(self, source: str | tuple[str, ...], *sets: tuple[str, Any], note: str = "", value: Any = UNSET) -> Entry:
         return self._entry(MAPPED, source, sets, note, value)
 
-    def approximated(self, source: str | tuple[str, ...], *sets: tuple[str, Any], how: str, value: Any = UNSET) -> Entry:
-        return self._entry(APPROXIMATED, source, sets, how, value)
+    def approximated(self, source: str | tuple[str, ...], *sets: tuple[str, Any], before: str, after: str, effect: str,
+                     value: Any = UNSET) -> Entry:
+        """What the source does (`before`) and what the spec does instead (`after`), in numbers where there are
+        numbers, and what that does to the run (`effect`)."""
+        entry = self._entry(APPROXIMATED, source, sets, effect, value)
+        entry.before, entry.after = before, after
+        return entry
 
     def none(self, source: str | tuple[str, ...], why: str, *sets: tuple[str, Any], value: Any = UNSET) -> Entry:
         return self._entry(NONE, source, sets, why, value)
@@ -157,9 +165,17 @@ class Draft:
         self.placeholders[key] = instead
         return self.none(source, f"{why}; {key} = {shown(value)} is a PLACEHOLDER", (key, value))
 
-    def world_unknown(self, why: str) -> None:
-        """The source does not say how many processes run: fp8launch's defaults (1 node x 8), marked as a placeholder."""
-        self.placeholder("(world size)", "distributed.procs_per_node", 8, f"{why}; 1 node x 8 processes (fp8launch's default)",
+    def auto(self, source: str, key: str, why: str) -> Entry:
+        """No equivalent for `source` ("auto": filled in by a program fp8launch does not run); its line says the value the
+        spec uses for `key` (finish() writes it, once the spec is complete)."""
+        entry = self.none(source, why)
+        self.autos.append((entry, key, why))
+        return entry
+
+    def world_unknown(self, why: str, procs: int = 8) -> None:
+        """The source does not say how many processes run: 1 node x `procs` (fp8launch's default 8), a placeholder."""
+        self.placeholder("(world size)", "distributed.procs_per_node", procs,
+                         f"{why}; 1 node x {procs} processes" + (" (fp8launch's default)" if procs == 8 else ""),
                          "your GPUs per node (and distributed.nodes)")
 
     def group(self, prefix: str, why: str) -> Entry | None:
@@ -181,10 +197,36 @@ class Draft:
         self.taken.update(rest)
         return self.report.add(Entry(source="{" + ", ".join(rest) + "}", status=NONE, note=why))
 
+    def ignore(self, found: list[Unknown]) -> None:
+        """Keys the source's tool does not read (known.Unknown): taken now, so that no table's entry swallows them,
+        and reported by leftovers() with "did you mean"."""
+        for u in found:
+            self.taken |= {k for k in self.leaves if k == u.key or k.startswith(u.key + ".")}
+        self.unknowns += found
+
     def leftovers(self, why: str) -> None:
-        """Every leaf no importer took: no equivalent."""
+        """The keys the source's tool does not read, then every leaf no importer took: no equivalent."""
+        for u in self.unknowns:
+            value = self.get(u.key)
+            shown_value = UNSET if isinstance(value, dict) or value is None else value
+            self.report.add(Entry(source=u.key, status=NONE, value=shown_value, note=_unknown_note(u)))
         for key in self.untaken():
             self.none(key, why)
+
+    def finish(self) -> None:
+        """What depends on the whole spec, made again at each planning round: the tables no setting reads dropped
+        (prune), the batch entries, the values the "auto" lines name."""
+        self.prune()
+        self._batch()
+        for entry, key, why in self.autos:
+            used = self.used(key)
+            if key == "distributed.global_batch_size" and not used:
+                value = "micro_batch_size x grad_accum_steps x data-parallel ranks (derived)"
+            elif self.value(key) is None:
+                value = f"{key} = {shown(used)} (fp8launch's default): set it to your run's value"
+            else:
+                value = f"{key} = {shown(used)}"
+            entry.note = f"{why}; the spec uses {value}"
 
     def prune(self) -> None:
         """Drop the backend / strategy tables the spec's choices never read (what rule SECTION-UNUSED warns about): their
@@ -208,6 +250,22 @@ class Draft:
 
     # --- the batch -------------------------------------------------------------------------------
 
+    def _batch(self) -> None:
+        """The batch entries (batch.entries) for the spec as it stands, where the source read its batch (batch_at)."""
+        self.report.entries = [e for e in self.report.entries if e.tag != batch.TAG]
+        at = len(self.report.entries) if self.batch_at is None else min(self.batch_at, len(self.report.entries))
+        d = self.spec.get("distributed", {})
+        ranks = max(1, d.get("nodes", 1) * d.get("procs_per_node", 8) // max(1, d.get("tensor_parallel", 1)))
+        placeholder = "distributed.procs_per_node" in self.placeholders
+        made = batch.entries(self.batch, micro=self.value("train.micro_batch_size"), ranks=ranks, placeholder=placeholder)
+        for entry in made:
+            for key, value in entry.sets:
+                self.set(key, value)
+        self.report.entries[at:at] = made
+        extra = batch.hint(self.batch, self.value("train.micro_batch_size"))
+        if placeholder and extra and extra not in self.placeholders["distributed.procs_per_node"]:
+            self.placeholders["distributed.procs_per_node"] += f"; {extra}"
+
     def note_batch(self, attr: str, value: int, source: str) -> None:
         """The source's micro ("micro"), accumulation ("accum") or global ("global_") batch, read from `source`."""
         setattr(self.batch, attr, int(value))
@@ -216,46 +274,17 @@ class Draft:
         if self.batch_at is None:
             self.batch_at = len(self.report.entries)
 
-    def finish_batch(self) -> None:
-        """train.micro_batch_size and grad_accum_steps from what the source says, for the spec's data-parallel ranks
-        (world size / tensor_parallel): the global batch is what the source's training depends on, so it is kept."""
-        self.report.entries = [e for e in self.report.entries if e.tag != "batch"]
-        at = len(self.report.entries) if self.batch_at is None else min(self.batch_at, len(self.report.entries))
-        before, after = self.report.entries[:at], self.report.entries[at:]
-        self.report.entries = before
-        try:
-            self._batch_entries()
-        finally:
-            self.report.entries += after
+    def split_batch(self, ranks: int, what: str) -> None:
+        """The source has `ranks` context / pipeline parallel ranks (`what`, in its words), data-parallel ranks here."""
+        self.batch.split *= ranks
+        self.batch.split_what = f"{self.batch.split_what} and {what}" if self.batch.split_what else what
+        if self.batch_at is None:
+            self.batch_at = len(self.report.entries)
 
-    def _batch_entries(self) -> None:
-        b = self.batch
-        micro = b.micro or self.value("train.micro_batch_size") or 1
-        if b.micro is not None:
-            self.report.add(Entry(source=b.micro_source, status=MAPPED, value=b.micro, sets=[("train.micro_batch_size", b.micro)], tag="batch"))
-            self.set("train.micro_batch_size", b.micro)
-        d = self.spec.get("distributed", {})
-        world = d.get("nodes", 1) * d.get("procs_per_node", 8)
-        ranks = max(1, world // max(1, d.get("tensor_parallel", 1)))
-        if b.global_ is not None:
-            exact, accum = divmod(b.global_, micro * ranks)
-            accum = max(1, exact if not accum else round(b.global_ / (micro * ranks)))
-            got = micro * accum * ranks
-            how = f"{b.global_} sequences per step = micro_batch_size {micro} x grad_accum_steps {accum} x {ranks} data-parallel ranks"
-            sources = tuple(s for s in (b.global_source, b.accum_source) if s)
-            value = b.global_ if not b.accum_source else [b.global_, b.accum]
-            if got == b.global_ and not b.ranks_note:
-                entry = Entry(source=", ".join(sources), status=MAPPED, value=value, sets=[("train.grad_accum_steps", accum)], note=how, tag="batch")
-            else:
-                note = how if got == b.global_ else (f"{b.global_} sequences per step is not a multiple of micro_batch_size {micro} x "
-                                                     f"{ranks} data-parallel ranks: grad_accum_steps {accum} gives {got}")
-                entry = Entry(source=", ".join(sources), status=APPROXIMATED, value=value, sets=[("train.grad_accum_steps", accum)],
-                              note="; ".join(x for x in (note, b.ranks_note) if x), tag="batch")
-            self.report.add(entry)
-            self.set("train.grad_accum_steps", accum)
-        elif b.accum is not None:
-            self.report.add(Entry(source=b.accum_source, status=MAPPED, value=b.accum, sets=[("train.grad_accum_steps", b.accum)], tag="batch"))
-            self.set("train.grad_accum_steps", b.accum)
+
+def _unknown_note(u: Unknown) -> str:
+    near = f" (did you mean {u.near}?)" if u.near else ""
+    return f"unknown to {u.tool}{near}: {u.says}; nothing in the spec comes from it"
 
 
 def render(draft: Draft, header: list[str]) -> str:

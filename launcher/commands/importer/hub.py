@@ -18,30 +18,54 @@ from .draft import Draft
 LLAMA3 = ("builtin:llama3-1b", "builtin:llama3-8b", "builtin:llama3-70b")
 """The builtin Llama 3 shapes, smallest first (parameter counts from launcher/planning/models.py)."""
 
+MOE = ("builtin:deepseek-v3-16b", "builtin:qwen3-30b-a3b")
+"""The builtin MoE shapes of a real model's size."""
+
 BY_NAME = (
     (re.compile(r"qwen-?3.*30b.*a3b", re.I), "builtin:qwen3-30b-a3b"),
     (re.compile(r"deepseek.*(moe.*16b|v3.*16b|16b)", re.I), "builtin:deepseek-v3-16b"),
 )
 """Names of MoE models with a builtin shape (qwen3 30B-A3B, deepseek-moe-16b = torchtitan's DeepSeek-V3 16B)."""
 
+MOE_NAME = re.compile(r"moe|mixtral|\d+x\d+(\.\d+)?b|-a\d+(\.\d+)?b|gpt[-_]?oss|deepseek[-_ ]?v[23]|llama[-_ ]?4|"
+                      r"experts?\b", re.I)
+"""A model name that says Mixture-of-Experts."""
+
 DEBUG = "builtin:llama-debug"
+MOE_DEBUG = "builtin:moe-debug"
 
 
 def size_in_billions(name: str) -> float | None:
-    """'Llama-3.2-3B' -> 3.0, '405B' -> 405.0, 'llama3_8b' -> 8.0; None when the name says no size."""
-    m = re.findall(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)\s*b(?![a-z])", name.lower().replace("_", "-"))
-    return float(m[-1]) if m else None
+    """'Llama-3.2-3B' -> 3.0, '405B' -> 405.0, 'llama3_8b' -> 8.0, 'Mixtral-8x7B' -> 56.0 (experts x size); None when the
+    name says no size."""
+    text = name.lower().replace("_", "-")
+    experts = re.findall(r"(?<![a-z0-9.])(\d+)x(\d+(?:\.\d+)?)\s*b(?![a-z])", text)
+    if experts:
+        n, size = experts[-1]
+        return int(n) * float(size)
+    m = re.findall(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)\s*b(?![a-z])", text)
+    return float(m[0]) if m and MOE_NAME.search(name) else float(m[-1]) if m else None
+
+
+def nearest(choices: tuple[str, ...], billions: float) -> str:
+    """The builtin of `choices` nearest `billions` parameters (in log parameters)."""
+    return min(choices, key=lambda m: abs(math.log(model_params(m) / (billions * 1e9))))
 
 
 def nearest_builtin(name: str) -> str:
-    """The builtin shape nearest what `name` says: the MoE shapes by name, a Llama 3 by size (nearest in log
-    parameters), else builtin:llama-debug."""
+    """The builtin shape nearest what `name` says: the MoE shapes by name, then an MoE name the MoE builtin nearest its
+    size (the largest without one; builtin:moe-debug for a debug model), a Llama 3 by size (nearest in log parameters),
+    else builtin:llama-debug."""
     for pattern, builtin in BY_NAME:
         if pattern.search(name):
             return builtin
     size = size_in_billions(name)
+    if MOE_NAME.search(name):
+        if "debug" in name.lower():
+            return MOE_DEBUG
+        return nearest(MOE, size) if size else MOE[-1]
     if re.search(r"llama[-_ ]?3", name, re.I) and size:
-        return min(LLAMA3, key=lambda m: abs(math.log(model_params(m) / (size * 1e9))))
+        return nearest(LLAMA3, size)
     return DEBUG
 
 
@@ -63,10 +87,12 @@ def model(draft: Draft, source: str | tuple[str, ...], name: str, *, shape_hint:
     name becomes a placeholder (the nearest builtin shape) and the download to do."""
     local = local_model(name, os.path.dirname(os.path.abspath(draft.path)))
     if local:
-        draft.mapped(source, ("train.model", f"hf:{local}"), note="a local Hugging Face model folder (its config.json; weights read when present)")
+        draft.mapped(source, ("train.model", f"hf:{local}"),
+                     note="a local Hugging Face model folder (its config.json; weights read when present)")
         return
     builtin = nearest_builtin(shape_hint or name)
-    like = f"the builtin shape nearest {shape_hint or name}" if builtin != DEBUG else "a tiny builtin model"
+    like = f"the builtin shape nearest {shape_hint or name}" if builtin not in (DEBUG, MOE_DEBUG) else \
+        f"a tiny builtin {'MoE ' if builtin == MOE_DEBUG else ''}model"
     if is_hub_id(name):
         why = (f"fp8launch reads only local models: download it (huggingface-cli download {name} --local-dir DIR) and set "
                f'train.model = "hf:DIR" (its config.json, and its weights when the run should start from them)')
@@ -97,9 +123,20 @@ def dataset(draft: Draft, source: str | tuple[str, ...], name: str, *, column: s
     draft.placeholder(source, "train.data", "synthetic", why, f"the local data of {hub}")
 
 
-def script(draft: Draft, what: str) -> None:
-    """Placeholders for a source that holds no model and no data (its training script builds them)."""
+def script(draft: Draft, what: str, optimizer: bool = True) -> None:
+    """Placeholders for a source that holds no model, no data and no step count (its training script has them), and
+    the optimizer and schedule fp8launch fills in where the source holds none either."""
     draft.placeholder("(model)", "train.model", DEBUG, f"{what} holds no model: the training script builds it",
                       'your model: "hf:DIR" (a downloaded Hub model), "builtin:NAME" or "py:module:function"')
     draft.placeholder("(data)", "train.data", "synthetic", f"{what} holds no data: the training script loads it",
                       'your data: "text:PATH", "tokens:PATH", "megatron:PREFIX", "hf-dataset:PATH" or "py:module:function"')
+    if draft.value("train.steps") is None:
+        draft.placeholder("(steps)", "train.steps", draft.used("train.steps"), f"{what} holds no step count: the training script "
+                          "decides it", "your run's optimizer steps")
+    if optimizer and draft.value("train.optimizer") is None and draft.value("train.lr") is None:
+        used = {k: draft.used(f"train.{k}") for k in ("optimizer", "lr", "adam_betas", "weight_decay", "warmup_steps", "min_lr_ratio")}
+        draft.none("(optimizer, schedule)", f"{what} holds neither: the training script builds them; the spec uses fp8launch's "
+                                            f"{used['optimizer']} with lr {used['lr']}, betas {tuple(used['adam_betas'])}, weight_decay "
+                                            f"{used['weight_decay']}, {used['warmup_steps']} warm-up steps and a cosine decay to "
+                                            f"{used['min_lr_ratio']} x lr: set train.optimizer, lr, warmup_steps and min_lr_ratio to "
+                                            "the script's")

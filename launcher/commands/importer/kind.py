@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .draft import Draft
+from .known import Unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,8 @@ class Kind:
     """The run's name in the source (None: the file name is used)."""
     other: str
     """Why a setting no rule of the kind reads has no equivalent."""
+    unknown: Callable[[Draft], list[Unknown]] = lambda d: []
+    """The keys of the source its tool does not read (known/): refused where the tool refuses them, else reported."""
 
 
 def count(data: dict, paths: tuple[str, ...]) -> int:

@@ -16,10 +16,14 @@ checkpoint, rng, ddp, mixed_precision) config. Both run Megatron-Core with Trans
 
 from __future__ import annotations
 
+from launcher.planning.memory import model_params
+from launcher.planning.models import parse_builtin
+
 from . import hub
 from .draft import Draft
-from .report import MAPPED, Entry
+from .known import Unknown, unknown
 from .kind import Kind, count
+from .report import MAPPED, Entry
 
 PRESETS = {
     "bf16_mixed": {"bf16": True},
@@ -41,11 +45,14 @@ ARCHITECTURE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_h
                 "rotary_base", "rotary_percentage", "share_embeddings_and_output_weights", "add_bias_linear", "bias", "layernorm_epsilon",
                 "init_method_std", "hidden_dropout", "attention_dropout", "ffn_dropout", "make_vocab_size_divisible_by", "num_moe_experts",
                 "moe_router_topk", "seq_len_interpolation_factor", "apply_query_key_layer_scaling", "use_scaled_init_method",
-                "transformer_block_type", "headscale", "openai_gelu", "normalize_attention_scores", "attention_type", "untie_embeddings_and_output_weights")
+                "transformer_block_type", "headscale", "openai_gelu", "normalize_attention_scores", "attention_type",
+                "untie_embeddings_and_output_weights")
 
-SHAPES = {"builtin:llama3-8b": {"num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 14336, "num_attention_heads": 32, "num_query_groups": 8},
-          "builtin:llama3-70b": {"num_layers": 80, "hidden_size": 8192, "ffn_hidden_size": 28672, "num_attention_heads": 64, "num_query_groups": 8},
-          "builtin:llama3-1b": {"num_layers": 16, "hidden_size": 2048, "ffn_hidden_size": 8192, "num_attention_heads": 32, "num_query_groups": 8}}
+SHAPES = {
+    "builtin:llama3-8b": dict(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32, num_query_groups=8),
+    "builtin:llama3-70b": dict(num_layers=80, hidden_size=8192, ffn_hidden_size=28672, num_attention_heads=64, num_query_groups=8),
+    "builtin:llama3-1b": dict(num_layers=16, hidden_size=2048, ffn_hidden_size=8192, num_attention_heads=32, num_query_groups=8),
+}
 """Builtin Llama shapes in Megatron's words (launcher/planning/models.py)."""
 
 
@@ -72,6 +79,7 @@ def _read(d: Draft) -> None:
         for other in NAMES:
             if other != chosen and d.has(other):
                 d.mapped(other, note=f"the spec is named after {chosen}")
+    _override(d)
     preset = _preset(d)
     fp8 = _fp8(d, preset)
     _half(d, fp8, preset)
@@ -83,6 +91,15 @@ def _read(d: Draft) -> None:
     _model(d)
     _data(d)
     _checkpoint_and_logs(d)
+
+
+def _override(d: Draft) -> None:
+    """A Megatron-Bridge override file (no `_target_`, Bridge's tables): what it leaves out is the recipe's, which is Python."""
+    if not any(k.endswith("_target_") for k in d.leaves) and any(d.has(k) for k in ("train", "scheduler", "dataset", "optimizer")) \
+            and not d.has("trainer"):
+        d.none("(recipe)", "a Megatron-Bridge override file: every setting it leaves out (the model, the parallelism, the distributed "
+                           "optimizer, ...) comes from the recipe's Python, which the import cannot read; the spec takes fp8launch's "
+                           "defaults there: compare them with the recipe's")
 
 
 def _preset(d: Draft) -> dict:
@@ -111,8 +128,8 @@ def _src(d: Draft, preset: dict, *keys: str) -> str | tuple[str, ...]:
 
 
 FP8_KEYS = ("fp8", "fp8_e4m3", "fp8_hybrid", "fp8_margin", "fp8_interval", "fp8_amax_history_len", "fp8_amax_compute_algo", "reduce_amax",
-            "fp8_recipe", "fp8_params", "fp8_param", "fp8_param_gather", "fp8_wgrad", "fp8_dot_product_attention", "fp8_multi_head_attention",
-            "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")
+            "fp8_recipe", "fp8_params", "fp8_param", "fp8_param_gather", "fp8_wgrad", "fp8_dot_product_attention",
+            "fp8_multi_head_attention", "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16")
 
 
 def _fp8(d: Draft, preset: dict) -> bool:
@@ -140,7 +157,9 @@ def _fp8(d: Draft, preset: dict) -> bool:
         d.mapped(_src(d, preset, "fp8_recipe") or "(fp8_recipe)", ("precision.te.recipe", RECIPES[recipe]), value=recipe,
                  note="" if _at(d, "fp8_recipe") or preset else "NeMo 1.x: DelayedScaling")
     else:
-        d.approximated(_src(d, preset, "fp8_recipe"), ("precision.te.recipe", "current"), how=f"fp8launch has no {recipe}: current scaling")
+        d.approximated(_src(d, preset, "fp8_recipe"), ("precision.te.recipe", "current"), before=f"Megatron's {recipe} FP8 recipe",
+                       after="Transformer Engine's current scaling (per-tensor)", effect=f"fp8launch has no {recipe}: other scales, "
+                       "so other rounding")
     for key, target in (("fp8_margin", "precision.te.margin"), ("fp8_amax_history_len", "precision.te.amax_history_len"),
                         ("fp8_amax_compute_algo", "precision.te.amax_compute_algo"), ("reduce_amax", "precision.te.reduce_amax")):
         value = _value(d, preset, key)
@@ -150,14 +169,16 @@ def _fp8(d: Draft, preset: dict) -> bool:
     interval = _at(d, "fp8_interval")
     if interval:
         if int(d.get(interval)) == 1:
-            d.mapped(interval, note="Transformer Engine >= 2.2 removed it and updates the scale every step, which is interval 1 (TE-REMOVED-KEY)")
+            d.mapped(interval, note="Transformer Engine >= 2.2 removed it and updates the scale every step, which is interval 1 "
+                                    "(TE-REMOVED-KEY)")
         else:
             d.none(interval, "Transformer Engine >= 2.2 removed it: the scale is updated every step (rule TE-REMOVED-KEY)")
     params = next((k for k in ("fp8_params", "fp8_param", "fp8_param_gather") if _value(d, preset, k) is not None), None)
     if params:
         sources = _src(d, preset, "fp8_params", "fp8_param", "fp8_param_gather")
-        d.mapped(sources, ("precision.te.fp8_params", bool(_value(d, preset, params))), value=_value(d, preset, params),
-                 note="weights kept in FP8 and all-gathered in FP8")
+        on = bool(_value(d, preset, params))
+        d.mapped(sources, ("precision.te.fp8_params", on), value=_value(d, preset, params),
+                 note="weights kept in FP8 and all-gathered in FP8" if on else "weights kept in high precision, cast to FP8 per GEMM")
     for key, target in (("fp8_dot_product_attention", "precision.te.fp8_dpa"), ("fp8_multi_head_attention", "precision.te.fp8_mha")):
         if _at(d, key):
             d.mapped(_at(d, key), (target, bool(d.get(_at(d, key)))))
@@ -170,7 +191,8 @@ def _fp8(d: Draft, preset: dict) -> bool:
             if chosen and other != chosen and d.has(other) and other not in d.taken:
                 d.mapped(other, note=f"{chosen} sets it")
     first_last = _value(d, preset, "first_last_layers_bf16") is True
-    start, end = (int(_value(d, preset, k, 0) or 0) if first_last else 0 for k in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"))
+    start, end = (int(_value(d, preset, k, 0) or 0) if first_last else 0
+                  for k in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"))
     sets = [("precision.keep_first_blocks", start), ("precision.keep_last_blocks", end)] if first_last else []
     head = "Megatron-Core runs only the transformer layers in FP8, the output layer in bf16: keep_first_last keeps it"
     if first_last and start >= 1:
@@ -179,8 +201,9 @@ def _fp8(d: Draft, preset: dict) -> bool:
     else:
         if first_last:
             d.mapped(_src(d, preset, "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"), *sets)
-        d.approximated("(output layer)", ("precision.keep_first_last", True),
-                       how=head + ", and the first Linear of block 0 too, which Megatron runs in FP8")
+        d.approximated("(output layer)", ("precision.keep_first_last", True), before="the output layer in bf16, every block in FP8",
+                       after="the output layer and the first Linear (block 0's first projection) in bf16",
+                       effect="one more Linear in bf16 than Megatron: a little slower, a little closer to bf16")
     return True
 
 
@@ -196,9 +219,10 @@ def _half(d: Draft, fp8: bool, preset: dict) -> None:
         d.mapped(_src(d, preset, mode), (target, mode))
     elif isinstance(d.get("mixed_precision"), str) and not fp8:
         d.mapped("mixed_precision", note="fp8launch's default precision")
+    _moments(d)
     for key in ("optimizer.bf16", "optimizer.fp16", "optimizer.params_dtype", "optimizer.main_grads_dtype", "optimizer.main_params_dtype",
                 "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype", "optimizer.use_precision_aware_optimizer"):
-        if d.has(key):
+        if d.has(key) and key not in d.taken:
             d.mapped(key, note="fp8launch keeps fp32 master weights, gradients and optimizer states")
     for key in ("bf16", "fp16", "fp32", "params_dtype", "pipeline_dtype", "autocast_enabled", "autocast_dtype", "grad_reduce_in_fp32",
                 "megatron_amp_O2", "native_amp_init_scale", "native_amp_growth_interval", "hysteresis", "loss_scale", "initial_loss_scale",
@@ -209,6 +233,32 @@ def _half(d: Draft, fp8: bool, preset: dict) -> None:
     if isinstance(d.get("mixed_precision"), str):
         d.take("mixed_precision")
     d.group("mixed_precision", "a Megatron mixed-precision option fp8launch has no equivalent for")
+
+
+def _dtype(value) -> str:
+    """A dtype as Megatron-Bridge's YAML writes it ({_target_: torch.bfloat16} or a string) -> fp32 / bf16 / fp16 / uint8."""
+    text = str(value.get("_target_", "") if isinstance(value, dict) else value).lower()
+    return next((name for word, name in (("bfloat16", "bf16"), ("float16", "fp16"), ("half", "fp16"), ("uint8", "uint8"),
+                                         ("float32", "fp32")) if word in text), "fp32")
+
+
+def _moments(d: Draft) -> None:
+    """Megatron-Core's precision-aware optimizer keeps the Adam moments in exp_avg_dtype / exp_avg_sq_dtype (TE's FusedAdam)."""
+    keys = ("optimizer.use_precision_aware_optimizer", "optimizer.exp_avg_dtype", "optimizer.exp_avg_sq_dtype")
+    if d.get(keys[0]) is not True:
+        return
+    dtypes = {_dtype(d.get(k, "float32")) for k in keys[1:]}
+    sources = tuple(k for k in keys if d.has(k))
+    if dtypes == {"fp32"}:
+        d.mapped(sources, ("precision.optimizer_states", "fp32"))
+    elif dtypes == {"bf16"}:
+        d.mapped(sources, ("precision.optimizer_states", "bf16"), note="both moments in bf16")
+    else:
+        states = "fp8" if "uint8" in dtypes else "bf16"
+        d.approximated(sources, ("precision.optimizer_states", states),
+                       before=f"Transformer Engine FusedAdam's moments in {' / '.join(sorted(dtypes))}",
+                       after="torchao's AdamWFp8 (e4m3 codes, one scale per 256 values)" if states == "fp8" else "both moments in bf16",
+                       effect="low-precision moments in both; their rounding differs")
 
 
 def _world(d: Draft) -> None:
@@ -229,19 +279,23 @@ def _world(d: Draft) -> None:
         elif on:
             d.mapped(sp, note="fp8launch's tensor parallel is torchtitan's plan, with sequence parallel")
         else:
-            d.approximated(sp, how="fp8launch's tensor parallel always shards the norms' activations over the sequence (sequence parallel)")
-    notes = []
+            d.approximated(sp, before="tensor parallel without sequence parallel: the norms' activations replicated",
+                           after="sequence parallel: the norms' activations sharded over the sequence",
+                           effect="less activation memory; the same numerics")
     for key, what in (("pipeline_model_parallel_size", "pipeline"), ("context_parallel_size", "context"),
                       ("virtual_pipeline_model_parallel_size", "virtual pipeline")):
         where = _at(d, key)
         if where and int(d.get(where)) > 1:
-            d.none(where, f"fp8launch has no {what} parallelism; those ranks become data-parallel ranks "
-                          "(train.grad_accum_steps keeps the global batch)")
-            notes.append(what)
+            n = int(d.get(where))
+            effect = {"pipeline": "its stages' ranks become data-parallel ranks, each holding every layer",
+                      "context": "its ranks become data-parallel ranks, each holding whole sequences",
+                      "virtual pipeline": "its interleaved chunks have no equivalent"}[what]
+            batch = "" if what == "virtual pipeline" else " (the batch line says what that does to the global batch)"
+            d.none(where, f"fp8launch has no {what} parallelism: {effect}{batch}")
+            if what != "virtual pipeline":
+                d.split_batch(n, f"{key} {n}")
         elif where:
             d.mapped(where, note="off")
-    if notes:
-        d.batch.ranks_note = f"the source's {' and '.join(notes)} parallel ranks are data-parallel ranks here"
     ep = _at(d, "expert_model_parallel_size")
     if ep:
         d.mapped(ep, ("distributed.expert_parallel", int(d.get(ep))))
@@ -250,12 +304,16 @@ def _world(d: Draft) -> None:
 def _strategy(d: Draft) -> None:
     name = str(d.get("model.optim.name", ""))
     keys = tuple(k for k in ("model.optim.name", "optimizer.use_distributed_optimizer", "ddp.use_distributed_optimizer") if d.has(k))
-    distributed = "distributed" in name or d.get("optimizer.use_distributed_optimizer") is True or d.get("ddp.use_distributed_optimizer") is True
+    distributed = ("distributed" in name or d.get("optimizer.use_distributed_optimizer") is True
+                   or d.get("ddp.use_distributed_optimizer") is True)
     if d.get("model.fsdp") is True:
-        d.approximated("model.fsdp", ("distributed.strategy", "fsdp2"), how="NeMo's torch FSDP (FSDP1): fp8launch shards with FSDP2")
+        d.approximated("model.fsdp", ("distributed.strategy", "fsdp2"), before="NeMo's torch FSDP (FSDP1)", after="FSDP2 (fully_shard)",
+                       effect="parameters, gradients and optimizer states are sharded as before")
     elif distributed:
         d.approximated(keys, ("distributed.strategy", "deepspeed"), ("distributed.deepspeed.zero_stage", 1),
-                       how="Megatron's distributed optimizer shards the optimizer states over the data-parallel ranks: DeepSpeed ZeRO-1")
+                       before="Megatron's distributed optimizer: the optimizer states sharded over the data-parallel ranks",
+                       after="DeepSpeed ZeRO-1: the same sharding, DeepSpeed's engine",
+                       effect="the same memory for the optimizer states; another engine's communication schedule")
     else:
         d.mapped(keys or "(strategy)", ("distributed.strategy", "ddp"), note="Megatron's DDP")
     for key in ("model.fsdp_sharding_strategy", "model.fsdp_grad_reduce_dtype", "model.fsdp_sharded_checkpoint"):
@@ -274,13 +332,19 @@ def _batch_and_steps(d: Draft) -> None:
     steps = next((k for k in ("trainer.max_steps", "train.train_iters") if d.has(k)), None)
     if steps:
         d.mapped(steps, ("train.steps", int(d.get(steps))))
-    seq = next((k for k in ("model.encoder_seq_length", "model.seq_length", "dataset.seq_length", "model.data.seq_length") if d.has(k)
-                and isinstance(d.get(k), int)), None)
+    # the batches are the dataset's sequence length; Megatron-Bridge's model.seq_length is the model's context (a dump of
+    # a recipe can say 131072 and train at 1024: ConfigContainer.validate compares the two only for its own dataset classes)
+    data = next((k for k in ("dataset.seq_length", "dataset.sequence_length", "model.data.seq_length") if isinstance(d.get(k), int)), None)
+    seq = data or next((k for k in ("model.encoder_seq_length", "model.seq_length") if isinstance(d.get(k), int)), None)
     if seq:
-        d.mapped(seq, ("train.seq_len", int(d.get(seq))))
-        for other in ("model.seq_length", "dataset.seq_length", "model.data.seq_length", "model.max_position_embeddings"):
+        n = int(d.get(seq))
+        d.mapped(seq, ("train.seq_len", n), note="the dataset's sequence length: every batch is this long" if data else "")
+        for other in ("model.encoder_seq_length", "model.seq_length", "dataset.seq_length", "dataset.sequence_length",
+                      "model.data.seq_length", "model.max_position_embeddings"):
             if d.has(other) and other not in d.taken:
-                d.mapped(other, note="the same sequence length")
+                value = d.get(other)
+                d.mapped(other, note="the same sequence length" if value == n else
+                         f"the model's context, not the batches' length ({n}): RoPE needs no table in fp8launch")
     clip = next((k for k in ("trainer.gradient_clip_val", "optimizer.clip_grad") if d.has(k)), None)
     if clip:
         d.mapped(clip, ("train.max_grad_norm", float(d.get(clip))))
@@ -300,7 +364,8 @@ def _optimizer(d: Draft) -> None:
     elif "adam" in name or name == "mcore_distributed_optim":  # NeMo's Megatron-Core optimizer: Adam unless optim.optimizer says otherwise
         d.mapped(key, ("train.optimizer", "adamw"), value=name, note="Megatron's and NeMo's Adam decay the weights decoupled: AdamW")
     else:
-        d.approximated(key, ("train.optimizer", "adamw"), how=f"fp8launch has adamw, adam and sgd, not {name}")
+        d.approximated(key, ("train.optimizer", "adamw"), before=name, after="torch's AdamW",
+                       effect=f"fp8launch has adamw, adam and sgd: another update rule than {name}'s")
     if d.has(f"{o}.lr"):
         d.mapped(f"{o}.lr", ("train.lr", float(d.get(f"{o}.lr"))))
     if d.has(f"{o}.weight_decay"):
@@ -325,6 +390,9 @@ def _optimizer(d: Draft) -> None:
 def _schedule(d: Draft) -> None:
     s = next((p for p in ("model.optim.sched", "scheduler") if isinstance(d.get(p), dict)), None)
     if s is None:
+        if isinstance(d.get("model.optim"), dict):  # NeMo 1.x builds no scheduler without optim.sched
+            d.mapped("(model.optim.sched)", ("train.warmup_steps", 0), ("train.min_lr_ratio", 1.0),
+                     note="no sched: NeMo keeps the lr constant, so does the spec")
         return
     style = d.get(f"{s}.name", d.get(f"{s}.lr_decay_style"))
     key = f"{s}.name" if d.has(f"{s}.name") else f"{s}.lr_decay_style"
@@ -334,22 +402,30 @@ def _schedule(d: Draft) -> None:
         elif str(style) in ("constant", "Constant"):
             d.mapped(key, ("train.min_lr_ratio", 1.0), note="constant after the warm-up")
         else:
-            d.approximated(key, how=f"{style} becomes fp8launch's cosine decay to the same end")
+            d.approximated(key, before=f"a {style} decay", after="a cosine decay to the same end",
+                           effect="the same start and end; the lr in between differs")
     warmup = next((k for k in (f"{s}.warmup_steps", f"{s}.lr_warmup_iters") if d.has(k)), None)
     if warmup:
         value = d.get(warmup)
         if float(value).is_integer():
             d.mapped(warmup, ("train.warmup_steps", int(value)))
         else:
-            d.approximated(warmup, ("train.warmup_steps", round(float(value))), how="rounded to whole steps")
+            d.approximated(warmup, ("train.warmup_steps", round(float(value))), before=f"{value} warm-up steps",
+                           after=f"{round(float(value))}", effect="fp8launch counts whole steps")
     if d.has(f"{s}.min_lr") and d.has("model.optim.lr"):
-        d.mapped(f"{s}.min_lr", ("train.min_lr_ratio", round(float(d.get(f"{s}.min_lr")) / float(d.get("model.optim.lr")), 6)), note="min_lr / lr")
+        d.mapped(f"{s}.min_lr", ("train.min_lr_ratio", round(float(d.get(f"{s}.min_lr")) / float(d.get("model.optim.lr")), 6)),
+                 note="min_lr / lr")
     for key in (f"{s}.constant_steps", f"{s}.lr_warmup_init"):
         if d.has(key):
-            (d.mapped(key, note="0") if float(d.get(key)) == 0 else d.approximated(key, how="fp8launch's schedule has no constant phase"))
+            if float(d.get(key)) == 0:
+                d.mapped(key, note="0")
+            else:
+                d.approximated(key, before=f"{key.rsplit('.', 1)[1]} = {d.get(key)}", after="none",
+                               effect="fp8launch's schedule has no constant phase and starts its warm-up near 0")
     for key in (f"{s}.max_steps_for_lr_sched", f"{s}.lr_decay_iters", f"{s}.lr_wsd_decay_iters"):
         if d.has(key):
-            d.approximated(key, how="fp8launch's decay ends at train.steps")
+            d.approximated(key, before=f"the decay ends at {d.get(key)} steps", after="at train.steps",
+                           effect="the decay is stretched or cut to the run's length")
     start, end = d.get(f"{s}.start_weight_decay"), d.get(f"{s}.end_weight_decay")
     if start is not None and end is not None:
         style = str(d.get(f"{s}.weight_decay_incr_style", "constant"))
@@ -361,27 +437,55 @@ def _schedule(d: Draft) -> None:
             d.mapped(sources, ("train.weight_decay", float(end)),
                      note="Megatron's scheduler sets the weight decay every step (constant: end_weight_decay), over optimizer.weight_decay")
         else:
-            d.approximated(sources, ("train.weight_decay", float(end)), how=f"a {style} weight-decay ramp: fp8launch's is constant, the end value")
+            d.approximated(sources, ("train.weight_decay", float(end)), before=f"a {style} weight-decay ramp from {start} to {end}",
+                           after=f"a constant {end}", effect="more weight decay early in the run" if float(end) > float(start)
+                           else "less weight decay early in the run")
+    if d.value("train.min_lr_ratio") is None:  # NeMo's CosineAnnealing(min_lr=0.0), Megatron's --min-lr 0.0
+        d.mapped("(min_lr)", ("train.min_lr_ratio", 0.0), value=0.0, note="NeMo's and Megatron's default: the decay ends at 0")
     d.group(s, "a Megatron schedule option fp8launch has no equivalent for")
 
 
 def _model(d: Draft) -> None:
     found = {k: _get(d, k) for k in ARCHITECTURE if _at(d, k) and not _at(d, k).startswith("trainer.")}
     sources = tuple(_at(d, k) for k in found)
+    experts = int(found.get("num_moe_experts") or 0)
     for builtin, shape in SHAPES.items():
-        if shape and all(found.get(k) == v for k, v in shape.items()):
-            d.mapped(sources, ("train.model", builtin), value=f"{len(found)} settings", note=f"the {builtin} shape")
+        if experts <= 1 and all(found.get(k) == v for k, v in shape.items()):
+            _same_shape(d, sources, builtin, found)
             return
-    tokenizer = _get(d, "tokenizer_model") or d.get("tokenizer.tokenizer_model")
+    tokenizer = _get(d, "tokenizer_model") or d.get("tokenizer.tokenizer_model") or d.get("model.tokenizer.type")
+    name = d.get("run.name") or d.get("name") or ""
     if isinstance(tokenizer, str) and hub.is_hub_id(tokenizer):
-        hub.model(d, sources or "(model)", tokenizer)
+        hub.model(d, sources or "(model)", tokenizer, shape_hint=f"{tokenizer} {'moe' if experts > 1 else ''}")
     elif found:
-        hint = f"{found.get('num_layers', '?')} layers x {found.get('hidden_size', '?')}"
-        d.placeholder(sources, "train.model", hub.DEBUG, f"a Megatron model shape ({hint}) that is no fp8launch builtin: write it as a Hugging "
-                      'Face config.json and set train.model = "hf:DIR"', 'your model as "hf:DIR"')
+        hint = f"{found.get('num_layers', '?')} layers x {found.get('hidden_size', '?')}" + (f", {experts} experts" if experts > 1 else "")
+        builtin = hub.nearest_builtin(f"{name} moe") if experts > 1 else hub.DEBUG
+        d.placeholder(sources, "train.model", builtin, f"a Megatron model shape ({hint}) that is no fp8launch builtin: write it as a "
+                      'Hugging Face config.json and set train.model = "hf:DIR"' + ("; until then the MoE builtin nearest its name"
+                                                                                   if experts > 1 else ""), 'your model as "hf:DIR"')
     else:
         d.placeholder("(model)", "train.model", hub.DEBUG, "the config names no model shape (the recipe's Python builds it)",
                       'your model as "hf:DIR" or "builtin:NAME"')
+
+
+def _same_shape(d: Draft, sources: tuple[str, ...], builtin: str, found: dict) -> None:
+    """A builtin of the model's shape; tied embeddings (share_embeddings_and_output_weights, NeMo's and Megatron-Core's
+    default where unset) are not: every builtin has an output head of its own."""
+    tied = found.get("share_embeddings_and_output_weights")
+    untie = found.get("untie_embeddings_and_output_weights")
+    tied = (not untie) if untie is not None else True if tied is None else bool(tied)
+    if not tied:
+        d.mapped(sources, ("train.model", builtin), value=f"{len(found)} settings", note=f"the {builtin} shape, untied as the source")
+        return
+    total = model_params(builtin)
+    cfg = parse_builtin(builtin)
+    own = total - cfg.vocab_size * cfg.dim
+    default = "" if _at(d, "share_embeddings_and_output_weights") else " (Megatron-Bridge's and NeMo's default)"
+    d.approximated(sources, ("train.model", builtin), value=f"{len(found)} settings",
+                   before=f"the {builtin} shape with the output layer tied to the embedding{default}: {own / 1e9:.2f}B parameters",
+                   after=f"{builtin}, untied: {total / 1e9:.2f}B parameters",
+                   effect=f"{(total - own) / 1e9:.2f}B more parameters (the output head) to hold, train and checkpoint; the head "
+                          "learns apart from the embedding")
 
 
 def _data(d: Draft) -> None:
@@ -396,7 +500,8 @@ def _data(d: Draft) -> None:
         if len(paths) == 1 and "${" not in paths[0]:
             d.mapped(prefix, ("train.data", f"megatron:{paths[0]}"), note="a Megatron-Core indexed dataset (PREFIX.bin + PREFIX.idx)")
         else:
-            d.placeholder(prefix, "train.data", "synthetic", "a blend of Megatron datasets" + (" with ${...} interpolations" if any("${" in p for p in paths) else "")
+            interpolated = " with ${...} interpolations" if any("${" in p for p in paths) else ""
+            d.placeholder(prefix, "train.data", "synthetic", "a blend of Megatron datasets" + interpolated
                           + ': fp8launch reads one "megatron:PREFIX": merge them (Megatron\'s tools/merge_datasets.py) or pick one',
                           '"megatron:PREFIX" of your data')
     for key in ("model.tokenizer.model", "tokenizer.tokenizer_model"):
@@ -431,7 +536,8 @@ def _checkpoint_and_logs(d: Draft) -> None:
     top_k = d.get("exp_manager.checkpoint_callback_params.save_top_k")
     if top_k is not None:
         d.approximated("exp_manager.checkpoint_callback_params.save_top_k", ("train.keep_checkpoints", max(1, int(top_k))),
-                       how="fp8launch keeps the newest N checkpoints, not the N best by validation loss")
+                       before=f"the {top_k} best checkpoints by validation loss", after=f"the newest {max(1, int(top_k))}",
+                       effect="another set of checkpoints is kept; training is the same")
     if d.has("trainer.log_every_n_steps"):
         d.mapped("trainer.log_every_n_steps", ("train.log_every", int(d.get("trainer.log_every_n_steps"))))
     if d.has("logger.log_interval"):
@@ -446,8 +552,8 @@ def _checkpoint_and_logs(d: Draft) -> None:
                 "train.eval_interval", "train.eval_iters"):
         if d.has(key):
             d.none(key, "fp8launch evaluates on [eval] data every eval.every steps (set it once the data is local)")
-    d.group("exp_manager", "NeMo's experiment manager (log folders, checkpoint callback, resume): fp8launch keeps everything in train.output_dir "
-                           "and resumes from its newest checkpoint (train.resume)")
+    d.group("exp_manager", "NeMo's experiment manager (log folders, checkpoint callback, resume): fp8launch keeps everything in "
+                           "train.output_dir and resumes from its newest checkpoint (train.resume)")
     d.group("trainer", "a PyTorch Lightning trainer option fp8launch has no equivalent for")
     d.group("checkpoint", "fp8launch checkpoints with DCP into <train.output_dir>/checkpoints (docs/checkpoints.md)")
     d.group("logger", "fp8launch logs to <train.output_dir> and the trackers of [log]")
@@ -455,8 +561,8 @@ def _checkpoint_and_logs(d: Draft) -> None:
         d.group(key, "a launcher / runtime option of the source project fp8launch has no equivalent for")
     if d.get("model.fsdp") is False:
         d.mapped("model.fsdp", note="off")
-    d.group("model.ub_tp_comm_overlap_cfg", "Transformer Engine's userbuffers overlap of tensor-parallel communication: fp8launch's async TP "
-                                            "(distributed.async_tp) overlaps them for torchao")
+    d.group("model.ub_tp_comm_overlap_cfg", "Transformer Engine's userbuffers overlap of tensor-parallel communication: fp8launch's "
+                                            "async TP (distributed.async_tp) overlaps them for torchao")
     d.group("model.nsys_profile", "fp8launch profiles with `fp8launch run --profile N`")
     d.group("model.optim", "Megatron's distributed-optimizer tuning (buckets, overlap, dtypes): fp8launch's engines tune their own")
     d.group("model", "a Megatron model option (fusions, kernels, initialization, offloading) fp8launch has no equivalent for")
@@ -469,12 +575,29 @@ def _name(d: Draft) -> str | None:
     return next((d.get(k) for k in NAMES if isinstance(d.get(k), str) and "${" not in d.get(k)), None)
 
 
-KEYS = ("trainer.devices", "trainer.num_nodes", "trainer.precision", "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
-        "model.micro_batch_size", "model.global_batch_size", "model.encoder_seq_length", "model.fp8", "model.optim", "exp_manager",
+KEYS = ("trainer.devices", "trainer.num_nodes", "trainer.precision", "model.tensor_model_parallel_size",
+        "model.pipeline_model_parallel_size", "model.micro_batch_size", "model.global_batch_size", "model.encoder_seq_length",
+        "model.fp8", "model.optim", "exp_manager",
         "train.train_iters", "train.global_batch_size", "optimizer.adam_beta1", "optimizer.min_lr", "scheduler.lr_warmup_iters",
         "mixed_precision", "model.seq_length", "dataset.seq_length", "rng.seed", "ddp.use_distributed_optimizer", "fp8", "fp8_hybrid")
 
+TOP = ("env_vars", "rng", "rerun_state_machine", "train", "model", "optimizer", "optimizer_config_override_provider", "ddp",
+       "validation", "scheduler", "dataset", "logger", "tokenizer", "checkpoint", "dist", "ft", "straggler", "nvrx_straggler",
+       "profiling", "peft", "comm_overlap", "mixed_precision", "tensor_inspect", "inprocess_restart", "_target_",
+       "defaults", "hydra", "name", "restore_from_path", "run", "trainer", "exp_manager", "init_from_nemo_model",
+       "init_from_pretrained_model", "init_from_ptl_ckpt") + FP8_KEYS
+"""The top-level keys: Megatron-Bridge's ConfigContainer fields (NVIDIA-NeMo/Megatron-Bridge 067f987, training/config.py),
+NeMo 1.x's Hydra tables (NeMo-Framework-Launcher conf/training) and the FP8 keys a file may hold at its top."""
+
+
+def vet(d: Draft) -> list[Unknown]:
+    """Top-level keys neither Megatron-Bridge nor NeMo has: reported (the nested model / trainer tables are open-ended)."""
+    return [Unknown(k, near, "neither Megatron-Bridge's ConfigContainer nor NeMo's Hydra config has it", tool="Megatron-Bridge / NeMo")
+            for k, near in unknown([k.split(".")[0] for k in d.leaves], TOP)]
+
+
 KIND = Kind(id="megatron", title="NeMo / Megatron-Bridge YAML",
-            score=lambda data: count(data, KEYS) if any(k in data for k in ("trainer", "model", "mixed_precision", "scheduler", "fp8")) else 0,
-            read=_read, name=_name,
+            score=lambda data: count(data, KEYS) if any(k in data for k in ("trainer", "model", "mixed_precision", "scheduler", "fp8"))
+            else 0,
+            read=_read, name=_name, unknown=vet,
             other="a NeMo / Megatron setting fp8launch has no equivalent for")

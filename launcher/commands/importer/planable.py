@@ -93,6 +93,8 @@ FIXES = {f.rule: f for f in (
     Fix("DS-NVME-PATH", lambda d: [(k, "cpu") for k in ("distributed.deepspeed.offload_optimizer", "distributed.deepspeed.offload_param")
                                    if _v(d, k, "none") == "nvme"]),
     Fix("DS-ON-NAN-SKIP", lambda d: [("train.on_nan", "stop")]),
+    Fix("LEVELS-DEEPSPEED", lambda d: [(k, "fp32") for k in ("precision.optimizer_states", "precision.master_weights")
+                                       if _v(d, k, "fp32") != "fp32"]),
     # a model whose every Linear the selection keeps
     Fix("FP8-NONE-SELECTED", lambda d: [("precision.torchao.skip_small", False)] if _v(d, "precision.torchao.skip_small", True)
         else [("precision.keep_first_last", False)] if _v(d, "precision.keep_first_last", True) else []),
@@ -107,8 +109,7 @@ def settle(draft: Draft, render: Callable[[Draft], str], folder: str, label: str
 
     tmp = os.path.join(folder, f".fp8launch-import.{os.getpid()}.tmp.toml")
     for _ in range(MAX_ROUNDS):
-        draft.prune()
-        draft.finish_batch()
+        draft.finish()
         text = render(draft)
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
@@ -135,6 +136,7 @@ def apply_fixes(draft: Draft, rules: list[str | None]) -> bool:
     if not changes:
         return False
     for key, value in changes:
+        old = draft.used(key)
         draft.set(key, value)
-        draft.report.refused(key, value, rule, RULES_BY_ID[rule].when)
+        draft.report.refused(key, old, value, rule, RULES_BY_ID[rule].when)
     return True

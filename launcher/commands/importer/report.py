@@ -1,6 +1,11 @@
-"""What `fp8launch import` says about each setting of the source: mapped, approximated (how) or no
-equivalent (why, and what to do). The same lines go to the screen and, as comments, to the top of the
-written spec."""
+"""What `fp8launch import` says about each setting of the source. Every line is one of:
+
+- mapped: the same meaning, and the run does the same;
+- approximated: what changed, in numbers: `before: <what the source does>; after: <what the spec does>;
+  <what that does to the run>`;
+- no equivalent: why, and what to do.
+
+The same lines go to the screen and, as comments, to the top of the written spec."""
 
 from __future__ import annotations
 
@@ -48,7 +53,11 @@ class Entry:
     sets: list[tuple[str, Any]] = field(default_factory=list)
     """The spec keys it set, with their values, in order."""
     note: str = ""
-    """approximated: how; no equivalent: why, and what to do; mapped: an optional remark."""
+    """approximated: what the change does to the run; no equivalent: why, and what to do; mapped: an optional remark."""
+    before: str = ""
+    """approximated: what the source does, in numbers where it has numbers."""
+    after: str = ""
+    """approximated: what the spec does instead."""
     tag: str = ""
     """Entries made again on each planning attempt (the batch) carry a tag, so they can be replaced."""
 
@@ -56,8 +65,9 @@ class Entry:
         text = self.source if self.value is UNSET else f"{self.source} = {shown(self.value)}"
         if self.sets:
             text += " -> " + ", ".join(f"{k} = {shown(v)}" for k, v in self.sets)
-        if self.note:
-            text += f": {self.note}"
+        parts = ([f"before: {self.before}; after: {self.after}"] if self.before or self.after else []) + ([self.note] if self.note else [])
+        if parts:
+            text += ": " + "; ".join(parts)
         return f"{self.status:<13}  {one_line(text)}"
 
 
@@ -78,16 +88,22 @@ class Report:
         """The entries that set spec key `key`."""
         return [e for e in self.entries if any(k == key for k, _ in e.sets)]
 
-    def refused(self, key: str, value: Any, rule: str, why: str) -> None:
-        """A planning rule refused what the entries setting `key` wrote: they now set `value`, approximated, naming the rule."""
+    def refused(self, key: str, old: Any, value: Any, rule: str, why: str) -> None:
+        """A planning rule refused `key = old`, what the entries setting `key` wrote: they now set `value`, approximated,
+        naming the rule (an entry of its own where none set it: the value was fp8launch's default)."""
+        was, now = f"{key} = {shown(old)}", f"{key} = {shown(value)}"
+        effect = f"rule {rule} refuses {was} ({why})"
         entries = self.setting(key)
         if not entries:
-            self.add(Entry(source=f"(rule {rule})", status=APPROXIMATED, sets=[(key, value)], note=f"fp8launch refuses the translation: {why}"))
+            self.add(Entry(source=f"(rule {rule})", status=APPROXIMATED, sets=[(key, value)], before=was, after=now, note=effect))
             return
         for e in entries:
             e.sets = [(k, value if k == key else v) for k, v in e.sets]
-            e.status = APPROXIMATED
-            e.note = (e.note + "; " if e.note else "") + f"{key} = {shown(value)} because rule {rule} refuses the literal value ({why})"
+            if e.status == APPROXIMATED and (e.before or e.after):
+                e.after = f"{e.after}, then {now}"
+            else:
+                e.status, e.before, e.after = APPROXIMATED, was, now
+            e.note = (e.note + "; " if e.note else "") + effect
 
     def summary(self) -> str:
         counts = {s: len(self.of(s)) for s in STATUSES}

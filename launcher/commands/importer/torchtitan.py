@@ -5,8 +5,17 @@
   [float8] enable_float8_linear, enable_fsdp_float8_all_gather, precompute_float8_dynamic_scale_for_fsdp.
 - 2025: model.converters = ["float8"] (or "mx"), [float8] recipe_name / filter_fqns / emulate, [mx];
   [parallelism]; [lr_scheduler]; [compile] enable + components; [training] local_batch_size / global_batch_size.
+- 2025-09: [quantize.dense.float8 | mx], [quantize.moe.float8 | mx], converters "quantize.dense.float8", ...
 - 2026: [quantize.linear.float8 | mx], [quantize.grouped_mm.float8 | mx] with converters "quantize.linear.float8" (the
   shipped llama3_405b.toml still says "float8").
+
+model.converters is a list; a string is split on commas, as torchtitan's string_list (2025-02, config_manager.py
+check_string_list_argument) and its tyro rule (list_str_rule) read "float8" or "float8,mx". A converter name no
+generation registered stops torchtitan (KeyError in build_model_converters), and so does a key or [section] its
+JobConfig lacks (ConfigManager._dict_to_dataclass: "Invalid field names", since 2025-08-28): the import refuses
+both (exit 2, "did you mean"), unless job.custom_config_module / experimental.custom_args_module extends the config.
+Mixing float8 and mx converters stops torchtitan too ("Cannot combine model converters with different quantization
+types", components/quantization/__init__.py). torchtitan is not installed here: the tests name these commits.
 
 Key names and defaults from torchtitan/config/job_config.py (commit 238fa99, 2026-02-23): optimizer AdamW with
 lr 8e-4, beta1 0.9, beta2 0.95, eps 1e-8, weight_decay 0.1 applied to every parameter (one group:
@@ -18,22 +27,78 @@ CONTAINS one of filter_fqns (components/quantization/utils.py module_filter_fn: 
 
 from __future__ import annotations
 
+from launcher.errors import SourceError, with_fix
+
 from . import hub
 from .draft import Draft
+from .known import Unknown, unknown
+from .known import torchtitan as known
 from .kind import Kind, count
+from .report import shown
 
 FLAVORS = {("llama3", "8B"): "builtin:llama3-8b", ("llama3", "70B"): "builtin:llama3-70b",
            ("deepseek_v3", "16B"): "builtin:deepseek-v3-16b", ("qwen3", "30B-A3B"): "builtin:qwen3-30b-a3b"}
 """torchtitan (model.name, model.flavor) -> the builtin of the same shape (launcher/planning/models.py)."""
 
-SAME_SHAPE_BUT = {"builtin:deepseek-v3-16b": "grouped-query attention instead of DeepSeek's multi-head latent attention (docs/moe.md)",
-                  "builtin:qwen3-30b-a3b": "q_norm / k_norm are not modelled"}
+SAME_SHAPE_BUT = {
+    "builtin:deepseek-v3-16b": ("DeepSeek's multi-head latent attention (13.8M weights per layer)",
+                                "grouped-query attention (16.8M weights per layer; docs/moe.md)",
+                                "the experts, ~93% of the parameters, are the same; attention has 3M more weights per layer"),
+    "builtin:qwen3-30b-a3b": ("q_norm / k_norm on every attention", "no q / k norms",
+                              "2 x 128 fewer weights per layer; the attention logits are not normalized"),
+}
 
 AUTO_FILTER = "auto_filter_small_kn"
 
 DEFAULTS = {"optimizer.beta1": 0.9, "optimizer.beta2": 0.95, "optimizer.weight_decay": 0.1, "lr_scheduler.warmup_steps": 200,
             "lr_scheduler.decay_type": "linear", "lr_scheduler.min_lr_factor": 0.0}
 """torchtitan's defaults where they differ from fp8launch's (job_config.py): a file that leaves them out trains with these."""
+
+TRAINING = {"local_batch_size": 8, "seq_len": 2048, "steps": 10000, "max_norm": 1.0}
+"""torchtitan's [training] defaults (job_config.py Training): a file that leaves them out trains with these."""
+
+LINEAR_FLOAT8 = ("float8", "quantize.linear.float8", "quantize.dense.float8")
+LINEAR_MX = ("mx", "quantize.linear.mx", "quantize.dense.mx")
+GROUPED_FLOAT8 = ("quantize.grouped_mm.float8", "quantize.moe.float8")
+GROUPED_MX = ("quantize.grouped_mm.mx", "quantize.moe.mx")
+CONVERTERS = LINEAR_FLOAT8 + LINEAR_MX + GROUPED_FLOAT8 + GROUPED_MX
+"""Every converter name torchtitan registered (register_model_converter), by what it converts: every generation's."""
+
+SECTIONS = {"float8": ("quantize.linear.float8", "quantize.dense.float8", "float8"),
+            "mx": ("quantize.linear.mx", "quantize.dense.mx", "mx"),
+            "grouped float8": ("quantize.grouped_mm.float8", "quantize.moe.float8"),
+            "grouped mx": ("quantize.grouped_mm.mx", "quantize.moe.mx")}
+"""The sections each kind of converter reads, newest first: the file's generation has one of them."""
+
+EXPERTS = "*.moe.experts"
+"""The grouped experts of fp8launch's MoE models (launcher/train/models/moe.py: GroupedExperts at layers.N.moe.experts)."""
+
+
+def converters(d: Draft) -> list[str]:
+    """model.converters as torchtitan reads it: a list, or a string split on commas."""
+    raw = d.get("model.converters") or []
+    items = raw.split(",") if isinstance(raw, str) else raw if isinstance(raw, list) else [raw]
+    return [str(c).strip() for c in items if str(c).strip()]
+
+
+def vet(d: Draft) -> list[Unknown]:
+    """Keys and converter names no torchtitan generation has: refused, as torchtitan refuses them; only reported where a custom
+    config module extends the job config."""
+    custom = d.get("job.custom_config_module") or d.get("experimental.custom_args_module")
+    says = ('torchtitan stops: ConfigManager raises "Invalid field names" (since 2025-08-28)' if not custom else
+            f"read, if at all, by the custom config module {custom}")
+    out = []
+    for key, near in unknown(d.leaves, known.KEYS):
+        table = any(k.startswith(key + ".") for k in d.leaves)
+        out.append(Unknown(key, f"[{near}]" if near and table else near, says, refused=not custom, label=f"[{key}]" if table else "",
+                           tool="torchtitan"))
+    for name in converters(d):
+        if name not in CONVERTERS:
+            near = unknown([name], CONVERTERS)[0][1]
+            out.append(Unknown("model.converters", f'"{near}"' if near else None, "torchtitan stops: no converter is registered under "
+                               "that name (build_model_converters: KeyError)", refused=True, label=f'model.converters "{name}"',
+                               tool="torchtitan"))
+    return out
 
 
 def _read(d: Draft) -> None:
@@ -53,7 +118,8 @@ def _read(d: Draft) -> None:
     d.group("validation", "fp8launch's held-out loss is [eval] (data, every, steps): its data must be local; set them once train.data is")
     d.group("comm", "torch.distributed's timeouts and flight recorder: fp8launch keeps torch's defaults")
     d.group("memory_estimation", "`fp8launch plan` prints a memory estimate of every spec")
-    d.group("fault_tolerance", "torchft: fp8launch restarts failed workers with torchrun (launch.max_restarts) and resumes from checkpoints")
+    d.group("fault_tolerance", "torchft: fp8launch restarts failed workers with torchrun (launch.max_restarts) and resumes from "
+                               "checkpoints")
     d.group("experimental", "an experimental torchtitan extension")
 
 
@@ -62,14 +128,16 @@ def _model(d: Draft) -> None:
     builtin = FLAVORS.get((name, flavor))
     sources = tuple(k for k in ("model.name", "model.flavor") if d.has(k))
     if builtin in SAME_SHAPE_BUT:
-        d.approximated(sources, ("train.model", builtin), how=f"torchtitan's {name} {flavor} as fp8launch's builtin shape, but {SAME_SHAPE_BUT[builtin]}")
+        before, after, effect = SAME_SHAPE_BUT[builtin]
+        d.approximated(sources, ("train.model", builtin), before=f"torchtitan's {name} {flavor}: {before}", after=f"{builtin}: {after}",
+                       effect=effect)
     elif builtin:
         d.mapped(sources, ("train.model", builtin), note=f"torchtitan's {name} {flavor} shape")
     else:
         assets = str(d.get("model.hf_assets_path", "")).rstrip("/").rsplit("/", 1)[-1]
         also = (f"hf_assets_path names the Hugging Face model {assets}: its config.json alone is this shape "
                 f"(huggingface-cli download OWNER/{assets} config.json --local-dir DIR)" if assets and assets != "tokenizer" else "")
-        hub.model(d, sources, f"torchtitan {name} {flavor}", shape_hint=f"{name} {flavor}", also=also)
+        hub.model(d, sources or "(model.name, model.flavor)", f"torchtitan {name} {flavor}", shape_hint=f"{name} {flavor}", also=also)
     for key in ("model.hf_assets_path", "model.tokenizer_path"):
         if d.has(key):
             d.none(key, "the tokenizer (and Hugging Face checkpoint) folder: once train.data is text, set train.tokenizer to the folder "
@@ -105,25 +173,28 @@ def _parallelism(d: Draft) -> None:
         d.mapped(shard or "(data_parallel_shard_degree)", ("distributed.strategy", "fsdp2"), value=w["shard"],
                  note="FSDP2 over the data-parallel ranks" + ("" if shard else " (torchtitan's default -1: every rank left)"))
         if replicate and w["replicate"] > 1:
-            d.approximated(replicate, how="fp8launch's FSDP2 shards over every data-parallel rank (no HSDP replication)")
+            d.approximated(replicate, before=f"HSDP: {w['replicate']} replicas, each sharded over its own ranks",
+                           after="FSDP2 sharded over every data-parallel rank", effect="less memory per GPU, more traffic between replicas")
         elif replicate:
             d.mapped(replicate, note="no replication")
     tp = _key(d, "parallelism.tensor_parallel_degree", "training.tensor_parallel_degree")
     if tp:
-        d.mapped(tp, ("distributed.tensor_parallel", w["tp"]), note="with sequence parallel, torchtitan's Llama plan" if w["tp"] > 1 else "")
+        d.mapped(tp, ("distributed.tensor_parallel", w["tp"]),
+                 note="with sequence parallel, torchtitan's Llama plan" if w["tp"] > 1 else "")
     async_tp = _key(d, "parallelism.enable_async_tensor_parallel", "experimental.enable_async_tensor_parallel")
     if async_tp:
         d.mapped(async_tp, ("distributed.async_tp", bool(d.get(async_tp))))
     if d.has("parallelism.disable_loss_parallel"):
-        d.none("parallelism.disable_loss_parallel", "fp8launch's tensor parallel gathers the logits and every TP rank computes the whole loss")
+        d.none("parallelism.disable_loss_parallel", "fp8launch's tensor parallel gathers the logits and every TP rank computes the whole "
+                                                    "loss")
     for what, keys in (("pp", ("parallelism.pipeline_parallel_degree", "experimental.pipeline_parallel_degree")),
                        ("cp", ("parallelism.context_parallel_degree", "experimental.context_parallel_degree"))):
         key = _key(d, *keys)
         if key and w[what] > 1:
             d.none(key, ("fp8launch has no pipeline parallelism: every rank holds every layer" if what == "pp" else
                          "fp8launch has no context parallelism: every rank holds whole sequences")
-                   + "; its ranks become data-parallel ranks (train.grad_accum_steps keeps the global batch)")
-            d.batch.ranks_note = "the source's pipeline / context parallel ranks are data-parallel ranks here"
+                   + f"; its {w[what]} ranks become data-parallel ranks (the batch line says what that does to the global batch)")
+            d.split_batch(w[what], f"{key.rsplit('.', 1)[1]} {w[what]}")
         elif key:
             d.mapped(key, note="off")
     ep = _key(d, "parallelism.expert_parallel_degree")
@@ -140,67 +211,100 @@ def _parallelism(d: Draft) -> None:
     d.group("parallelism", "fp8launch has no pipeline or context parallelism; the rest are their schedules and tuning")
 
 
-def _converters(d: Draft) -> list[str]:
-    return [str(c) for c in (d.get("model.converters") or [])]
+def _section(d: Draft, kind: str) -> str | None:
+    return next((s for s in SECTIONS[kind] if d.has(s)), None)
 
 
 def _float8(d: Draft) -> bool:
-    """precision.* from whichever float8 / mx section the file's generation has; True when FP8 is on."""
-    conv = _converters(d)
-    linear8 = any(c in ("float8", "quantize.linear.float8") for c in conv)
-    linear_mx = any(c in ("mx", "quantize.linear.mx") for c in conv)
+    """precision.* from the converters model.converters names and the sections they read; True when FP8 is on."""
+    conv = converters(d)
     old = _key(d, "training.enable_float8_linear", "float8.enable_float8_linear")
-    if old and d.get(old) is True:
-        linear8 = True
-    section = next((s for s in ("quantize.linear.float8", "float8") if d.has(s)), None)
-    mx_section = next((s for s in ("quantize.linear.mx", "mx") if d.has(s)), None)
-    on = linear8 or linear_mx
+    on = {"float8": any(c in LINEAR_FLOAT8 for c in conv) or (bool(old) and d.get(old) is True),
+          "mx": any(c in LINEAR_MX for c in conv), "grouped float8": any(c in GROUPED_FLOAT8 for c in conv),
+          "grouped mx": any(c in GROUPED_MX for c in conv)}
+    if (on["float8"] or on["grouped float8"]) and (on["mx"] or on["grouped mx"]):
+        raise SourceError(d.path, with_fix(f"model.converters = {shown(d.get('model.converters'))} mixes float8 and mx converters: "
+                                           "torchtitan stops (\"Cannot combine model converters with different quantization types\")",
+                                           "keep the float8 ones or the mx ones"))
     if d.has("model.converters"):
-        note = "FP8 on" if on else "no float8 / mx converter: FP8 off; the quantize sections below have no effect in the source either"
-        d.mapped("model.converters", note=note)
+        what = [k for k, v in on.items() if v]
+        written = d.get("model.converters")
+        split = " (a string: torchtitan splits it on commas)" if isinstance(written, str) else ""
+        d.mapped("model.converters", note=(f"FP8 on: {', '.join(what)}" if what else
+                                           "no float8 / mx converter: FP8 off; the quantize sections below have no effect in the source "
+                                           "either") + split)
     if old:
         d.mapped(old, note="FP8 on" if d.get(old) is True else "FP8 off")
-    if not on:
-        for s in (section, mx_section, "quantize"):
-            if s:
-                d.group(s, "FP8 is off in the source (no float8 / mx converter): no effect")
+    if not any(on.values()):
+        for s in ("quantize", "float8", "mx"):
+            d.group(s, "FP8 is off in the source (no float8 / mx converter): no effect")
         return False
     d.set("precision.mode", "fp8")
     d.set("precision.backend", "torchao")
-    if linear_mx:
-        _mx(d, mx_section)
-    else:
-        _tensorwise(d, section, generation_2024=bool(old))
-    grouped = next((s for s in ("quantize.grouped_mm.float8.fqns", "quantize.grouped_mm.mx.fqns", "float8.moe_fqns_prototype",
-                                "mx.moe_fqns_prototype") if d.has(s)), None)
-    if grouped:
-        grouped_on = any("grouped_mm" in c for c in conv) or grouped.endswith("moe_fqns_prototype")
-        if not grouped_on:
-            d.none(grouped, "no grouped_mm converter in model.converters: no effect in the source either")
-        elif linear_mx:
-            d.mapped(grouped, note="the MoE experts' grouped GEMMs run in MXFP8 with the mxfp8 recipe (docs/moe.md)")
-        else:
-            d.none(grouped, "fp8launch runs the experts' grouped GEMMs in FP8 only with precision.torchao.recipe rowwise or mxfp8 "
-                            "(docs/moe.md); with tensorwise they stay bf16 (MOE-EXPERTS-HP)")
-    d.group("quantize", "FP8 of the other kind (float8 vs mx) is not in model.converters: no effect")
+    if on["mx"]:
+        _mx(d, _section(d, "mx"))
+    elif on["float8"]:
+        _tensorwise(d, _section(d, "float8"), generation_2024=bool(old))
+    _grouped(d, on)
+    d.group("quantize", "a section of a converter model.converters does not name: no effect in the source either")
+    for s in ("float8", "mx"):
+        d.group(s, "a section of a converter model.converters does not name: no effect in the source either")
     return True
+
+
+def _grouped(d: Draft, on: dict) -> None:
+    """The MoE experts' grouped GEMMs: FP8 only with a grouped_mm / moe converter (or 2025's moe_fqns_prototype under float8 /
+    mx), in fp8launch a [[precision.rules]] entry for the experts."""
+    kind = "grouped mx" if on["grouped mx"] else "grouped float8" if on["grouped float8"] else None
+    proto = next((k for k in ("float8.moe_fqns_prototype", "mx.moe_fqns_prototype") if d.has(k)
+                  and on["mx" if k.startswith("mx") else "float8"]), None)
+    section = _section(d, kind) if kind else None
+    fqns_key = f"{section}.fqns" if section and d.has(f"{section}.fqns") else proto
+    recipe = "mxfp8" if kind == "grouped mx" or (proto and proto.startswith("mx")) else "rowwise"
+    if kind or proto:
+        fqns = d.get(fqns_key) if fqns_key else []
+        fqns = fqns.split(",") if isinstance(fqns, str) else list(fqns or [])
+        linear = on["float8"] or on["mx"]
+        rules = [{"match": EXPERTS, "recipe": recipe}]
+        sets = [("precision.rules", rules)]
+        if not linear:
+            sets += [("precision.torchao.recipe", recipe), ("precision.keep", ["*"]), ("precision.keep_first_last", False)]
+        how = (f"torchtitan's {'MXFP8' if recipe == 'mxfp8' else 'float8 rowwise'} grouped GEMMs for the modules whose name "
+               f"contains {', '.join(map(str, fqns)) or 'nothing'}; fp8launch's experts are {EXPERTS}")
+        if not linear:
+            how += "; no linear converter: every Linear stays bf16 (keep = [\"*\"])"
+        d.mapped(fqns_key or f"({kind})", *sets, value=fqns, note=how)
+        if section:
+            d.group(section, "a torchtitan grouped-GEMM option fp8launch has no equivalent for")
+    elif d.value("train.model", "").startswith("builtin:") and _is_moe(d.value("train.model")):
+        d.mapped("(grouped experts)", ("precision.rules", [{"match": EXPERTS, "mode": "bf16"}]),
+                 note="no grouped_mm converter: torchtitan's Linear converters leave the experts' grouped GEMMs in bf16, so does the spec")
+    for s in SECTIONS["grouped float8"] + SECTIONS["grouped mx"]:
+        if d.has(s) and s != section:
+            d.group(s, "no converter in model.converters reads this section: no effect in the source either")
+
+
+def _is_moe(model: str) -> bool:
+    return model in ("builtin:moe-debug", "builtin:deepseek-v3-16b", "builtin:qwen3-30b-a3b")
 
 
 def _filters(d: Draft, key: str | None, default: list[str]) -> None:
     """filter_fqns (substrings) -> precision.keep globs, keep_first_last false, skip_small."""
-    fqns = [str(f) for f in (d.get(key) if key and d.has(key) else default)]
+    raw = d.get(key) if key and d.has(key) else default
+    fqns = [s.strip() for s in raw.split(",")] if isinstance(raw, str) else [str(f) for f in raw]
     auto = AUTO_FILTER in fqns
-    fqns = [f for f in fqns if f != AUTO_FILTER]
+    fqns = [f for f in fqns if f and f != AUTO_FILTER]
     source = key if key and d.has(key) else "(filter_fqns)"
     globs = [f"*{f}*" for f in fqns]
     sets = [("precision.keep_first_last", False), ("precision.torchao.skip_small", auto)] + ([("precision.keep", globs)] if globs else [])
-    how = ("torchtitan converts every Linear whose name contains none of filter_fqns; fp8launch's keep globs match whole names, so each "
-           f"substring S is written *S*" + ("; auto_filter_small_kn is torchao's size heuristic: skip_small" if auto else
-                                           "; no size heuristic: skip_small = false (dims not divisible by 16 stay high precision in both)"))
+    size = ("; auto_filter_small_kn is torchao's size heuristic: skip_small" if auto else
+            "; no size heuristic: skip_small = false (dims not divisible by 16 stay high precision in both)")
     if globs:
-        d.approximated(source, *sets, how=how, value=d.get(key) if key and d.has(key) else default)
+        d.approximated(source, *sets, value=raw, before=f"every Linear whose name contains {', '.join(fqns)} stays high precision",
+                       after=f"every Linear whose whole name matches {', '.join(globs)}",
+                       effect="the same layers for fp8launch's module names (a glob *S* matches where S is a substring)" + size)
     else:
-        d.mapped(source, *sets, note=how, value=d.get(key) if key and d.has(key) else [])
+        d.mapped(source, *sets, value=raw, note="torchtitan converts every Linear whose name contains none of filter_fqns" + size)
 
 
 def _tensorwise(d: Draft, section: str | None, generation_2024: bool = False) -> None:
@@ -227,7 +331,8 @@ def _tensorwise(d: Draft, section: str | None, generation_2024: bool = False) ->
             if d.get(s + key) == "dynamic":
                 d.mapped(s + key, note="dynamic scaling: what tensorwise does")
             else:
-                d.approximated(s + key, how=f"torchao removed {d.get(s + key)} scaling: dynamic (tensorwise)")
+                d.approximated(s + key, before=f"{d.get(s + key)} scaling", after="dynamic (tensorwise) scaling",
+                               effect="torchao removed delayed scaling: the scale comes from each tensor's own amax, not a history")
     if d.has(s + "emulate"):
         if d.get(s + "emulate") is True:
             d.none(s + "emulate", "torchao's emulated float8 for GPUs below sm89: fp8launch runs FP8 for real on CPU (launch.device = "
@@ -248,7 +353,8 @@ def _mx(d: Draft, section: str | None) -> None:
         d.mapped(s + "recipe_name" if d.has(s + "recipe_name") else "(mx recipe)", *sets, value=recipe,
                  note="torchao's MXFP8 (the cuBLAS kernels on compute capability >= 10.0)")
     else:
-        d.approximated(s + "recipe_name", *sets, how=f"fp8launch's torchao block recipes are mxfp8 and nvfp4, not {recipe}")
+        d.approximated(s + "recipe_name", *sets, before=f"torchao's {recipe}", after="torchao's mxfp8",
+                       effect="fp8launch's torchao block recipes are mxfp8 and nvfp4: 8-bit elements with 32-value block scales")
     _filters(d, s + "filter_fqns" if section else None, ["output"])
     if d.has(s + "mxfp8_dim1_cast_kernel_choice"):
         d.none(s + "mxfp8_dim1_cast_kernel_choice", "torchao's cast kernel choice: fp8launch leaves it at torchao's default")
@@ -279,26 +385,26 @@ def _compile_and_ac(d: Draft) -> None:
             d.mapped(sources, ("compile.enabled", True), note="fp8launch compiles each transformer block, as torchtitan does"
                      + ("; the loss is not compiled" if "loss" in parts else ""))
         else:
-            d.approximated(sources, ("compile.enabled", False), how="only the loss is compiled in the source; fp8launch compiles the "
-                                                                    "model's blocks or nothing: nothing")
+            d.approximated(sources, ("compile.enabled", False), before="only the loss compiled", after="nothing compiled",
+                           effect="fp8launch compiles the model's blocks or nothing: the loss runs eagerly, a little slower")
     elif d.has("training.compile"):
         d.mapped("training.compile", ("compile.enabled", bool(d.get("training.compile"))))
     d.group("compile", "the compile backend: fp8launch compiles with inductor")
     mode = d.get("activation_checkpoint.mode")
     if mode is not None:
         option = str(d.get("activation_checkpoint.selective_ac_option", "2"))
+        sources = tuple(k for k in ("activation_checkpoint.mode", "activation_checkpoint.selective_ac_option") if d.has(k))
         if mode in ("full", "none"):
             d.mapped("activation_checkpoint.mode", ("activation_checkpointing.mode", mode))
             if d.has("activation_checkpoint.selective_ac_option"):
                 d.mapped("activation_checkpoint.selective_ac_option", note=f"not read with mode {mode}")
         elif mode == "selective" and option == "2":
-            d.mapped(tuple(k for k in ("activation_checkpoint.mode", "activation_checkpoint.selective_ac_option") if d.has(k)),
-                     ("activation_checkpointing.mode", "selective"), note="every other block, as fp8launch's selective")
+            d.mapped(sources, ("activation_checkpointing.mode", "selective"), note="every other block, as fp8launch's selective")
         else:
-            d.approximated(tuple(k for k in ("activation_checkpoint.mode", "activation_checkpoint.selective_ac_option") if d.has(k)),
-                           ("activation_checkpointing.mode", "selective"),
-                           how=f"torchtitan's {mode} {'op-level ' if option == 'op' else ''}checkpointing: fp8launch's selective "
-                               "recomputes every other block")
+            d.approximated(sources, ("activation_checkpointing.mode", "selective"),
+                           before=f"torchtitan's {'op-level' if option == 'op' else 'every ' + option + ' blocks'} selective checkpointing",
+                           after="every other block recomputed",
+                           effect="another trade of memory for recompute: the peak memory and the step time differ")
     d.group("activation_checkpoint", "a torchtitan activation-checkpointing option fp8launch has no equivalent for")
 
 
@@ -311,10 +417,14 @@ def _training(d: Draft) -> None:
         d.note_batch("global_", d.get(t + "global_batch_size"), t + "global_batch_size")
     elif d.has(t + "global_batch_size"):
         d.mapped(t + "global_batch_size", note="-1: local_batch_size x data-parallel ranks, fp8launch's rule too")
+    if not micro:
+        d.note_batch("micro", TRAINING["local_batch_size"], "(training.local_batch_size)")
     for key, target, conv in (("seq_len", "train.seq_len", int), ("steps", "train.steps", int), ("max_norm", "train.max_grad_norm", float),
                               ("seed", "train.seed", int)):
         if d.has(t + key):
             d.mapped(t + key, (target, conv(d.get(t + key))))
+        elif key in TRAINING:
+            d.mapped(f"({t}{key})", (target, TRAINING[key]), value=TRAINING[key], note="torchtitan's default")
     if d.has("debug.seed"):
         d.mapped("debug.seed", ("train.seed", int(d.get("debug.seed"))))
     if d.has(t + "enable_cpu_offload"):
@@ -337,7 +447,8 @@ def _optimizer(d: Draft) -> None:
     if name in ("AdamW", "Adam"):
         d.mapped(o + "name" if d.has(o + "name") else "(optimizer)", ("train.optimizer", name.lower()), value=name)
     else:
-        d.approximated(o + "name", ("train.optimizer", "adamw"), how=f"fp8launch has adamw, adam and sgd, not {name}")
+        d.approximated(o + "name", ("train.optimizer", "adamw"), before=name, after="torch's AdamW",
+                       effect=f"fp8launch has adamw, adam and sgd: another update rule than {name}'s")
     if d.has(o + "lr"):
         d.mapped(o + "lr", ("train.lr", float(d.get(o + "lr"))))
     else:
@@ -351,7 +462,8 @@ def _optimizer(d: Draft) -> None:
     wd = float(d.get(o + "weight_decay", DEFAULTS["optimizer.weight_decay"]))
     d.mapped(o + "weight_decay" if d.has(o + "weight_decay") else "(optimizer.weight_decay)", ("train.weight_decay", wd),
              ("train.weight_decay_exclude", "none"), value=wd,
-             note=("" if d.has(o + "weight_decay") else "torchtitan's default; ") + "every parameter decays, norms and biases too, as in torchtitan")
+             note=("" if d.has(o + "weight_decay") else "torchtitan's default; ") + "every parameter decays, norms and biases too, as in "
+                                                                                     "torchtitan")
     if d.has(o + "implementation"):
         d.none(o + "implementation", "fp8launch uses torch's default implementation of the optimizer (foreach on CUDA)")
     d.group("optimizer", "a torchtitan optimizer option fp8launch has no equivalent for")
@@ -365,26 +477,30 @@ def _schedule(d: Draft) -> None:
         d.mapped("(lr_scheduler.warmup_steps)", ("train.warmup_steps", 200), value=200, note="torchtitan's default")
     decay = str(d.get(s + "decay_type", "linear"))
     source = s + "decay_type" if d.has(s + "decay_type") else "(lr_scheduler.decay_type)"
+    floor = _key(d, s + "min_lr_factor", s + "lr_min")
+    ratio = float(d.get(floor)) if floor else DEFAULTS["lr_scheduler.min_lr_factor"]
     if decay == "cosine":
         d.mapped(source, value=decay, note="fp8launch's decay is a cosine")
     else:
-        d.approximated(source, value=decay, how=f"a {decay} decay" + ("" if d.has(s + "decay_type") else " (torchtitan's default)")
-                       + " becomes fp8launch's cosine decay to the same end")
-    floor = _key(d, s + "min_lr_factor", s + "lr_min")
-    ratio = float(d.get(floor)) if floor else DEFAULTS["lr_scheduler.min_lr_factor"]
+        default = "" if d.has(s + "decay_type") else " (torchtitan's default)"
+        d.approximated(source, value=decay, before=f"a {decay} decay{default} to {ratio} x lr", after=f"a cosine decay to {ratio} x lr",
+                       effect="the same start and end; the lr in between differs (a cosine stays higher through the first half)")
     d.mapped(floor or "(lr_scheduler.min_lr_factor)", ("train.min_lr_ratio", ratio), value=ratio,
              note="" if floor else "torchtitan's default: decays to 0")
     if d.has(s + "decay_ratio"):
-        d.approximated(s + "decay_ratio", how="warmup-stable-decay: fp8launch has no stable phase, its decay spans every step after the warm-up")
+        d.approximated(s + "decay_ratio", before=f"warmup-stable-decay: the lr held until the last {d.get(s + 'decay_ratio')} of the steps",
+                       after="the decay spans every step after the warm-up", effect="a lower lr through the stable stretch")
     if d.has(s + "total_steps"):
-        d.approximated(s + "total_steps", how="fp8launch's schedule ends at train.steps")
+        d.approximated(s + "total_steps", before=f"the schedule ends at {d.get(s + 'total_steps')} steps",
+                       after="it ends at train.steps", effect="the decay is stretched or cut to the run's length")
     d.group("lr_scheduler", "a torchtitan lr-schedule option fp8launch has no equivalent for")
 
 
 def _job(d: Draft) -> None:
     if d.has("job.dump_folder"):
         folder = str(d.get("job.dump_folder")).rstrip("/") or "."
-        d.approximated("job.dump_folder", ("train.output_dir", f"{folder}/{{name}}"), how="each fp8launch run keeps a folder of its own in it")
+        d.approximated("job.dump_folder", ("train.output_dir", f"{folder}/{{name}}"), before=f"every output in {folder}",
+                       after=f"in {folder}/<spec name>", effect="each fp8launch run keeps a folder of its own in it")
     if d.has("job.description"):
         d.mapped("job.description", note="kept in this comment")
     d.group("job", "a torchtitan job option (config printing and saving, custom modules)")
@@ -404,20 +520,25 @@ def _checkpoint(d: Draft) -> None:
     d.mapped(enable, ("train.checkpoint_at_end", True))
     if d.has(c + "interval"):
         if str(d.get(c + "interval_type", "steps")) == "steps":
-            d.mapped(tuple(k for k in (c + "interval", c + "interval_type") if d.has(k)), ("train.checkpoint_every", int(d.get(c + "interval"))))
+            d.mapped(tuple(k for k in (c + "interval", c + "interval_type") if d.has(k)),
+                     ("train.checkpoint_every", int(d.get(c + "interval"))))
         else:
-            d.none((c + "interval", c + "interval_type"), "fp8launch checkpoints every N steps (train.checkpoint_every), not every N seconds")
+            d.none((c + "interval", c + "interval_type"), "fp8launch checkpoints every N steps (train.checkpoint_every), not every N "
+                                                          "seconds")
     if d.has(c + "keep_latest_k"):
         k = int(d.get(c + "keep_latest_k"))
         if k > 0:
             d.mapped(c + "keep_latest_k", ("train.keep_checkpoints", k))
         else:
-            d.approximated(c + "keep_latest_k", ("train.keep_checkpoints", 1000), how="0 keeps every checkpoint: fp8launch keeps the newest 1000")
+            d.approximated(c + "keep_latest_k", ("train.keep_checkpoints", 1000), before="every checkpoint kept", after="the newest 1000",
+                           effect="checkpoints older than the 1000th newest are deleted")
     if d.has(c + "folder"):
-        d.approximated(c + "folder", how="fp8launch writes checkpoints to <train.output_dir>/checkpoints")
+        d.approximated(c + "folder", before=f"checkpoints in <dump_folder>/{d.get(c + 'folder')}",
+                       after="in <train.output_dir>/checkpoints", effect="another folder; the same checkpoints")
     if d.has(c + "initial_load_path"):
         d.mapped(c + "initial_load_path", ("train.resume", str(d.get(c + "initial_load_path"))))
-    d.group("checkpoint", "fp8launch checkpoints the whole state with DCP (docs/checkpoints.md); `fp8launch export` writes model-only files")
+    d.group("checkpoint", "fp8launch checkpoints the whole state with DCP (docs/checkpoints.md); `fp8launch export` writes model-only "
+                          "files")
 
 
 def _metrics(d: Draft) -> None:
@@ -436,7 +557,8 @@ KEYS = ("job.dump_folder", "model.flavor", "model.converters", "training.seq_len
         "experimental", "checkpoint.folder", "optimizer.name")
 
 KIND = Kind(id="torchtitan", title="torchtitan job TOML",
-            score=lambda data: count(data, KEYS) + 2 * isinstance(data.get("job"), dict) if isinstance(data.get("training"), dict)
-            or isinstance(data.get("parallelism"), dict) or isinstance(data.get("job"), dict) else 0,
-            read=_read, name=lambda d: None,
+            score=lambda data: count(data, KEYS) + 2 * isinstance(data.get("job"), dict)
+            if any(isinstance(data.get(k), dict) for k in ("training", "parallelism", "job", "quantize", "float8"))
+            or count(data, ("model.converters",)) else 0,
+            read=_read, name=lambda d: None, unknown=vet,
             other="a torchtitan setting fp8launch has no equivalent for")
