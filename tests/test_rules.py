@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import json
 
 import pytest
@@ -463,6 +465,19 @@ def test_tp_global_batch_counts_data_parallel_ranks_only():
     assert "data-parallel ranks 2 (world size 8 / tensor_parallel 4) = 12" in msg
 
 
+def test_batch_mismatch_names_first_the_accumulation_that_keeps_the_global_batch():
+    """An imported global batch of 8 planned for 8 ranks, then run on 2 (the import's PLACEHOLDER): the fix keeps 8."""
+    [f] = [f for f in check(Facts(plan=plan_of({"distributed": {"procs_per_node": 2, "global_batch_size": 8},
+                                                  "train": {"micro_batch_size": 1}}))) if f.rule.id == "BATCH-MISMATCH"]
+    assert f.fix.startswith("set train.grad_accum_steps = 4 (keeps the global batch), or set train.micro_batch_size = 4")
+    assert f.fix.endswith("or set distributed.global_batch_size = 0 (derive it: the global batch changes)")
+    assert "BATCH-MISMATCH" not in fired({"distributed": {"procs_per_node": 2, "global_batch_size": 8},
+                                          "train": {"micro_batch_size": 1, "grad_accum_steps": 4}})  # the fix, applied
+    [g] = [f for f in check(Facts(plan=plan_of({"distributed": {"procs_per_node": 4, "global_batch_size": 6},
+                                                 "train": {"micro_batch_size": 1}}))) if f.rule.id == "BATCH-MISMATCH"]
+    assert g.fix.startswith("choose a world size whose data-parallel ranks divide distributed.global_batch_size = 6")
+
+
 def test_tp_error_stops_plan_with_exit_2_and_nothing_written(cli, spec, tmp_path):
     path = spec('version = 1\nname = "tp"\n[distributed]\nprocs_per_node = 2\ntensor_parallel = 2\nstrategy = "ddp"\n')
     r = cli("plan", path, "--out", "out")
@@ -689,6 +704,31 @@ def test_memory_exceeds_gpu_names_the_figures_and_only_fires_for_gpu_plans():
     assert "MEMORY-EXCEEDS-GPU" not in fired({**_8B_SEQ_8192, "launch": {"device": "cpu"}})
     # a bigger GPU holds it
     assert "MEMORY-EXCEEDS-GPU" not in fired({**_8B_SEQ_8192, "launch": {"device": "cuda", "gpu": "b200"}})
+
+
+def test_memory_exceeds_gpus_fix_names_only_what_is_not_set_and_its_figures_count_the_recompute():
+    from launcher.planning.rules import Facts, check
+
+    def finding(spec):
+        [f] = [f for f in check(Facts(plan=plan_of(spec))) if f.rule.id == "MEMORY-EXCEEDS-GPU"]
+        return f
+
+    gpu = {"launch": {"device": "cuda", "gpu": "h100"}}
+    bare = finding({**_8B_SEQ_8192, **gpu, "distributed": {"strategy": "fsdp2", "procs_per_node": 1}})
+    assert 'activation_checkpointing.mode = "full"' in bare.fix and "cpu_offload = true" in bare.fix
+    assert "micro_batch_size" in bare.fix and "recomputed" not in bare.message  # nothing checkpointed: no recompute
+    # full checkpointing and offload already set (seq 128k on one GPU still does not fit): the fix names neither
+    done = finding({"train": {"model": "builtin:llama3-8b", "seq_len": 131072, "micro_batch_size": 1}, **gpu,
+                    "distributed": {"strategy": "fsdp2", "procs_per_node": 1, "fsdp2": {"cpu_offload": True}},
+                    "activation_checkpointing": {"mode": "full"}})
+    assert "activation_checkpointing" not in done.fix and "offload" not in done.fix and "micro_batch_size" not in done.fix
+    assert "procs_per_node" in done.fix and "train.seq_len" in done.fix
+    # the breakdown counts the block backward recomputes, and the parts add up to the estimate
+    m = re.search(r"estimate is ([\d.]+) GiB per GPU \(model states ([\d.]+) GiB, activations ([\d.]+) GiB, "
+                  r"one block recomputed in backward ([\d.]+) GiB\)", done.message)
+    assert m, done.message
+    total, *parts = map(float, m.groups())
+    assert float(parts[2]) > 0 and sum(parts) == pytest.approx(total, abs=0.15)  # each part rounded to 0.1 GiB
 
 
 # -- MS-AMP's levels natively (issue 30) ----------

@@ -52,9 +52,39 @@ def _memory_excess(f: Facts) -> str | None:
     peak = est.peak_bytes / 2**30
     if peak <= gpu.memory_gib:
         return None
-    acts = f", activations {est.activations.bytes / 2**30:.1f} GiB" if est.activations else ""
+    a = est.activations
+    acts = f", activations {a.bytes / 2**30:.1f} GiB" if a else ""
+    if a and a.recompute_bytes:
+        acts += f", one block recomputed in backward {a.recompute_bytes / 2**30:.1f} GiB"
     return (f"the estimate is {peak:.1f} GiB per GPU (model states {est.total_bytes / 2**30:.1f} GiB{acts}) "
             f"but a {gpu.name} has {gpu.memory_gib:g} GiB.")
+
+
+def _memory_fix(f: Facts) -> str:
+    """MEMORY-EXCEEDS-GPU's fix: only the changes this plan has not made already."""
+    p = f.plan
+    d, mode = p.distributed, p.activation_checkpointing.mode
+    out = []
+    if mode == "none":
+        out.append('set activation_checkpointing.mode = "full" (or "selective")')
+    elif mode == "selective":
+        out.append('set activation_checkpointing.mode = "full"')
+    out.append("add GPUs (distributed.procs_per_node / distributed.nodes)")
+    if d.strategy == "ddp":
+        out.append('shard the model states (distributed.strategy = "fsdp2")')
+    elif d.strategy == "fsdp2" and not d.fsdp2.cpu_offload:
+        out.append("offload (distributed.fsdp2.cpu_offload = true)")
+    elif d.strategy == "deepspeed":
+        ds = d.deepspeed
+        if ds.offload_optimizer == "none":
+            out.append('offload the optimizer states (distributed.deepspeed.offload_optimizer = "cpu")')
+        if ds.zero_stage == 3 and ds.offload_param == "none":
+            out.append('offload the parameters (distributed.deepspeed.offload_param = "cpu")')
+        if ds.zero_stage < 3:
+            out.append("shard the parameters too (distributed.deepspeed.zero_stage = 3)")
+    lower = (["train.micro_batch_size"] if p.train.micro_batch_size > 1 else []) + ["train.seq_len"]
+    out.append("lower " + " / ".join(lower))
+    return ", ".join(out)
 
 
 def _gpu_cannot_run(f: Facts) -> str:
@@ -143,7 +173,7 @@ RULES: tuple[Rule, ...] = (
              "offload (distributed.fsdp2.cpu_offload = true, or distributed.deepspeed.offload_optimizer), or lower "
              "train.micro_batch_size / train.seq_len",
          condition=lambda f: _memory_excess(f) is not None,
-         detail=lambda f: _memory_excess(f)),
+         detail=lambda f: _memory_excess(f), fix_for=_memory_fix),
     Rule(id="FP8-NO-GAIN", severity="warning", stage="plan",
          when='the predicted fp8_vs_bf16 for this model, batch and launch.gpu is below 1.0 (a GPU run: not for launch.device = "cpu")',
          why="small GEMMs lose to the cast overhead (torchao microbenchmarks: 1024^3 at 0.42-0.8x of bf16); "

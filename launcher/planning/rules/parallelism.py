@@ -22,6 +22,20 @@ def _batch_ranks(f: Facts) -> str:
     return f"world size {d.world_size}"
 
 
+def _batch_fix(f: Facts) -> str:
+    """BATCH-MISMATCH's fix: first the accumulation (or micro-batch) that keeps the global batch, where one does."""
+    t, d = f.plan.train, f.plan.distributed
+    keep, per_step = [], t.micro_batch_size * d.data_parallel
+    if d.global_batch_size % per_step == 0:
+        keep.append(f"set train.grad_accum_steps = {d.global_batch_size // per_step} (keeps the global batch)")
+    per_micro = d.data_parallel * t.grad_accum_steps
+    if d.global_batch_size % per_micro == 0 and d.global_batch_size // per_micro != t.micro_batch_size:
+        keep.append(f"set train.micro_batch_size = {d.global_batch_size // per_micro} (keeps the global batch)")
+    if not keep:
+        keep.append(f"choose a world size whose data-parallel ranks divide distributed.global_batch_size = {d.global_batch_size}")
+    return ", or ".join(keep) + ", or set distributed.global_batch_size = 0 (derive it: the global batch changes)"
+
+
 def _tp_heads(f: Facts) -> str:
     """What tensor_parallel does not divide among a builtin model's head counts ("" when it divides both, or not builtin)."""
     cfg = builtin_config(f.plan.train.model)
@@ -39,7 +53,7 @@ RULES: tuple[Rule, ...] = (
          condition=lambda f: f.plan.distributed.global_batch_size != _derived_batch(f),
          detail=lambda f: f"distributed.global_batch_size = {f.plan.distributed.global_batch_size} but micro_batch_size "
                           f"{f.plan.train.micro_batch_size} * grad_accum_steps {f.plan.train.grad_accum_steps} * {_batch_ranks(f)} = "
-                          f"{_derived_batch(f)}."),
+                          f"{_derived_batch(f)}.", fix_for=_batch_fix),
     # -- expert parallelism --
     Rule(id="EP-DIVIDES-WORLD", severity="error", stage="plan",
          when="distributed.expert_parallel does not divide the world size (nodes x procs_per_node)",
