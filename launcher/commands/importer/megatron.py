@@ -490,8 +490,12 @@ def _same_shape(d: Draft, sources: tuple[str, ...], builtin: str, found: dict) -
 
 def _data(d: Draft) -> None:
     prefix = next((k for k in ("model.data.data_prefix", "dataset.data_path", "dataset.blend") if d.has(k)), None)
+    real = tuple(k for k in ("dataset.mock", "model.data.mock_dataset") if d.get(k) is False)
     mock = d.get("dataset.mock") is True or d.get("model.data.mock_dataset") is True or (prefix is None and d.has("dataset"))
-    if prefix is None and mock:
+    if prefix is None and real:
+        d.placeholder(real, "train.data", "synthetic", "real data (mock = false) that this file does not name (no data_path / blend: "
+                      "the recipe's Python or the command line sets it)", '"megatron:PREFIX" of your data')
+    elif prefix is None and mock:
         d.mapped(tuple(k for k in ("dataset.mock", "model.data.mock_dataset") if d.has(k)) or "(dataset)",
                  ("train.data", "synthetic"), note="mock data")
     elif prefix is not None:
