@@ -163,7 +163,7 @@ def build_engine(run: Run, model: Model, precision: Precision) -> Engine:
     from launcher.train.compile_ac import prepare_blocks
     from launcher.train.engines import wrap
 
-    blocks = prepare_blocks(model.module, run.plan, precision)
+    blocks = prepare_blocks(model.module, run.plan, precision, run.env.device)
     return wrap(model.module, run.plan, precision, run.plan_dir, env=run.env, blocks=blocks, pending=model.pending)
 
 

@@ -21,6 +21,7 @@ blocks as they end up, which are the units FSDP2 shards.
   dynamic row count, while the token reordering and expert parallelism's all-to-all stay eager
   (data-dependent split sizes would recompile the block every step, and FSDP2's hooks on the
   experts would break the graph).
+- On CPU, Inductor's C++ kernels are held to 256-bit vectors (AVX2) on every CPU (`cpu_vector_width`).
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
 
 
-def prepare_blocks(model: nn.Module, plan: Plan, precision=None) -> list[nn.Module]:
+def prepare_blocks(model: nn.Module, plan: Plan, precision=None, device: torch.device | None = None) -> list[nn.Module]:
     """Apply the plan's activation checkpointing, then compile, to each transformer block of
     `model` in place; return the blocks (wrapped where they were) in order. `precision`: what
-    apply_precision returned (a Transformer Engine one brings TE's checkpoint)."""
+    apply_precision returned (a Transformer Engine one brings TE's checkpoint); `device`: the run's
+    (None: CUDA where there is one)."""
     blocks = transformer_blocks(model)
     mode = plan.activation_checkpointing.mode
     if mode != "none" and plan.compile.enabled and getattr(precision, "te", None) is not None:
@@ -50,8 +52,28 @@ def prepare_blocks(model: nn.Module, plan: Plan, precision=None) -> list[nn.Modu
         fn = checkpoint_fn(precision)
         blocks = [checkpointed(model, b, fn) if _checkpoints(i, mode) else b for i, b in enumerate(blocks)]
     if plan.compile.enabled:
+        if (device.type == "cpu") if device is not None else not torch.cuda.is_available():
+            cpu_vector_width()
         blocks = [compiled(model, b, mode=plan.compile.mode, fullgraph=plan.compile.fullgraph) for b in blocks]
     return blocks
+
+
+CPU_SIMD_BITS = 256
+
+
+def cpu_vector_width() -> None:
+    """Hold this process's compiled CPU kernels to AVX2's 256-bit vectors, whatever the CPU offers.
+
+    torch 2.13's Inductor, given AVX-512 (its default wherever the CPU has it), writes wrong FP8 tiles:
+    the kernel that casts an activation to float8_e4m3fn and stores it transposed for the weight-gradient
+    GEMM (torchao tensorwise, two FP8 Linears in a row) leaves most of its bytes wrong and about 6% NaN,
+    so every such layer's weight gradient is NaN from step 1. The same graphs are right with 256-bit
+    vectors, and with none (tests/train/test_compile_cpu.py). 256 bits is also what every x86 CPU this
+    runs on has, so a compiled CPU run computes the same on each of them. `cpp.simdlen` is part of
+    Inductor's cache key: graphs compiled at another width are not reused."""
+    import torch._inductor.config as inductor
+
+    inductor.cpp.simdlen = CPU_SIMD_BITS
 
 
 def _checkpoints(index: int, mode: str) -> bool:
