@@ -2,7 +2,8 @@
 of builtin:moe-debug (8 experts, 2 MoE layers) with distributed.expert_parallel = 2 and FSDP2.
 
 - MXFP8 (torchao's emulated MXFP8 grouped GEMMs on CPU) under EP trains, its start record says
-  effects.expert_parallel = 2 and lists the expert groups, and its final loss is within 5% of its bf16 twin's.
+  effects.expert_parallel = 2 and lists the expert groups, and its mean loss over the 12 steps is within MEAN_GAP of
+  its bf16 twin's.
 - EP checkpoints resume bit-identically: losses after the resume point and the final DCP checkpoint
   (the experts' DTensors with their placements, optimizer state included) equal the uninterrupted run's.
 
@@ -26,6 +27,13 @@ COMMON = dict(train__model="builtin:moe-debug", train__seq_len=32, train__micro_
               distributed__expert_parallel=2)
 MXFP8 = dict(precision__mode="fp8", precision__backend="torchao", precision__torchao__recipe="mxfp8")
 BF16 = dict(precision__mode="bf16")
+MEAN_GAP = 0.01
+"""Bound on |mean loss of the MXFP8 run - its bf16 twin's| / the twin's, over the 12 steps. Measured over seeds 0-2 x
+{AMX, AVX2} kernels (benchmarks/results/test_bounds.md): mean 0.05%, max 0.13%, sd 0.07% (the last step's loss, which
+this test compared before within 5%: up to 1.3%); 2x the largest is 0.26%, the largest + 3 sd 0.34%: rounded up to 1%.
+A run that does not learn stays near its first loss, 11-14% above the mean."""
+LEARNS = 0.9
+"""Bound on the mean loss of the last 3 steps / the first step's. The same runs: 0.787-0.828."""
 
 
 def _run(folder: Path, name: str, *extra: str, **keys) -> Path:
@@ -44,7 +52,7 @@ def runs(tmp_path_factory) -> Path:
     return folder
 
 
-def test_mxfp8_with_expert_parallel_2_ends_within_5_percent_of_bf16(runs):
+def test_mxfp8_with_expert_parallel_2_trains_like_bf16(runs):
     mx, bf16 = records(runs / "runs" / "ep2-mxfp8"), records(runs / "runs" / "ep2-bf16")
     for recs in (mx, bf16):
         assert recs.start["world_size"] == 2 and recs.start["strategy"] == "fsdp2"
@@ -53,12 +61,12 @@ def test_mxfp8_with_expert_parallel_2_ends_within_5_percent_of_bf16(runs):
         assert (ep["expert_parallel"], ep["experts"], ep["local_experts"]) == (2, 8, 4)
         assert ep["expert_groups"] == ["layers.0.moe.experts", "layers.1.moe.experts"]
         assert [r["step"] for r in recs.steps] == list(range(1, STEPS + 1))
-        assert recs.tail_loss() < 0.9 * recs.losses[0]  # it learns
+        assert recs.tail_loss() < LEARNS * recs.losses[0]  # it learns
     for group in mx.start["expert_parallel"]["expert_groups"]:  # the grouped experts as built: MXFP8
         assert mx.start["layers"].get(group, "").startswith("fp8 mxfp8"), mx.start["layers"]
-    print(f"final loss mxfp8 {mx.end['final_loss']:.4f} vs bf16 {bf16.end['final_loss']:.4f}; "
-          f"tail-3 {mx.tail_loss():.4f} vs {bf16.tail_loss():.4f}")
-    assert abs(mx.end["final_loss"] - bf16.end["final_loss"]) <= 0.05 * bf16.end["final_loss"]
+    mean = [sum(recs.losses) / STEPS for recs in (mx, bf16)]
+    print(f"mean loss mxfp8 {mean[0]:.4f} vs bf16 {mean[1]:.4f}; tail-3 {mx.tail_loss():.4f} vs {bf16.tail_loss():.4f}")
+    assert abs(mean[0] - mean[1]) <= MEAN_GAP * mean[1], (mx.losses, bf16.losses)
 
 
 def test_expert_parallel_checkpoint_resumes_bit_identically(runs, tmp_path):

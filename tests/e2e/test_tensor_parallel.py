@@ -3,7 +3,7 @@ debug Llama with distributed.tensor_parallel.
 
 - TP only (2 processes, mesh dp 1 x tp 2) and 2D (FSDP2 2 x TP 2, 4 processes, with FSDP2's float8
   all-gather) in torchao FP8 (tensorwise: the float8 TP styles) and in bf16: the FP8 layers and the float8 TP layers are
-  reported, the loss falls, and the final losses are within 5% of the bf16 twin's.
+  reported, the loss falls, and the mean losses over the 20 steps are within FP8_GAP of the bf16 twin's.
 - TP computes what one process computes: the bf16 TP-only run's losses track a 1-process run on
   the same batches step by step (a wrong sharding, head count or data split would not).
 - Throughput is not double-counted: the ranks of a TP group read the same batches, so
@@ -37,6 +37,12 @@ TWO_D = dict(distributed__procs_per_node=4, distributed__tensor_parallel=2)
 BF16 = dict(precision__mode="bf16")
 FP8_2D = dict(FP8, precision__torchao__fsdp_float8_all_gather=True)  # 2D: FSDP2 float8 all-gathers over dp, float8 TP over tp
 STEPS = 20
+FP8_GAP = 0.03
+"""Bound on |mean loss of the FP8 run - its bf16 twin's| / the twin's, over the 20 steps: the largest + 3 sd. Measured
+over seeds 0-2 x {AMX, AVX2} kernels (benchmarks/results/test_bounds.md): TP 2 mean 0.58%, sd 0.65%, max 0.98%; 2D mean
+0.22%, max 0.58%. The mean of the last 3 steps, which this test compared before (within 5%), spread to 2.7%."""
+LEARNS = 0.85
+"""Bound on the mean loss of the last 3 steps / the first step's. The same runs: TP 2 0.64-0.71, 2D 0.44-0.51."""
 
 
 def _run(folder: Path, name: str, *extra: str, **keys) -> Path:
@@ -66,13 +72,13 @@ def _stdout(folder: Path, name: str) -> str:
 
 
 @pytest.mark.parametrize("layout,world,dp", [("tp2", 2, 1), ("2d", 4, 2)])
-def test_fp8_under_tp_reports_its_layers_and_ends_within_5_percent_of_bf16(runs, layout, world, dp):
+def test_fp8_under_tp_reports_its_layers_and_trains_like_bf16(runs, layout, world, dp):
     fp8, bf16 = records(runs / "runs" / f"{layout}-fp8"), records(runs / "runs" / f"{layout}-bf16")
     for recs in (fp8, bf16):
         assert recs.start["world_size"] == world and recs.start["strategy"] == "fsdp2"
         assert recs.start["tensor_parallel"]["tensor_parallel"] == 2 and recs.start["tensor_parallel"]["data_parallel"] == dp
         assert [r["step"] for r in recs.steps] == list(range(1, STEPS + 1))
-        assert recs.tail_loss() < 0.85 * recs.losses[0]  # it learns
+        assert recs.tail_loss() < LEARNS * recs.losses[0]  # it learns
     assert (fp8.start["fp8_layers"], fp8.start["total_linear"]) == (FP8_LAYERS_2, 15)
     assert bf16.start["fp8_layers"] == 0
     # every FP8 Linear uses torchao's float8 TP styles; embedding, output and the bf16 layers.0.attention.wq the plain ones
@@ -81,17 +87,21 @@ def test_fp8_under_tp_reports_its_layers_and_ends_within_5_percent_of_bf16(runs,
     out = _stdout(runs, f"{layout}-fp8")
     assert f"{FP8_LAYERS_2} of 15 Linear layers in FP8" in out
     assert f"tensor parallel: mesh dp {dp} x tp 2; {FP8_LAYERS_2} Linear layers with float8 TP all-gathers" in out
-    assert abs(fp8.tail_loss() - bf16.tail_loss()) / bf16.tail_loss() < 0.05, (fp8.losses, bf16.losses)
+    mean = [sum(recs.losses) / STEPS for recs in (fp8, bf16)]
+    assert abs(mean[0] - mean[1]) / mean[1] < FP8_GAP, (fp8.losses, bf16.losses)
 
 
 def test_tp_computes_what_one_process_computes_on_the_same_batches(runs):
-    """TP 2 x DP 1 reads data-parallel rank 0's batches, as the 1-process run does: the same losses up to bf16 rounding."""
+    """TP 2 x DP 1 reads data-parallel rank 0's batches, as the 1-process run does: the same losses up to bf16 rounding,
+    whose differences grow step by step (measured over seeds 0-2 x {AMX, AVX2}: at most 0.005% at step 1, 0.16% over
+    steps 1-10, 2.25% over steps 11-20, 0.35% in the mean over the 20 steps)."""
     tp, one = records(runs / "runs" / "tp2-bf16"), records(runs / "runs" / "one-bf16")
     assert tp.start["tokens_per_step"] == one.start["tokens_per_step"] == 4 * 32
     assert tp.losses[0] == pytest.approx(one.losses[0], rel=2e-3)  # the same initial weights and batch
-    for a, b in zip(tp.losses, one.losses):
-        assert a == pytest.approx(b, rel=0.02)
-    assert tp.losses[-1] < 0.85 * tp.losses[0]
+    for a, b in zip(tp.losses[:10], one.losses[:10]):
+        assert a == pytest.approx(b, rel=0.005)
+    assert sum(tp.losses) == pytest.approx(sum(one.losses), rel=0.01)
+    assert tp.tail_loss() < LEARNS * tp.losses[0]
 
 
 @pytest.mark.parametrize("name,world,dp", [("tp2-fp8", 2, 1), ("2d-fp8", 4, 2)])
@@ -126,7 +136,7 @@ def test_a_2d_checkpoint_loads_into_fsdp2_without_tp(runs):
                train__resume="runs/2d-fp8/checkpoints/step-10")
     got = losses(metrics(out))
     assert sorted(got) == list(range(11, STEPS + 1))
-    for step, loss in got.items():
+    for step, loss in got.items():  # measured over seeds 0-2 (AMX): at most 0.35% apart
         assert loss == pytest.approx(ref[step], rel=0.02), (step, got, ref)
     assert ref[11] < 0.85 * ref[1]  # far from the initial loss: the trained weights were loaded
     stdout = _stdout(runs, "2d-to-dp2")
@@ -142,9 +152,10 @@ def test_a_2d_checkpoint_loads_into_tp_alone(runs):
     assert sorted(got) == list(range(11, STEPS + 1))
     assert all(math.isfinite(v) for v in got.values())
     # The batch is data-parallel rank 0's half of the 2D run's, so the loss is close, not equal: one
-    # half-batch's loss differs from the two halves' mean by a few % (5.4% seen on an AVX2 machine).
+    # half-batch's loss differs from the two halves' mean by a few %: measured over seeds 0-2 (AMX) -4.0%, -1.0%, +6.0%
+    # (5.4% seen on an AVX2 machine), 0.015-0.134 of the way back to ref[1], got[11] / ref[1] 0.60-0.73.
     # What shows the 2D shards were loaded and placed right is that it is near the trained loss and far
-    # from the initial one (a fresh or misplaced model is back near ref[1]).
-    assert got[11] == pytest.approx(ref[11], rel=0.10), (got, ref)
-    assert got[11] < 0.85 * ref[1] and abs(got[11] - ref[11]) < 0.25 * (ref[1] - ref[11]), (got, ref)
+    # from the initial one (a fresh or misplaced model is back near ref[1], 45-63% above ref[11]).
+    assert got[11] == pytest.approx(ref[11], rel=0.12), (got, ref)
+    assert got[11] < 0.85 * ref[1] and abs(got[11] - ref[11]) < 0.3 * (ref[1] - ref[11]), (got, ref)
     assert "tensor parallel: mesh dp 1 x tp 2" in _stdout(runs, "2d-to-tp2")

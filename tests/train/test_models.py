@@ -125,8 +125,10 @@ def test_debug_learns_synthetic_data_in_30_adamw_steps():
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    assert losses[0] == pytest.approx(7.62, abs=0.2)  # ln(2048)
-    assert sum(losses[-3:]) / 3 < 0.8 * losses[0]  # measured: 0.69 (0.54 after 60 steps, 0.45 after 100)
+    # ln(2048); measured over seeds 0-5 x {AMX, AVX2} kernels (benchmarks/results/test_bounds.md): 7.655-7.695
+    assert losses[0] == pytest.approx(7.62, abs=0.2)
+    # the same runs: mean 0.686, max 0.727 (sd 0.022; 0.54 after 60 steps, 0.45 after 100); not learning: ~1.0
+    assert sum(losses[-3:]) / 3 < 0.85 * losses[0]
 
 
 # --- sizes and counts --------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+from statistics import fmean
 
 import pytest
 import torch
@@ -84,9 +85,29 @@ def test_fp8_mha_is_refused_with_tes_reason():
 
 # --- precision.te.fp8_params --------------------------------------------------------------------------------------
 
+FP8_WEIGHTS_RUN = {"train.steps": 12, "train.seq_len": 128, "train.micro_batch_size": 8, "train.lr": 3e-3, "train.warmup_steps": 2}
+"""12 steps of 8 x 128 tokens at lr 3e-3 after 2 warm-up steps: the loss falls to ~0.4x its first value, and an FP8-weight
+run stays on its high-precision-weight twin's path (the same batches). At lr 1e-2 on 2 x 2048 tokens (this test before)
+both paths were chaotic: the mean-loss gap spread over 0.005-0.33 nats across 6 seeds, and its "it learns" failed for 1
+seed in 6."""
+
+# The bounds below: 17 runs, seeds 0-5 x {ddp, fsdp2} on an AMX CPU, fsdp2 seeds 0-2 with AVX2 kernels and 0-1 with
+# AVX512-BF16 ones (benchmarks/results/test_bounds.md), and the stand-in's FusedAdam broken on purpose
+# (benchmarks/test_bounds.py --broken).
+LEARNS = 0.6
+"""Bound on the FP8-weight run's mean loss over its last 3 steps / its first step's loss. Measured: mean 0.394,
+sd 0.014, max 0.411. Never writing the stepped master copy back into the FP8 weights: 0.775-0.786."""
+
+TWIN_GAP = 0.012
+"""Bound on |mean loss of the FP8-weight run - its twin's| / the twin's, over the 12 steps: 2x the largest measured.
+Measured: mean 0.13%, sd 0.11%, max 0.52% (AVX2; 0.24% on the AMX CPU). Without the master copy (each FP8 weight
+stepped from its own FP8 value, losing the updates below FP8's resolution): +2.2% to +4.2% over 6 seeds (+3.7% at
+seed 0, this test's: it fails); never written back: +36% to +41%."""
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_fp8_weights_train_with_an_fp32_master_copy(tmp_path, standin, strategy):
-    keys = {"precision.te.recipe": "current", "distributed.strategy": strategy, "train.steps": 12, "train.lr": 1e-2}
+    keys = {"precision.te.recipe": "current", "distributed.strategy": strategy, **FP8_WEIGHTS_RUN}
     records, trainer = train(tmp_path, "fp8w", **keys, **{"precision.te.fp8_params": True})
     effects = records[0]["effects"]
     assert effects["fp8_weights"] == {"count": 15, "master": "float32"} and effects["optimizer"] == "FusedAdam"
@@ -100,10 +121,11 @@ def test_fp8_weights_train_with_an_fp32_master_copy(tmp_path, standin, strategy)
     # the master copy holds what FP8 cannot: the weight is its FP8 rounding
     assert master.dtype is torch.float32 and not torch.equal(master, local.dequantize())
     torch.testing.assert_close(Float8Tensor.quantize(master).dequantize(), local.dequantize(), rtol=0, atol=0)
-    got = losses(records)
-    assert sum(list(got.values())[-3:]) < sum(list(got.values())[:3])  # it learns
+    got = list(losses(records).values())
+    assert fmean(got[-3:]) < LEARNS * got[0], got  # it learns
     twin, _ = train(tmp_path, "hp-weights", **keys)  # the same run with high-precision weights learns alike
-    assert abs(sum(losses(twin).values()) - sum(got.values())) / len(got) < 0.1
+    twin_losses = list(losses(twin).values())
+    assert abs(fmean(got) - fmean(twin_losses)) / fmean(twin_losses) < TWIN_GAP, (got, twin_losses)
 
 
 def test_the_master_copy_starts_from_the_high_precision_initial_weights(standin):
