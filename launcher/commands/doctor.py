@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from launcher.errors import with_fix
-from launcher.planning.backends import BACKENDS, MSAMP, TE, TORCHAO
+from launcher.planning.backends import BACKENDS
 from launcher.planning.install import INSTALL
 from launcher.planning.hardware import capability_text, requirement, supports
 from launcher.planning.plan import Plan, resolve
@@ -29,8 +29,6 @@ frozen = dataclass(frozen=True, kw_only=True, slots=True)
 
 PACKAGES = ("torchao", "transformer_engine", "deepspeed", "msamp", "transformers", "accelerate")
 """Optional packages the doctor reports, by import name."""
-
-BACKEND_PACKAGE = {b.name: b.package for b in BACKENDS.values()}
 
 ROWS: tuple[tuple[str, str | None, str | None], ...] = (
     *(("fp8", backend, r) for backend in BACKENDS for r in recipes(backend)),
@@ -250,7 +248,7 @@ def packages_needed(plan: Plan) -> list[str]:
     from launcher.planning.schedule import phases
 
     p = plan.precision
-    out = [BACKEND_PACKAGE[q.plan.precision.backend] for q in phases(plan) if q.plan.precision.fp8]  # any phase that trains in FP8
+    out = [BACKENDS[q.plan.precision.backend].package for q in phases(plan) if q.plan.precision.fp8]  # any phase in FP8
     if p.optimizer_states != "fp32" or p.master_weights == "bf16":  # torchao's low-bit Adam (launcher/train/optim_lowbit.py)
         out.append("torchao")
     if p.fp8 and BACKENDS[p.backend].setting(p, "use_te"):
@@ -276,6 +274,14 @@ def _note(machine: Machine, device: str, torchao_fp8: bool) -> str:
     return "on CPU: for tests and smoke runs"
 
 
+def _put(spec: dict, key: str, value) -> None:
+    """Set dotted `key` of a spec held as nested tables."""
+    *parents, leaf = key.split(".")
+    for part in parents:
+        spec = spec.setdefault(part, {})
+    spec[leaf] = value
+
+
 @cache
 def synthetic_plan(mode: str, backend: str | None = None, recipe: str | None = None, procs: int = 1) -> Plan:
     """A plan that uses this precision the way a good spec would (no plan-stage error of its own),
@@ -285,19 +291,9 @@ def synthetic_plan(mode: str, backend: str | None = None, recipe: str | None = N
     if mode == "fp8":
         spec["precision"]["backend"] = backend
         b = BACKENDS[backend]
-        if b is TORCHAO:
-            # skip_small off: the default debug model's Linears are all below torchao's size rule (FP8-NONE-SELECTED),
-            # and whether this precision runs here does not depend on which layers a model converts
-            spec["precision"]["torchao"] = {"recipe": recipe, "skip_small": False}
-            spec["compile"] = {"enabled": True}
-        elif b is TE:
-            spec["precision"]["te"] = {"recipe": recipe}
-            spec["compile"] = {"enabled": recipe != "delayed"}  # rule TE-DELAYED-COMPILE
-        elif b is MSAMP:
-            spec["precision"]["msamp"] = {"opt_level": recipe}
-            # MS-AMP: FSDP1/DDP only, and O3 exists only through its DeepSpeed ZeRO 1/2 integration.
-            spec["distributed"] = {"strategy": "deepspeed", "procs_per_node": procs, "deepspeed": {"zero_stage": 2}} \
-                if recipe == "O3" else {"strategy": "ddp", "procs_per_node": procs}
+        keys = {b.recipe_key: recipe} if b.recipe_key else {}
+        for key, value in {**keys, **b.sample_spec(recipe)}.items():  # what the record says makes its plan a good one
+            _put(spec, key, value)
     source = SpecSource(path="<doctor>", data=spec, sha256="")
     validate(source)
     return resolve(source)
@@ -312,11 +308,7 @@ def level_plan(preset: str, procs: int = 1) -> Plan:
     spec: dict = {"version": 1, "name": "doctor", "distributed": {"strategy": "ddp", "procs_per_node": procs},
                   "precision": {"torchao": {"skip_small": False}}}
     for key, value in MSAMP_LEVELS[PRESETS[preset]].items():
-        node = spec
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        _put(spec, key, value)
     source = SpecSource(path="<doctor>", data=spec, sha256="")
     validate(source)
     return resolve(source)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from launcher.planning.backends import BACKENDS, TORCHAO
+from launcher.planning.backends import BACKENDS
 from launcher.planning.plan import Plan, resolve
 from launcher.planning.rules import Facts, check
 from launcher.planning.read import SpecSource, defaults, nested, schema
@@ -268,8 +268,9 @@ def spec_of(config: dict[str, Any], name: str, base: dict[str, Any] = CPU_BASE) 
     """The spec (nested JSON) of one matrix run: the base, the run's options, and what they imply
     (skip_small off for FP8: llama-debug's GEMMs are all below torchao's size rule; an NVMe folder)."""
     flat = {"version": 1, "name": name, **base, **config}
-    if flat.get("precision.mode") == "fp8" and BACKENDS[flat.get("precision.backend", TORCHAO.name)].shape_rules:
-        flat["precision.torchao.skip_small"] = False
+    b = BACKENDS[flat.get("precision.backend", _default("precision.backend"))]
+    if flat.get("precision.mode") == "fp8" and b.shape_rules:
+        flat[f"precision.{b.section}.skip_small"] = False
     if flat.get("distributed.tensor_parallel", 1) > flat.get("distributed.procs_per_node", 1):
         flat["distributed.procs_per_node"] = flat["distributed.tensor_parallel"]  # one GPU per TP rank
     if "nvme" in (flat.get("distributed.deepspeed.offload_optimizer"), flat.get("distributed.deepspeed.offload_param")):

@@ -25,8 +25,10 @@ import torch
 
 from launcher.planning.backends import BACKENDS, TORCHAO
 from launcher.planning.hardware import capability_text, requirement, supports
+from launcher.planning.rules import Facts, check
 from launcher.train.precision.torchao_fp8 import mx_torch_supported
 from launcher.planning.support_matrix import GPU_BASE, _default, config_key, load, spec_of
+from tests.support import plan_from
 
 CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA GPU")]
@@ -70,7 +72,9 @@ def test_gpu_row_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
     b = BACKENDS.get(backend or "")
     recipe = _get(c, b.recipe_key) if b is not None and b.has_recipes else None
     if recipe is not None and not supports(torch.cuda.get_device_capability(), "fp8", b.name, recipe):
-        rule = b.hardware_rule
+        facts = Facts(plan=plan_from(spec_of(c, matrix_run.name, GPU_BASE)), device="cuda",
+                      capability=torch.cuda.get_device_capability())
+        rule = next(f.rule.id for f in check(facts, "run") if f.is_error)  # FP8-HARDWARE, TE-RECIPE-HARDWARE, ...
         assert r.returncode == 3 and f"error[{rule}]" in r.stderr, r.stderr[-3000:]
         _record(matrix_run.config, f"refused: {rule} (GPU {capability_text(torch.cuda.get_device_capability())}; needs {requirement('fp8', b.name, recipe)})")
         return

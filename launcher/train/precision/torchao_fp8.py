@@ -96,6 +96,12 @@ class TorchaoPrecision(Precision):
         block = block_recipe_of(module)
         return f"fp8 {block}" if block else None
 
+    def monitor_targets(self, model: nn.Module) -> list:
+        """Every Float8Linear and grouped-expert module, with its casts' scaling (launcher/train/monitor/hooks.py)."""
+        from launcher.train.monitor.hooks import torchao_targets
+
+        return torchao_targets(model)
+
 
 def recipe_of(config) -> str:
     """The torchao recipe a Float8Linear's config is, read from its casts (the FSDP2 all-gather and
