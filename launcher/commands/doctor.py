@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from launcher.errors import with_fix
-from launcher.planning.backends import BACKENDS
+from launcher.planning.backends import BACKENDS, BUILT_IN
 from launcher.planning.install import INSTALL
 from launcher.planning.hardware import capability_text, requirement, supports
 from launcher.planning.plan import Plan, resolve
@@ -31,16 +31,17 @@ PACKAGES = ("torchao", "transformer_engine", "deepspeed", "msamp", "transformers
 """Optional packages the doctor reports, by import name."""
 
 ROWS: tuple[tuple[str, str | None, str | None], ...] = (
-    *(("fp8", backend, r) for backend in BACKENDS for r in recipes(backend)),
+    *(("fp8", backend, r) for backend in BUILT_IN for r in recipes(backend)),
     ("bf16", None, None),
     ("fp16", None, None),
 )
-"""(mode, backend, recipe) of every row `assess` answers; recipe is the MS-AMP opt_level for msamp."""
+"""(mode, backend, recipe) of every row `assess` answers; recipe is the MS-AMP opt_level for msamp. The built-in
+backends: a backend registered later (launcher/planning/backends.py `register`) is assessed through a spec that names it."""
 
 FIRST = ("FP8-HARDWARE", "CPU-BACKEND")
 """Rules whose reason comes first: no package or recipe change helps while they hold."""
 
-DEFAULT_RECIPE = {b.name: b.default_recipe for b in BACKENDS.values()}
+DEFAULT_RECIPE = {name: BACKENDS[name].default_recipe for name in BUILT_IN}
 """The row that speaks for each backend in the exit-3 message."""
 
 
