@@ -14,6 +14,7 @@ import pytest
 from launcher.planning import backends
 from launcher.planning.backends import BACKENDS, BUILT_IN, MSAMP, TE, TORCHAO, Backend, backend_of, named
 from launcher.planning.hardware import supports
+from launcher.planning.levels import MSAMP_LEVELS
 from launcher.planning.plan import resolve
 from launcher.planning.read import SpecSource, choices, recipes, schema, schema_text
 
@@ -39,6 +40,8 @@ def test_each_record_names_what_exists(b):
     assert set(b.gemms) - {"*"} <= set(own) and set(b.overflow_hints) - {"*"} <= set(own)
     assert set(b.outlier_fix) <= set(own) and set(b.recipe_notes) <= set(own)
     assert b.starter_recipe("deepspeed") in own and b.starter_recipe("ddp") == b.default_recipe
+    if b.native_as:  # its levels' native keys name that backend (launcher/planning/levels.py)
+        assert b.native_as in BACKENDS and {k["precision.backend"] for k in MSAMP_LEVELS.values()} == {b.native_as}
     module, function = b.apply.split(":")
     spec = importlib.util.find_spec(module)
     assert spec is not None and function in {n.name for n in ast.parse(Path(spec.origin).read_text()).body

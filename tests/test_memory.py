@@ -49,7 +49,7 @@ def test_deepspeed_fp32_has_no_separate_master_and_offload_moves_states():
     assert off["master_weights"] == 0 and off["optimizer_states"] == 0 and off["params"] == 2 * P
 
 
-def test_te_fp8_params_and_msamp_levels():
+def test_te_fp8_params_and_msamp_levels(msamp_stack):
     te = rows({"precision": {"mode": "fp8", "backend": "te", "te": {"fp8_params": True}}, "distributed": {"procs_per_node": 1}})
     # FSDP2: TE's FusedAdam keeps an fp32 master copy of the fp8 weights (issue 29): 4 bytes more a parameter
     assert te["params"] == 1 * P and te["master_weights"] == 4 * P

@@ -19,11 +19,12 @@ from launcher.errors import with_fix
 from launcher.planning.backends import BACKENDS, BUILT_IN
 from launcher.planning.install import INSTALL
 from launcher.planning.hardware import capability_text, requirement, supports
+from launcher.planning.levels import native_keys
 from launcher.planning.plan import Plan, resolve
 from launcher.planning.rules import RULES_BY_ID, Facts, check
 from launcher.planning.read import SpecSource, recipes, validate
 from launcher.planning.selection import default_recipe
-from launcher.planning.stack import dist_version, msamp_problem
+from launcher.planning.stack import MSAMP_STRATEGIES, dist_version, msamp_problem
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
 
@@ -161,7 +162,7 @@ def gather() -> Machine:
     return Machine(python=platform.python_version(), platform=f"{platform.system()} {platform.machine()}".strip(),
                    torch=torch_version, torch_cuda=torch_cuda, cuda_available=cuda, gpus=gpus, packages=packages,
                    cpus=os.cpu_count() or 1, notes=tuple(notes),
-                   msamp_stack={s: msamp_problem(s) for s in ("ddp", "deepspeed")})
+                   msamp_stack={s: msamp_problem(s) for s in MSAMP_STRATEGIES})
 
 
 def _gpu(torch, index: int) -> Gpu:
@@ -193,7 +194,16 @@ def _installed_version(module: str, notes: list[str]) -> str | None:
 def assess(machine: Machine) -> list[Support]:
     """For every row of ROWS: does it run on `machine`, and if not, what to install or change."""
     procs = max(1, len(machine.gpus))
-    return [assess_plan(machine, synthetic_plan(mode, backend, recipe, procs)) for mode, backend, recipe in ROWS]
+    return [assess_plan(machine, synthetic_plan(mode, backend, recipe, procs, msamp_runs=msamp_strategies(machine)))
+            for mode, backend, recipe in ROWS]
+
+
+def msamp_strategies(machine: Machine) -> tuple[str, ...]:
+    """The strategies MS-AMP's own stack runs on `machine` with: where a backend = "msamp" plan uses the MS-AMP package
+    rather than its opt level's native keys (launcher/planning/levels.py)."""
+    if not machine.has("msamp"):
+        return ()
+    return tuple(s for s in MSAMP_STRATEGIES if machine.msamp_stack.get(s) is None)
 
 
 def fp8_usable(supports: list[Support]) -> bool:
@@ -239,9 +249,12 @@ def assess_plan(machine: Machine, plan: Plan) -> Support:
         if not machine.has(package):
             missing(package)
     ok = not reasons
+    note = _note(machine, device, p.fp8 and not BACKENDS[backend].cuda_only) if ok else ""
+    if plan.msamp_native:  # a backend = "msamp" spec planned as its opt level's native keys (launcher/planning/levels.py)
+        backend, recipe = "msamp", plan.msamp_native
+        note = f"{note}; as its native levels: {native_keys(plan.msamp_native)}" if ok else ""
     return Support(mode=p.mode, backend=backend, recipe=recipe, supported=ok, device=device,
-                   reasons=tuple(reasons), rules=tuple(dict.fromkeys(r for r in reasons.values() if r)),
-                   note=_note(machine, device, p.fp8 and not BACKENDS[backend].cuda_only) if ok else "")
+                   reasons=tuple(reasons), rules=tuple(dict.fromkeys(r for r in reasons.values() if r)), note=note)
 
 
 def packages_needed(plan: Plan) -> list[str]:
@@ -284,9 +297,11 @@ def _put(spec: dict, key: str, value) -> None:
 
 
 @cache
-def synthetic_plan(mode: str, backend: str | None = None, recipe: str | None = None, procs: int = 1) -> Plan:
+def synthetic_plan(mode: str, backend: str | None = None, recipe: str | None = None, procs: int = 1, *,
+                   msamp_runs: tuple[str, ...] | None = None) -> Plan:
     """A plan that uses this precision the way a good spec would (no plan-stage error of its own),
-    so that only the machine decides whether it runs."""
+    so that only the machine decides whether it runs. `msamp_runs`: the strategies MS-AMP's stack runs with
+    (`msamp_strategies`); None: this machine's."""
     spec: dict = {"version": 1, "name": "doctor", "precision": {"mode": mode},
                   "distributed": {"strategy": "fsdp2", "procs_per_node": procs}}
     if mode == "fp8":
@@ -297,7 +312,7 @@ def synthetic_plan(mode: str, backend: str | None = None, recipe: str | None = N
             _put(spec, key, value)
     source = SpecSource(path="<doctor>", data=spec, sha256="")
     validate(source)
-    return resolve(source)
+    return resolve(source, msamp_runs=None if msamp_runs is None else msamp_runs.__contains__)
 
 
 @cache

@@ -104,6 +104,9 @@ class Backend:
     """recipe -> the setting that copes better with one layer's outliers (the FP8 monitor's warnings)."""
     recipe_notes: dict[str, str] = field(default_factory=dict)
     """recipe -> the comment `fp8launch init` writes beside it."""
+    native_as: str = ""
+    """The backend a spec naming it is planned on where its own stack is not installed, with its recipe's native keys
+    (MS-AMP's opt levels on torchao: launcher/planning/levels.py)."""
     deepspeed_recipe: str = ""
     """The recipe `fp8launch init` writes for a DeepSpeed run where it is not default_recipe (MS-AMP's O3)."""
     sample_spec: Callable[[str], dict[str, Any]] = _no_keys
@@ -228,10 +231,11 @@ MSAMP = Backend(
                          'precision.msamp.opt_level = "O1"'},
     recipe_notes={"O1": "FP8 weights and gradients", "O2": "FP8 weights, gradients and optimizer states",
                   "O3": "FP8 ZeRO optimizer, through DeepSpeed"},
-    deepspeed_recipe="O3",
-    # FSDP1/DDP only, and O3 exists only through its DeepSpeed ZeRO 1/2 integration
+    deepspeed_recipe="O3", native_as="torchao",
+    # FSDP1/DDP only, and O3 exists only through its DeepSpeed ZeRO 1/2 integration; where MS-AMP cannot run, O1 / O2
+    # under DDP are planned as their native keys, torchao's FP8 (launcher/planning/levels.py): its skip_small off too
     sample_spec=lambda recipe: ({"distributed.strategy": "deepspeed", "distributed.deepspeed.zero_stage": 2} if recipe == "O3"
-                                else {"distributed.strategy": "ddp"}),
+                                else {"distributed.strategy": "ddp", "precision.torchao.skip_small": False}),
 )
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (TORCHAO, TE, MSAMP)}
