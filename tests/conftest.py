@@ -56,6 +56,15 @@ def spec(tmp_path):
 
 
 @pytest.fixture
+def msamp_stack(monkeypatch):
+    """MS-AMP's own stack installed (launcher/planning/stack.py `msamp_runs`): a backend = "msamp" spec plans for the
+    MS-AMP package, as it does in MS-AMP's own environment, instead of as its opt level's native keys."""
+    from launcher.planning import stack
+
+    monkeypatch.setattr(stack, "msamp_runs", lambda strategy: True)
+
+
+@pytest.fixture
 def isolated_imports(monkeypatch):
     """Undo sys.path and sys.modules changes made by importing user factories."""
     monkeypatch.setattr(sys, "path", list(sys.path))

@@ -65,7 +65,8 @@ def test_te_settings_reach_accelerates_te_recipe(tmp_path, monkeypatch):
     assert recipe.use_mxfp8_block_scaling is False
 
 
-def test_msamp_opt_level_reaches_accelerate(tmp_path, monkeypatch):
+def test_msamp_opt_level_reaches_accelerate(tmp_path, monkeypatch, msamp_stack):
+    """Where MS-AMP's own stack is installed (elsewhere the spec is planned as its level's native keys, torchao's)."""
     config, args, env = launch_env(tmp_path, {"precision": {"mode": "fp8", "backend": "msamp", "msamp": {"opt_level": "O1"}},
                                               "distributed": {"strategy": "ddp"}})
     assert config.distributed_type == "MULTI_GPU"

@@ -12,6 +12,7 @@ import pytest
 from conftest import REPO, run_module
 from launcher.planning.install import INSTALL
 from launcher.commands import doctor
+from launcher.planning.levels import native_keys
 from launcher.commands.doctor import ROWS, Gpu, Machine, assess, assess_plan, diagnose, gather, synthetic_plan
 from launcher.planning.backends import TE
 from launcher.planning.hardware import supports
@@ -90,9 +91,11 @@ def test_cpu_with_torchao():
         s = r[f"fp8 torchao {recipe}"]
         assert s.supported and s.device == "cpu"
         assert "_scaled_mm" in s.note and "not for speed" in s.note
-    for label in ("fp8 te current", "fp8 msamp O2"):
-        assert not r[label].supported and r[label].rules == ("CPU-BACKEND", "BACKEND-MISSING")
-    # O3 uses DeepSpeed, which is installed here: only MS-AMP itself and the CPU are missing
+    assert not r["fp8 te current"].supported and r["fp8 te current"].rules == ("CPU-BACKEND", "BACKEND-MISSING")
+    # MS-AMP is not installed: its O1 / O2 under DDP are planned as their native keys, torchao's FP8, which runs here
+    for level in ("O1", "O2"):
+        assert r[f"fp8 msamp {level}"].supported and r[f"fp8 msamp {level}"].note.endswith(native_keys(level))
+    # O3 uses DeepSpeed (installed here), which the native levels cannot express: only MS-AMP itself and the CPU are missing
     assert r["fp8 msamp O3"].rules == ("CPU-BACKEND", "BACKEND-MISSING") and len(r["fp8 msamp O3"].reasons) == 2
     assert r["bf16"].supported and r["bf16"].note == "on CPU: for tests and smoke runs"
     assert diagnose(CPU_TORCHAO).problem is None
@@ -238,12 +241,15 @@ def test_cli_text_says_a_reason_shared_by_every_recipe_once(cli, monkeypatch):
     assert te == ["fp8 te: every recipe               no    Transformer Engine and MS-AMP run only on CUDA GPUs; torchao FP8 is the "
                   "backend that runs on CPU; fix: set precision.backend = \"torchao\", or launch.device = \"cuda\""]
     assert sum("the transformer_engine package is not importable here" in line for line in lines) == 1
-    # each MS-AMP opt level names its own native equivalent (launcher/planning/levels.py): one row per level
-    assert sum("the msamp package is not importable here" in line for line in lines) == 3
+    # each MS-AMP opt level says its own native equivalent (launcher/planning/levels.py): one row per level; O1 and O2
+    # run as it, O3 (MS-AMP's DeepSpeed integration, which they cannot express) names it in its fix
+    assert sum("the msamp package is not importable here" in line for line in lines) == 1
     msamp = [line for line in lines if line.startswith("fp8 msamp")]
-    assert [line.split()[:3] for line in msamp] == [["fp8", "msamp", "O1"], ["fp8", "msamp", "O2"], ["fp8", "msamp", "O3"]]
-    assert 'precision.grad_reduce = "fp8", precision.master_weights = "bf16" (`fp8launch init --preset msamp-o1`' in msamp[0]
-    assert 'precision.optimizer_states = "fp8" (`fp8launch init --preset msamp-o2`' in msamp[1]
+    assert [line.split()[:4] for line in msamp] == [["fp8", "msamp", "O1", "yes"], ["fp8", "msamp", "O2", "yes"],
+                                                    ["fp8", "msamp", "O3", "no"]]
+    assert msamp[0].endswith('as its native levels: precision.backend = "torchao", precision.grad_reduce = "fp8", '
+                             'precision.master_weights = "bf16"')
+    assert msamp[1].endswith('precision.optimizer_states = "fp8"')
     assert 'distributed.strategy = "fsdp2", precision.torchao.fsdp_float8_all_gather = true' in msamp[2]
     assert [line.split()[:3] for line in lines if line.startswith("fp8 torchao") and "natively" not in line] == [
         ["fp8", "torchao", "tensorwise"], ["fp8", "torchao", "rowwise"], ["fp8", "torchao", "rowwise_with_gw_hp"],

@@ -49,7 +49,7 @@ def test_deepspeed_fp32_has_no_separate_master_and_offload_moves_states():
     assert off["master_weights"] == 0 and off["optimizer_states"] == 0 and off["params"] == 2 * P
 
 
-def test_te_fp8_params_and_msamp_levels():
+def test_te_fp8_params_and_msamp_levels(msamp_stack):
     from launcher.planning.models import linear_params, parse_builtin, param_count
 
     te = rows({"precision": {"mode": "fp8", "backend": "te", "keep_first_last": False, "te": {"fp8_params": True}},

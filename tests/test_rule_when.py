@@ -21,6 +21,10 @@ from launcher.planning.rules import RULES, RULES_BY_ID, Facts, Rule
 from tests.support import plan_from
 from tests.test_rules import PLAN_CASES, PREDICTION_CASES, RUN_CASES
 
+pytestmark = pytest.mark.usefixtures("msamp_stack")
+"""The MS-AMP rules are about plans for the MS-AMP package: planned where its own stack is installed (elsewhere a
+backend = "msamp" spec is planned as its native levels: tests/train/test_msamp_native.py)."""
+
 KEY = re.compile(r"(?<![\w.])[a-z][a-z0-9_]*(?:\.[a-z0-9_]+)+(?![\w.])")
 """A dotted word: compile.enabled, precision.torchao.fsdp_float8_all_gather (also deepspeed.json, e.g: not spec keys)."""
 

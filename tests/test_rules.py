@@ -12,6 +12,10 @@ from launcher.targets.render import render
 from launcher.planning.rules import RULES, RULES_BY_ID, Facts, check
 from tests.support import plan_from
 
+pytestmark = pytest.mark.usefixtures("msamp_stack")
+"""The MS-AMP rules are about plans for the MS-AMP package: planned where its own stack is installed (elsewhere a
+backend = "msamp" spec is planned as its native levels: tests/train/test_msamp_native.py)."""
+
 
 plan_of = plan_from
 

@@ -1,6 +1,8 @@
 """An MS-AMP that is installed but cannot run next to the installed Transformer Engine / DeepSpeed is
 named as such, with versions, by doctor, by run's preflight and by the entrypoint, never as "not
-installed". The environment is a real folder on sys.path: an `msamp` package whose import fails the
+installed", where the spec asks for what only MS-AMP gives (its DeepSpeed integration); a spec its opt
+level's native keys express is planned as them, saying why (launcher/planning/levels.py). The environment
+is a real folder on sys.path: an `msamp` package whose import fails the
 way MS-AMP 0.4's does (it imports transformer_engine_extensions) and its dist-info metadata."""
 
 from __future__ import annotations
@@ -74,12 +76,25 @@ def test_doctor_says_installed_but_cannot_run_with_versions(broken_msamp, tmp_pa
     report = json.loads(r.stdout)
     assert report["machine"]["packages"]["msamp"] == "0.4.0"
     rows = {s["label"]: s for s in report["support"]}
-    for level in ("O1", "O2", "O3"):
+    for level in ("O1", "O2"):  # under DDP: its native levels, which run on this CPU
         row = rows[f"fp8 msamp {level}"]
-        assert not row["supported"] and "MSAMP-STACK" in row["rules"] and "BACKEND-MISSING" not in row["rules"]
+        assert row["supported"] and f"its native levels: precision.backend = \"torchao\"" in row["note"], row
+    o3 = rows["fp8 msamp O3"]  # through DeepSpeed, which the native levels cannot express: MS-AMP's, which cannot run here
+    assert not o3["supported"] and "MSAMP-STACK" in o3["rules"] and "BACKEND-MISSING" not in o3["rules"]
     assert any("MS-AMP 0.4.0 is installed but cannot run here: it imports transformer_engine_extensions" in reason
-               and "this environment has no Transformer Engine" in reason for reason in rows["fp8 msamp O1"]["reasons"])
-    assert any("DeepSpeed 0.19" in reason for reason in rows["fp8 msamp O3"]["reasons"])
+               and "this environment has no Transformer Engine" in reason and "DeepSpeed 0.19" in reason for reason in o3["reasons"])
+
+
+def test_plan_gives_a_ddp_spec_its_native_levels_and_says_why(broken_msamp, tmp_path):
+    spec = tmp_path / "ms.toml"
+    spec.write_text('version = 1\nname = "ms"\n[precision]\nmode = "fp8"\nbackend = "msamp"\n[distributed]\nstrategy = "ddp"\n'
+                    '[train]\nmodel = "builtin:llama3-1b"\n')
+    r = _run(["plan", str(spec), "--out", str(tmp_path / "gen")], tmp_path, broken_msamp)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("  MS-AMP "))
+    assert line.endswith("planned as its native levels (precision.backend = \"torchao\", precision.grad_reduce = \"fp8\", "
+                         "precision.master_weights = \"bf16\", precision.optimizer_states = \"fp8\"): the MS-AMP installed here "
+                         "cannot run next to this stack (`fp8launch doctor` says why)"), line
 
 
 def test_run_stops_before_torchrun_with_the_stack_problem(broken_msamp, tmp_path):
@@ -91,11 +106,11 @@ def test_run_stops_before_torchrun_with_the_stack_problem(broken_msamp, tmp_path
         mode = "fp8"
         backend = "msamp"
         [distributed]
-        strategy = "ddp"
+        strategy = "deepspeed"
         procs_per_node = 1
         [launch]
         device = "cuda"
-    """))
+    """))  # MS-AMP's DeepSpeed integration: what its native levels cannot express
     r = _run(["run", str(spec)], tmp_path, broken_msamp)
     assert r.returncode == 3, r.stderr
     line = r.stderr.strip().splitlines()[-1]
@@ -109,7 +124,7 @@ def test_the_entrypoint_reports_an_installed_msamp_that_fails_to_import(broken_m
         from launcher.errors import LauncherError
         from launcher.train.precision import apply_precision
         from tests.train._precision import TinyLlama, make_plan
-        plan = make_plan(precision={"mode": "fp8", "backend": "msamp"}, distributed={"strategy": "ddp", "procs_per_node": 1})
+        plan = make_plan(precision={"mode": "fp8", "backend": "msamp"}, distributed={"strategy": "deepspeed", "procs_per_node": 1})
         try:
             apply_precision(TinyLlama(), plan, torch.device("cpu"))
         except LauncherError as e:

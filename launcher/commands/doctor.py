@@ -16,33 +16,33 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from launcher.errors import with_fix
-from launcher.planning.backends import BACKENDS, MSAMP, TE, TORCHAO
+from launcher.planning.backends import BACKENDS, BUILT_IN
 from launcher.planning.install import INSTALL
 from launcher.planning.hardware import capability_text, requirement, supports
+from launcher.planning.levels import native_keys
 from launcher.planning.plan import Plan, resolve
 from launcher.planning.rules import RULES_BY_ID, Facts, check
 from launcher.planning.read import SpecSource, recipes, validate
 from launcher.planning.selection import default_recipe
-from launcher.planning.stack import dist_version, msamp_problem
+from launcher.planning.stack import MSAMP_STRATEGIES, dist_version, msamp_problem
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
 
 PACKAGES = ("torchao", "transformer_engine", "deepspeed", "msamp", "transformers", "accelerate")
 """Optional packages the doctor reports, by import name."""
 
-BACKEND_PACKAGE = {b.name: b.package for b in BACKENDS.values()}
-
 ROWS: tuple[tuple[str, str | None, str | None], ...] = (
-    *(("fp8", backend, r) for backend in BACKENDS for r in recipes(backend)),
+    *(("fp8", backend, r) for backend in BUILT_IN for r in recipes(backend)),
     ("bf16", None, None),
     ("fp16", None, None),
 )
-"""(mode, backend, recipe) of every row `assess` answers; recipe is the MS-AMP opt_level for msamp."""
+"""(mode, backend, recipe) of every row `assess` answers; recipe is the MS-AMP opt_level for msamp. The built-in
+backends: a backend registered later (launcher/planning/backends.py `register`) is assessed through a spec that names it."""
 
 FIRST = ("FP8-HARDWARE", "CPU-BACKEND")
 """Rules whose reason comes first: no package or recipe change helps while they hold."""
 
-DEFAULT_RECIPE = {b.name: b.default_recipe for b in BACKENDS.values()}
+DEFAULT_RECIPE = {name: BACKENDS[name].default_recipe for name in BUILT_IN}
 """The row that speaks for each backend in the exit-3 message."""
 
 
@@ -162,7 +162,7 @@ def gather() -> Machine:
     return Machine(python=platform.python_version(), platform=f"{platform.system()} {platform.machine()}".strip(),
                    torch=torch_version, torch_cuda=torch_cuda, cuda_available=cuda, gpus=gpus, packages=packages,
                    cpus=os.cpu_count() or 1, notes=tuple(notes),
-                   msamp_stack={s: msamp_problem(s) for s in ("ddp", "deepspeed")})
+                   msamp_stack={s: msamp_problem(s) for s in MSAMP_STRATEGIES})
 
 
 def _gpu(torch, index: int) -> Gpu:
@@ -194,7 +194,16 @@ def _installed_version(module: str, notes: list[str]) -> str | None:
 def assess(machine: Machine) -> list[Support]:
     """For every row of ROWS: does it run on `machine`, and if not, what to install or change."""
     procs = max(1, len(machine.gpus))
-    return [assess_plan(machine, synthetic_plan(mode, backend, recipe, procs)) for mode, backend, recipe in ROWS]
+    return [assess_plan(machine, synthetic_plan(mode, backend, recipe, procs, msamp_runs=msamp_strategies(machine)))
+            for mode, backend, recipe in ROWS]
+
+
+def msamp_strategies(machine: Machine) -> tuple[str, ...]:
+    """The strategies MS-AMP's own stack runs on `machine` with: where a backend = "msamp" plan uses the MS-AMP package
+    rather than its opt level's native keys (launcher/planning/levels.py)."""
+    if not machine.has("msamp"):
+        return ()
+    return tuple(s for s in MSAMP_STRATEGIES if machine.msamp_stack.get(s) is None)
 
 
 def fp8_usable(supports: list[Support]) -> bool:
@@ -240,9 +249,12 @@ def assess_plan(machine: Machine, plan: Plan) -> Support:
         if not machine.has(package):
             missing(package)
     ok = not reasons
+    note = _note(machine, device, p.fp8 and not BACKENDS[backend].cuda_only) if ok else ""
+    if plan.msamp_native:  # a backend = "msamp" spec planned as its opt level's native keys (launcher/planning/levels.py)
+        backend, recipe = "msamp", plan.msamp_native
+        note = f"{note}; as its native levels: {native_keys(plan.msamp_native)}" if ok else ""
     return Support(mode=p.mode, backend=backend, recipe=recipe, supported=ok, device=device,
-                   reasons=tuple(reasons), rules=tuple(dict.fromkeys(r for r in reasons.values() if r)),
-                   note=_note(machine, device, p.fp8 and not BACKENDS[backend].cuda_only) if ok else "")
+                   reasons=tuple(reasons), rules=tuple(dict.fromkeys(r for r in reasons.values() if r)), note=note)
 
 
 def packages_needed(plan: Plan) -> list[str]:
@@ -250,7 +262,7 @@ def packages_needed(plan: Plan) -> list[str]:
     from launcher.planning.schedule import phases
 
     p = plan.precision
-    out = [BACKEND_PACKAGE[q.plan.precision.backend] for q in phases(plan) if q.plan.precision.fp8]  # any phase that trains in FP8
+    out = [BACKENDS[q.plan.precision.backend].package for q in phases(plan) if q.plan.precision.fp8]  # any phase in FP8
     if p.optimizer_states != "fp32" or p.master_weights == "bf16":  # torchao's low-bit Adam (launcher/train/optim_lowbit.py)
         out.append("torchao")
     if p.fp8 and BACKENDS[p.backend].setting(p, "use_te"):
@@ -276,31 +288,31 @@ def _note(machine: Machine, device: str, torchao_fp8: bool) -> str:
     return "on CPU: for tests and smoke runs"
 
 
+def _put(spec: dict, key: str, value) -> None:
+    """Set dotted `key` of a spec held as nested tables."""
+    *parents, leaf = key.split(".")
+    for part in parents:
+        spec = spec.setdefault(part, {})
+    spec[leaf] = value
+
+
 @cache
-def synthetic_plan(mode: str, backend: str | None = None, recipe: str | None = None, procs: int = 1) -> Plan:
+def synthetic_plan(mode: str, backend: str | None = None, recipe: str | None = None, procs: int = 1, *,
+                   msamp_runs: tuple[str, ...] | None = None) -> Plan:
     """A plan that uses this precision the way a good spec would (no plan-stage error of its own),
-    so that only the machine decides whether it runs."""
+    so that only the machine decides whether it runs. `msamp_runs`: the strategies MS-AMP's stack runs with
+    (`msamp_strategies`); None: this machine's."""
     spec: dict = {"version": 1, "name": "doctor", "precision": {"mode": mode},
                   "distributed": {"strategy": "fsdp2", "procs_per_node": procs}}
     if mode == "fp8":
         spec["precision"]["backend"] = backend
         b = BACKENDS[backend]
-        if b is TORCHAO:
-            # skip_small off: the default debug model's Linears are all below torchao's size rule (FP8-NONE-SELECTED),
-            # and whether this precision runs here does not depend on which layers a model converts
-            spec["precision"]["torchao"] = {"recipe": recipe, "skip_small": False}
-            spec["compile"] = {"enabled": True}
-        elif b is TE:
-            spec["precision"]["te"] = {"recipe": recipe}
-            spec["compile"] = {"enabled": recipe != "delayed"}  # rule TE-DELAYED-COMPILE
-        elif b is MSAMP:
-            spec["precision"]["msamp"] = {"opt_level": recipe}
-            # MS-AMP: FSDP1/DDP only, and O3 exists only through its DeepSpeed ZeRO 1/2 integration.
-            spec["distributed"] = {"strategy": "deepspeed", "procs_per_node": procs, "deepspeed": {"zero_stage": 2}} \
-                if recipe == "O3" else {"strategy": "ddp", "procs_per_node": procs}
+        keys = {b.recipe_key: recipe} if b.recipe_key else {}
+        for key, value in {**keys, **b.sample_spec(recipe)}.items():  # what the record says makes its plan a good one
+            _put(spec, key, value)
     source = SpecSource(path="<doctor>", data=spec, sha256="")
     validate(source)
-    return resolve(source)
+    return resolve(source, msamp_runs=None if msamp_runs is None else msamp_runs.__contains__)
 
 
 @cache
@@ -312,11 +324,7 @@ def level_plan(preset: str, procs: int = 1) -> Plan:
     spec: dict = {"version": 1, "name": "doctor", "distributed": {"strategy": "ddp", "procs_per_node": procs},
                   "precision": {"torchao": {"skip_small": False}}}
     for key, value in MSAMP_LEVELS[PRESETS[preset]].items():
-        node = spec
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        _put(spec, key, value)
     source = SpecSource(path="<doctor>", data=spec, sha256="")
     validate(source)
     return resolve(source)

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from launcher.commands.doctor import DEFAULT_RECIPE, Machine, assess
-from launcher.planning.backends import BACKENDS, MSAMP, TE, TORCHAO, named
+from launcher.planning.backends import BACKENDS, named
 from launcher.planning.install import INSTALL
 from launcher.planning.hardware import capability_text, requirement, supports
 from launcher.planning.memory import model_params
+from launcher.planning.read import settings
 from launcher.targets.toml_text import toml_value
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
@@ -136,12 +137,12 @@ def decide(machine: Machine, choices: Choices = Choices()) -> Decision:
     gpu_target = bool(machine.gpus) or (b is not None and b.cuda_only)  # TE and MS-AMP only run on CUDA
     mode = "fp8" if backend else _high_precision(machine)
     strategy = choices.strategy or ("ddp" if b is not None and b.scaling_tensors else "fsdp2")  # MS-AMP: no FSDP2
-    recipe = None if b is None else "O3" if b is MSAMP and strategy == "deepspeed" else b.default_recipe
+    recipe = None if b is None else b.starter_recipe(strategy)
     nodes = choices.nodes or 1
     procs = choices.procs_per_node or (len(machine.gpus) or 8 if gpu_target else 2)  # a GPU node without GPUs here: 8
     model = choices.model or (_fit_model(machine, strategy, nodes * procs) if gpu_target else "builtin:llama-debug")
-    compile_ = gpu_target and strategy == "fsdp2" and b is not MSAMP  # compile costs ~20 s of warm-up on CPU
-    all_gather = b is TORCHAO and strategy == "fsdp2" and nodes * procs > 1
+    compile_ = gpu_target and strategy == "fsdp2"  # compile costs ~20 s of warm-up on CPU
+    all_gather = b is not None and "fsdp_float8_all_gather" in settings(b.name) and strategy == "fsdp2" and nodes * procs > 1
     hardware = machine.gpu_text() if machine.gpus else "a GPU machine (this one has no GPU)" if gpu_target else "a CPU-only machine"
     levels = {k.removeprefix("precision."): v for k, v in preset_keys(choices.preset).items()
               if k in ("precision.optimizer_states", "precision.grad_reduce", "precision.master_weights")}
@@ -227,7 +228,9 @@ def render_spec(d: Decision) -> str:
     out += ["", "[distributed]", f"strategy = {toml_value(d.strategy)}", f"nodes = {d.nodes}",
             _line(f"procs_per_node = {d.procs_per_node}", "processes on one machine, over gloo" if d.smoke else "one process per GPU")]
     if d.strategy == "deepspeed":
-        out += ["", "[distributed.deepspeed]", _line("zero_stage = 2", "MS-AMP supports ZeRO 1/2 only" if named(d.backend) is MSAMP else "")]
+        b = named(d.backend)
+        zero = f"{d.backend} supports ZeRO 1-{b.max_zero_stage} only" if b is not None and b.max_zero_stage < 3 else ""
+        out += ["", "[distributed.deepspeed]", _line("zero_stage = 2", zero)]
     if d.compile:
         out += ["", "[compile]", _line("enabled = true", "fuses the float8 casts" if d.mode == "fp8" else "")]
     if d.strategy == "deepspeed" and not d.smoke:
@@ -260,18 +263,18 @@ def _level_lines(d: Decision) -> list[str]:
 
 
 def _backend_section(d: Decision) -> list[str]:
-    if named(d.backend) is TORCHAO:
-        lines = ["", "[precision.torchao]", _line('recipe = "tensorwise"', 'or "rowwise": more accurate, less speed-up')]
-        if d.float8_all_gather:
-            lines += [_line("fsdp_float8_all_gather = true", "FSDP2 gathers the weights in float8"), "precompute_scale = true"]
-        if d.smoke:  # the debug model's Linears are all below torchao's size rule: none would convert (FP8-NONE-SELECTED)
-            lines += [_line("skip_small = false", "convert the debug model's small Linears too: a smoke run is about the pipeline")]
-        return lines
-    if named(d.backend) is TE:
-        return ["", "[precision.te]", _line('recipe = "current"', '"delayed" needs compile off; "mxfp8" needs compute capability >= 10.0'),
-                'fp8_format = "HYBRID"']
-    return ["", "[precision.msamp]", _line(f"opt_level = {toml_value(d.recipe)}",
-                                           "FP8 ZeRO optimizer, through DeepSpeed" if d.recipe == "O3" else "FP8 weights, gradients and optimizer states")]
+    """The backend's own table: its recipe with the record's note, float8 all-gather and, in a smoke spec, torchao's
+    small layers converted too (keys its table has)."""
+    b = named(d.backend)
+    if not b.section:
+        return []
+    lines = ["", f"[precision.{b.section}]", _line(f"{b.recipe_field} = {toml_value(d.recipe)}", b.recipe_notes.get(d.recipe, ""))]
+    if d.float8_all_gather:
+        lines += [_line("fsdp_float8_all_gather = true", "FSDP2 gathers the weights in float8"), "precompute_scale = true"]
+    if d.smoke and "skip_small" in settings(b.name):
+        # the debug model's Linears are all below torchao's size rule: none would convert (FP8-NONE-SELECTED)
+        lines += [_line("skip_small = false", "convert the debug model's small Linears too: a smoke run is about the pipeline")]
+    return lines
 
 
 def _line(code: str, comment: str = "") -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from launcher.errors import UsageError
-from launcher.planning.levels import reduce_payload
+from launcher.planning.levels import native_line, reduce_payload
 from launcher.planning.memory import estimate, model_params
 from launcher.targets.files import Change
 from launcher.planning.plan import Plan
@@ -24,6 +24,7 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
     lines = [
         f"{plan.name}: {folder}/ ({status})",
         f"  precision   {precision}",
+        *([f"  MS-AMP      {native_line(plan)}"] if plan.msamp_native else []),
         *selection_lines(plan, spec_folder),
         f"  engine      {d.strategy}{f' ZeRO-{d.deepspeed.zero_stage}' if d.strategy == 'deepspeed' else ''}, "
         f"{d.nodes} node{'s' * (d.nodes != 1)} x {d.procs_per_node} = world size {plan.world_size}"

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import typing
 
+from launcher.planning import stack
+from launcher.planning.backends import BACKENDS
+
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
 
@@ -112,3 +115,46 @@ def native_keys(level: str) -> str:
 def native_fix(level: str) -> str:
     """The fix a spec with backend = "msamp" gets where MS-AMP cannot run: its level natively."""
     return f"its native equivalent: set {native_keys(level)} (`fp8launch init --preset msamp-{level.lower()}` writes such a spec)"
+
+
+def native_level(data: dict, msamp_runs: typing.Callable[[str], bool] | None = None) -> str | None:
+    """The MS-AMP opt level a spec (as resolved: every key, defaults filled) names with `backend = "msamp"` where the
+    plan gives it natively instead: MS-AMP's own stack is not installed here (launcher/planning/stack.py) and its level's
+    keys express the spec. None otherwise: a spec that names another backend, one MS-AMP itself runs here, and what the
+    native levels cannot express (its DeepSpeed integration, use_te's TE modules, level keys of its own, a recipe in
+    [[precision.rules]] or [[precision.schedule]], an optimizer or high precision the bf16 master weights cannot take,
+    O3 without FSDP2, tensor parallel): those stay with MS-AMP and its rules, which refuse what cannot run.
+    `msamp_runs(strategy)`: whether MS-AMP's stack is installed (default: here, stack.msamp_runs; the doctor passes the
+    machine it assesses)."""
+    p, d = data["precision"], data["distributed"]
+    b = BACKENDS.get(p["backend"])
+    if p["mode"] != "fp8" or b is None or not b.native_as:
+        return None
+    level = p["msamp"]["opt_level"]
+    expressible = (
+        d["strategy"] in ("ddp", "fsdp2") and (level != "O3" or d["strategy"] == "fsdp2")
+        and not p["msamp"]["use_te"] and d["tensor_parallel"] == 1
+        and (p["optimizer_states"], p["grad_reduce"], p["master_weights"]) == ("fp32", "auto", "fp32")
+        and not any(r.get("recipe") for r in p["rules"]) and not any(ph.get("recipe") for ph in p["schedule"])
+        and data["train"]["optimizer"] in ("adam", "adamw") and p["high_precision"] == "bf16"
+    )
+    return level if expressible and not (msamp_runs or stack.msamp_runs)(d["strategy"]) else None
+
+
+def as_native(data: dict, level: str) -> None:
+    """Set MS-AMP level `level`'s native keys in a resolved spec's data (in place)."""
+    for key, value in MSAMP_LEVELS[level].items():
+        node = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+
+
+def native_line(plan: Plan) -> str:
+    """The plan's one line about a `backend = "msamp"` spec planned as its native levels ("" for any other plan)."""
+    level = plan.msamp_native
+    if not level:
+        return ""
+    return (f'precision.backend = "msamp" with opt_level {level} planned as its native levels ({native_keys(level)}): '
+            f"{stack.msamp_absent(plan.distributed.strategy)}")

@@ -11,6 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
+from launcher.planning.levels import as_native, native_level
 from launcher.planning.read import SpecSource, defaults
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
@@ -387,6 +388,9 @@ class Plan:
     """The --set KEY=VALUE arguments applied on top of the file, in order."""
     present: frozenset[str] = field(default_factory=frozenset)
     """Dotted paths of the sections the spec file wrote explicitly (rule SECTION-UNUSED reads it)."""
+    msamp_native: str = ""
+    """The MS-AMP opt level a `backend = "msamp"` spec named, where the plan gives it natively (its precision is then
+    torchao with the level's keys: launcher/planning/levels.py); "" for every other plan."""
 
     @property
     def world_size(self) -> int:
@@ -469,9 +473,11 @@ def _present_sections(data: dict, prefix: str = "") -> set[str]:
     return out
 
 
-def resolve(source: SpecSource) -> Plan:
+def resolve(source: SpecSource, *, msamp_runs: typing.Callable[[str], bool] | None = None) -> Plan:
     """Validated spec -> Plan. spec_dir is the spec's absolute folder until the planner knows where
-    plan.json goes (pipeline.plan_one makes it relative to that folder)."""
+    plan.json goes (pipeline.plan_one makes it relative to that folder). A backend = "msamp" spec is planned as its
+    opt level's native keys where MS-AMP's stack is not installed (`msamp_runs(strategy)`, default: this machine's;
+    launcher/planning/levels.py)."""
     data = _merge(defaults(), source.data)
     data.pop("$schema", None)
     d, t = data["distributed"], data["train"]
@@ -481,9 +487,13 @@ def resolve(source: SpecSource) -> Plan:
         d["global_batch_size"] = t["micro_batch_size"] * t["grad_accum_steps"] * max(1, dp)
     t["output_dir"] = t["output_dir"].replace("{name}", data["name"])
     data["log"]["wandb"] = normalize_wandb(data["log"]["wandb"])
+    level = native_level(data, msamp_runs)  # backend = "msamp" where MS-AMP's stack is not installed: its level natively
+    if level:
+        as_native(data, level)
     plan = _build(Plan, data)
     return dataclasses.replace(
         plan,
+        msamp_native=level or "",
         spec_sha256=source.sha256,
         spec_dir=spec_dir_from(source.path, None),
         overrides=tuple(source.overridden.values()),
@@ -513,7 +523,7 @@ def plan_field_paths(cls=Plan, prefix: tuple[str, ...] = ()) -> set[tuple[str, .
     hints = typing.get_type_hints(cls)
     out = set()
     for f in dataclasses.fields(cls):
-        if prefix == () and f.name in ("spec_sha256", "spec_dir", "overrides", "present"):
+        if prefix == () and f.name in ("spec_sha256", "spec_dir", "overrides", "present", "msamp_native"):
             continue
         out.add(prefix + (f.name,))
         if dataclasses.is_dataclass(hints[f.name]):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typing
 
-from launcher.planning.backends import MSAMP, TE, TORCHAO, backend_of
+from launcher.planning.backends import backend_of
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
@@ -23,22 +23,6 @@ ROWS = (
     ("optimizer_states", "optimizer states (moments)"),
     ("tp_comm", "tensor-parallel collectives (only with distributed.tensor_parallel > 1)"),
 )
-
-_TORCHAO_GEMM = {
-    "tensorwise": "fp8: e4m3 inputs/weights, e5m2 output grads, per-tensor scales",
-    "rowwise": "fp8: e4m3 everywhere, per-row scales (power of 2)",
-    "rowwise_with_gw_hp": "fp8: e4m3 per-row scales; weight-grad GEMM in {hp}",
-    "mxfp8": "mxfp8: e4m3, 1x32 e8m0 (power-of-two) block scales, all three GEMMs",
-    "nvfp4": "nvfp4: e2m1, 1x16 e4m3 block scales, random Hadamard transform on the weight-grad GEMM",
-}
-_TE_GEMM = {
-    "delayed": "fp8 {fmt}, per-tensor scales from amax history",
-    "current": "fp8 {fmt}, per-tensor current scales",
-    "block": "fp8 {fmt}, 1x128/128x128 block scales",
-    "mxfp8": "mxfp8 (e4m3, 1x32 e8m0 block scales)",
-    "nvfp4": "nvfp4 (e2m1, 1x16 block scales)",
-}
-
 
 def precision_table(plan: Plan) -> dict[str, str]:
     """{row: dtype description} for the plan's precision, backend and strategy. Which dtype the weights,
@@ -65,7 +49,7 @@ def precision_table(plan: Plan) -> dict[str, str]:
 
     b = backend_of(p)
     if b is not None:
-        gemm = _GEMM[b](p, hp)
+        gemm = b.gemm_text(p)
         if b.float8_all_gather(p, d.strategy):
             weight_comm = "fp8 e4m3 (float8 all-gather)"
         if b.setting(p, "fp8_params") and d.strategy == "fsdp2":
@@ -116,8 +100,9 @@ def tp_comm(plan: Plan) -> str:
     if b is not None and b.float8_tp(p):
         return (f"all-gathers in fp8 (torchao Float8 TP styles: e4m3 activations forward, e5m2 gradients backward); "
                 f"reduce-scatters and the logits all-gather in {hp}")
-    if b is TORCHAO:
-        return f"{hp} all-gathers and reduce-scatters (torchao has float8 TP for tensorwise only; rule TP-ROWWISE-BF16-COMM)"
+    if b is not None and b.float8_tp_recipes:
+        return (f"{hp} all-gathers and reduce-scatters ({b.name} has float8 TP for {' and '.join(b.float8_tp_recipes)} only; "
+                "rule TP-ROWWISE-BF16-COMM)")
     return f"{hp} all-gathers and reduce-scatters"
 
 
@@ -125,14 +110,6 @@ def _msamp(plan: Plan) -> bool:
     """MS-AMP's ScalingTensor weights, gradients and master copy."""
     b = backend_of(plan.precision)
     return b is not None and b.scaling_tensors
-
-
-_GEMM = {
-    TORCHAO: lambda p, hp: _TORCHAO_GEMM[p.torchao.recipe].format(hp=hp),
-    TE: lambda p, hp: _TE_GEMM[p.te.recipe].format(fmt="e4m3 fwd / e5m2 grads" if p.te.fp8_format == "HYBRID" else "e4m3"),
-    MSAMP: lambda p, hp: "fp8 e4m3 fwd / e5m2 grads (MS-AMP)",
-}
-"""Each backend's GEMMs as the table names them."""
 
 
 def _stored(plan: Plan, rows: dict) -> str:

@@ -33,10 +33,17 @@ def schema_text() -> str:
     return resources.files("launcher.planning").joinpath(SCHEMA_FILE).read_text("utf-8")
 
 
-@cache
 def schema() -> dict:
-    """The JSON Schema of spec version 1, shipped inside the package."""
-    return json.loads(schema_text())
+    """The JSON Schema of spec version 1, shipped inside the package, with precision.backend's enum taken from the
+    backend records: the built-in ones schema.json names, and any registered since (launcher/planning/backends.py)."""
+    return _schema(tuple(BACKENDS))
+
+
+@cache
+def _schema(backends: tuple[str, ...]) -> dict:
+    data = json.loads(schema_text())
+    data["properties"]["precision"]["properties"]["backend"]["enum"] = list(backends)
+    return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,10 +303,6 @@ def _all_paths() -> tuple[Path, ...]:
     return tuple(out)
 
 
-RECIPE_KEY = {b.name: b.recipe_key for b in BACKENDS.values()}
-"""The spec key that names each FP8 backend's recipe (MS-AMP's is its opt level)."""
-
-
 @cache
 def _defaults_text() -> str:
     return json.dumps(defaults(schema()))
@@ -327,8 +330,16 @@ def choices(key: str) -> tuple:
 
 
 def recipes(backend: str) -> tuple[str, ...]:
-    """Every recipe of an FP8 backend, in the schema's order: the one list doctor, tune and the rules use."""
-    return choices(RECIPE_KEY[backend])
+    """Every recipe of an FP8 backend, in the schema's order: the one list doctor, tune and the rules use (a registered
+    backend without a table of its own: its default recipe)."""
+    b = BACKENDS[backend]
+    return choices(b.recipe_key) if b.recipe_key else (b.default_recipe,)
+
+
+def settings(backend: str) -> tuple[str, ...]:
+    """The keys of an FP8 backend's own table (precision.<section>), in the schema's order; none without one."""
+    b = BACKENDS[backend]
+    return tuple(schema()["properties"]["precision"]["properties"][b.section]["properties"]) if b.section else ()
 
 
 def defaults(node: dict | None = None) -> dict:

@@ -26,6 +26,9 @@ DISTRIBUTIONS = {
 }
 """Import name -> the distribution names it is published under (MS-AMP's is not its import name)."""
 
+MSAMP_STRATEGIES = ("ddp", "deepspeed")
+"""The strategies MS-AMP runs with: msamp.initialize under DDP, and its DeepSpeed integration (no FSDP2)."""
+
 MSAMP_DEEPSPEED_MAX = (0, 13)
 """The newest DeepSpeed minor release MS-AMP's DeepSpeed integration imports from."""
 
@@ -75,3 +78,17 @@ def msamp_problem(strategy: str, *, version: Callable[[str], str | None] = dist_
     if not reasons:
         return None
     return f"MS-AMP {version('msamp') or '(unknown version)'} is installed but cannot run here: " + "; ".join(reasons) + "."
+
+
+def msamp_runs(strategy: str) -> bool:
+    """Whether MS-AMP's own stack is installed here and runs `strategy` (DDP or its DeepSpeed integration; never FSDP2,
+    rule MSAMP-FSDP2), so that a `backend = "msamp"` plan uses the MS-AMP package; otherwise the plan gives its opt
+    level natively where it can (launcher/planning/levels.py)."""
+    return strategy in MSAMP_STRATEGIES and importable("msamp") and msamp_problem(strategy) is None
+
+
+def msamp_absent(strategy: str) -> str:
+    """Why MS-AMP does not run here for `strategy`, in a few words (the plan's line about its native levels)."""
+    if not importable("msamp"):
+        return "MS-AMP 0.4 is not installed here (it needs torch 2.1-2.2)"
+    return "the MS-AMP installed here cannot run next to this stack (`fp8launch doctor` says why)"

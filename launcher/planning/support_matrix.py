@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from launcher.planning.backends import BACKENDS, TORCHAO
+from launcher.planning.backends import BACKENDS
 from launcher.planning.plan import Plan, resolve
 from launcher.planning.rules import Facts, check
 from launcher.planning.read import SpecSource, defaults, nested, schema
@@ -268,8 +268,10 @@ def spec_of(config: dict[str, Any], name: str, base: dict[str, Any] = CPU_BASE) 
     """The spec (nested JSON) of one matrix run: the base, the run's options, and what they imply
     (skip_small off for FP8: llama-debug's GEMMs are all below torchao's size rule; an NVMe folder)."""
     flat = {"version": 1, "name": name, **base, **config}
-    if flat.get("precision.mode") == "fp8" and BACKENDS[flat.get("precision.backend", TORCHAO.name)].shape_rules:
-        flat["precision.torchao.skip_small"] = False
+    b = BACKENDS[flat.get("precision.backend", _default("precision.backend"))]
+    b = BACKENDS[b.native_as] if b.native_as else b  # MS-AMP's levels run on torchao here (launcher/planning/levels.py)
+    if flat.get("precision.mode") == "fp8" and b.shape_rules:
+        flat[f"precision.{b.section}.skip_small"] = False
     if flat.get("distributed.tensor_parallel", 1) > flat.get("distributed.procs_per_node", 1):
         flat["distributed.procs_per_node"] = flat["distributed.tensor_parallel"]  # one GPU per TP rank
     if "nvme" in (flat.get("distributed.deepspeed.offload_optimizer"), flat.get("distributed.deepspeed.offload_param")):
@@ -281,7 +283,8 @@ def spec_of(config: dict[str, Any], name: str, base: dict[str, Any] = CPU_BASE) 
 def _refusal(spec_text: str, device: str) -> tuple[str, ...]:
     # Not validated here (thousands of calls): every option's values come from the schema, and
     # tests/test_support_matrix.py validates the spec of every run.
-    plan: Plan = resolve(SpecSource(path="<matrix>", data=json.loads(spec_text), sha256=""))
+    # the project's own stack, where MS-AMP 0.4 (torch 2.1-2.2) cannot be installed: MS-AMP's levels plan natively
+    plan: Plan = resolve(SpecSource(path="<matrix>", data=json.loads(spec_text), sha256=""), msamp_runs=lambda strategy: False)
     facts = Facts(plan=plan, device=device, libaio=False)
     errors = [f.rule.id for f in check(facts, "plan") + check(facts, "run") if f.is_error]
     return tuple(dict.fromkeys(errors))
@@ -615,6 +618,9 @@ def render_markdown(cpu: Matrix | None = None, gpu: Matrix | None = None, gpu_re
         "",
         "tests/gpu/test_support_matrix_gpu.py runs these rows where a GPU is present (one process, two for tensor",
         "parallel). Transformer Engine and MS-AMP cannot run on CPU (rule CPU-BACKEND), nor can async TP (TP-ASYNC-CPU).",
+        "MS-AMP 0.4 cannot be installed beside this stack (it needs torch 2.1-2.2): a `backend = \"msamp\"` row under DDP",
+        "or FSDP2 is planned and trains as its opt level's native keys on torchao (docs/precision.md), which also runs on CPU;",
+        "under DeepSpeed (MS-AMP's own integration, which the native levels cannot express) it needs MS-AMP's environment.",
         "",
         f"**{gpu.coverage_line()}.**",
         "",

@@ -14,6 +14,8 @@ def plan_json(plan: Plan) -> dict:
     """plan.json's content."""
     data = _asdict(plan)
     data.pop("present")
+    if not data["msamp_native"]:  # only a backend = "msamp" spec planned as its native levels says so
+        data.pop("msamp_native")
     data["precision"]["te"] = {k: v for k, v in data["precision"]["te"].items() if v is not None}
     data["derived"] = {
         "world_size": plan.world_size,

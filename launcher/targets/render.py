@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -13,7 +14,7 @@ import jinja2
 from launcher import ENTRYPOINT, __version__
 from launcher.errors import LauncherError
 from launcher.targets.kubernetes import MANIFEST_FILE, manifest_file, render_manifest
-from launcher.planning.backends import BACKENDS, MSAMP, backend_of
+from launcher.planning.backends import BACKENDS, backend_of
 from launcher.planning.plan import Plan
 from launcher.targets.plan_json import plan_json
 
@@ -85,7 +86,7 @@ def render(plan: Plan, plan_dir: str = "generated") -> dict[str, str]:
         "dtype": p.compute_dtype,
         "torch_dtype": TORCH_DTYPE,
         "ds": plan.distributed.deepspeed,
-        "msamp": backend_of(p) is MSAMP,
+        "backend_section": _deepspeed_section(plan),
         "float8_all_gather": p.fp8 and bool(BACKENDS[p.backend].setting(p, "fsdp_float8_all_gather")),
         "slurm": {"gpus_per_node": gpus, "cpus_per_task": plan.launch.slurm.cpus_per_task},
         "log_dir": plan.train.output_dir,
@@ -108,6 +109,15 @@ def render(plan: Plan, plan_dir: str = "generated") -> dict[str, str]:
             raise RenderError(f"template {name}.j2: {e}") from e
         out[name] = _verify(name, text)
     return out
+
+
+def _deepspeed_section(plan: Plan) -> dict:
+    """{name: table} of the backend section deepspeed.json carries for the backend's DeepSpeed integration
+    (MS-AMP's "msamp": {"enabled": true, "opt_level", "use_te"}); empty for every other backend."""
+    b = backend_of(plan.precision)
+    if b is None or not b.deepspeed_section:
+        return {}
+    return {b.section: {"enabled": True, **dataclasses.asdict(getattr(plan.precision, b.section))}}
 
 
 def _accelerate_type(plan: Plan) -> str:

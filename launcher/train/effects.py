@@ -31,7 +31,11 @@ Each effect, and where it is read:
 - grad_reduce: the payload of the gradient reduction (fp32 | bf16 | fp8 ...): the DDP communication hook's, FSDP2's
   custom reduce-scatter's or mixed-precision policy's, DeepSpeed's communication dtype (launcher/train/grad_reduce.py);
 - master_weights: the dtype of the weights the optimizer updates (most of them by count), "bf16" only where the
-  optimizer also rounds into them stochastically.
+  optimizer also rounds into them stochastically;
+- msamp_level: the MS-AMP opt level the run is: "<level> (MS-AMP)" where MS-AMP itself converted the model, "<level>
+  natively" where FP8 GEMMs with the states, reduction and weights measured above (O3: and FSDP2's float8 all-gather)
+  are that level's keys (launcher/planning/levels.py), as a `backend = "msamp"` spec is planned where MS-AMP cannot
+  run; None otherwise.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from launcher.planning.backends import backend_of
+from launcher.planning.backends import backend_of, named
 from launcher.train.models import transformer_blocks
 
 if typing.TYPE_CHECKING:
@@ -55,7 +59,7 @@ DEVICE, CPU, NVME = "device", "cpu", "nvme"
 
 EFFECT_KEYS = ("all_gather_dtype", "compiled_blocks", "fullgraph", "checkpointed_blocks", "optimizer", "offload",
                "tensor_parallel", "async_tp", "expert_parallel", "monitor_hooks", "optimizer_states", "grad_reduce",
-               "master_weights")
+               "master_weights", "msamp_level")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -253,7 +257,7 @@ def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None
 
     group = tp_group(engine.module)
     weights = fp8_weights(engine)
-    return {**({"fp8_weights": weights} if weights else {}),
+    measured = {**({"fp8_weights": weights} if weights else {}),
         "all_gather_dtype": all_gather_dtype(engine.model, set(fp8_modules)) if engine.name == "fsdp2" else None,
         **blocks_effects(engine.module),
         "optimizer": optimizer_class(engine),
@@ -266,6 +270,19 @@ def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None
         "grad_reduce": payload_of(engine),
         "master_weights": master_weights(engine),
     }
+    return {**measured, "msamp_level": msamp_level(measured, engine.precision.report)}
+
+
+def msamp_level(effects: dict[str, Any], report) -> str | None:
+    """The MS-AMP opt level of a run from its precision report and the effects measured (see the module's docstring)."""
+    b = named(report.backend)
+    if b is not None and b.scaling_tensors:
+        return f"{report.recipe} (MS-AMP)"
+    if report.mode != "fp8" or effects["grad_reduce"] != "fp8" or effects["master_weights"] != "bf16":
+        return None
+    if effects["optimizer_states"] != "fp8":
+        return "O1 natively"
+    return "O3 natively" if str(effects["all_gather_dtype"]).startswith("float8") else "O2 natively"
 
 
 def layer_precisions(model: nn.Module, precision: Precision) -> dict[str, str]:
@@ -346,6 +363,8 @@ def expected(plan: Plan, n_blocks: int) -> dict[str, tuple[str, Any]]:
         out["grad_reduce"] = ("precision.grad_reduce", p.grad_reduce)
     if p.master_weights != "fp32":
         out["master_weights"] = ("precision.master_weights", p.master_weights)
+    if plan.msamp_native:
+        out["msamp_level"] = ("precision.msamp.opt_level", f"{plan.msamp_native} natively")
     return out
 
 
@@ -413,4 +432,6 @@ def effects_line(effects: dict[str, Any]) -> str:
     if effects.get("fp8_weights"):
         w = effects["fp8_weights"]
         parts.append(f"{w['count']} weights stored in FP8, master copy {w['master'] or 'none'}")
+    if effects.get("msamp_level"):
+        parts.append(f"MS-AMP {effects['msamp_level']}")
     return "effects: " + ", ".join(parts)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from launcher.errors import EXIT_DIVERGED, LauncherError
-from launcher.planning.backends import MSAMP, TE, TORCHAO, named
+from launcher.planning.backends import named
 from launcher.train import preempt
 from launcher.train.distributed import all_reduce_sum
 from launcher.train.metrics import MetricsLogger, StepTimer, Throughput, peak_memory_gib, step_record
@@ -356,19 +356,5 @@ def likely_causes(plan: Plan, report) -> str:
             return f"fp16 overflow beyond 65504 that the loss scaler could not absorb (use precision.mode = \"bf16\"), or {lr}"
         return lr
     b = named(backend)
-    if b is TORCHAO:
-        if recipe == "tensorwise":
-            return ("an overflow in FP8 e4m3 with tensorwise scaling, where one outlier sets the scale of a whole tensor: "
-                    f"try precision.torchao.recipe = \"rowwise\", or keep the offending layers in precision.keep; or {lr}")
-        return f"FP8 e4m3 range exceeded in a {recipe}-scaled GEMM (keep the offending layers in precision.keep), or {lr}"
-    if b is TE:
-        if recipe == "delayed":
-            # (a resumed run continues with the checkpoint's amax histories and scales: launcher/train/precision/te_state.py)
-            return ("Transformer Engine's delayed scaling takes each scale from the amax history of earlier steps, so a sudden "
-                    "activation spike overflows e4m3 (raise precision.te.margin, shorten precision.te.amax_history_len, or use "
-                    f"precision.te.recipe = \"current\"); or {lr}")
-        return f"Transformer Engine's {recipe} scaling ran out of FP8 range (keep the offending layers in precision.keep), or {lr}"
-    if b is MSAMP:
-        return ("MS-AMP's FP8 gradients and scaled optimizer state overflowed (its loss scaling): try "
-                f"precision.msamp.opt_level = \"O1\", or {lr}")
-    return lr
+    hint = b.overflow_hint(recipe) if b is not None else ""
+    return f"{hint}; or {lr}" if hint else lr

@@ -25,8 +25,10 @@ import torch
 
 from launcher.planning.backends import BACKENDS, TORCHAO
 from launcher.planning.hardware import capability_text, requirement, supports
+from launcher.planning.rules import Facts, check
 from launcher.train.precision.torchao_fp8 import mx_torch_supported
 from launcher.planning.support_matrix import GPU_BASE, _default, config_key, load, spec_of
+from tests.support import plan_from
 
 CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA GPU")]
@@ -56,7 +58,8 @@ def _record(config: dict, outcome: str) -> None:
 @pytest.mark.parametrize("matrix_run", MATRIX.trained, ids=[r.name for r in MATRIX.trained])
 def test_gpu_row_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
     c = matrix_run.config
-    backend = _get(c, "precision.backend") if _get(c, "precision.mode") == "fp8" else None
+    plan = plan_from(spec_of(c, matrix_run.name, GPU_BASE))  # backend = "msamp" under DDP / FSDP2: its levels on torchao
+    backend = plan.precision.backend if plan.precision.fp8 else None
     if backend and importlib.util.find_spec(PACKAGE[backend]) is None:
         pytest.skip(f"{PACKAGE[backend]} is not installed")
     if _get(c, "distributed.strategy") == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
@@ -68,9 +71,10 @@ def test_gpu_row_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
     spec.write_text(json.dumps(spec_of(c, matrix_run.name, GPU_BASE)))
     r = subprocess.run([FP8LAUNCH, "run", str(spec)], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     b = BACKENDS.get(backend or "")
-    recipe = _get(c, b.recipe_key) if b is not None and b.has_recipes else None
+    recipe = b.recipe(plan.precision) if b is not None and b.has_recipes else None
     if recipe is not None and not supports(torch.cuda.get_device_capability(), "fp8", b.name, recipe):
-        rule = b.hardware_rule
+        facts = Facts(plan=plan, device="cuda", capability=torch.cuda.get_device_capability())
+        rule = next(f.rule.id for f in check(facts, "run") if f.is_error)  # FP8-HARDWARE, TE-RECIPE-HARDWARE, ...
         assert r.returncode == 3 and f"error[{rule}]" in r.stderr, r.stderr[-3000:]
         _record(matrix_run.config, f"refused: {rule} (GPU {capability_text(torch.cuda.get_device_capability())}; needs {requirement('fp8', b.name, recipe)})")
         return
@@ -87,6 +91,7 @@ def test_gpu_row_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
     assert e["checkpointed_blocks"] == (2 if _get(c, "activation_checkpointing.mode") == "full" else 0)
     assert e["tensor_parallel"] == _get(c, "distributed.tensor_parallel")
     assert e["async_tp"] == bool(_get(c, "distributed.tensor_parallel") > 1 and _get(c, "distributed.async_tp"))
+    assert e["msamp_level"] == (f"{plan.msamp_native} natively" if plan.msamp_native else None)
     fp8 = [v for v in start["layers"].values() if v.startswith("fp8")]
     assert len(fp8) == start["fp8_layers"] and (start["fp8_layers"] > 0) == (backend is not None)
     _record(matrix_run.config, "trained")

@@ -131,7 +131,7 @@ def test_deepspeeds_own_adam_gets_the_betas_and_eps(tmp_path):
     assert (params["betas"], params["eps"]) == ([0.9, 0.95], 1e-6)
 
 
-def test_msamps_optimizer_gets_the_betas_and_eps():
+def test_msamps_optimizer_gets_the_betas_and_eps(msamp_stack):  # MS-AMP's own path, where its stack is installed
     plan = make_plan(precision={"mode": "fp8", "backend": "msamp"}, distributed={"strategy": "ddp", "procs_per_node": 1},
                      train={"adam_betas": [0.9, 0.95], "adam_eps": 1e-6})
     _, kwargs = msamp_backend.msamp_optimizer_args(plan)

@@ -17,6 +17,10 @@ from launcher.train.precision.msamp import deepspeed_section, initialize_here, m
 
 from ._precision import TinyLlama, make_plan
 
+pytestmark = pytest.mark.usefixtures("msamp_stack")
+"""The MS-AMP package's own path, as planned where its stack is installed (elsewhere a backend = "msamp" spec
+is planned as its native levels: tests/train/test_msamp_native.py)."""
+
 CPU = torch.device("cpu")
 
 

@@ -17,6 +17,10 @@ from launcher.train.precision import msamp as msamp_backend
 from ._precision import TinyLlama, make_plan
 from .test_precision_msamp import ScalingParameter, fake_msamp
 
+pytestmark = pytest.mark.usefixtures("msamp_stack")
+"""The MS-AMP package's own path, as planned where its stack is installed (elsewhere a backend = "msamp" spec
+is planned as its native levels: tests/train/test_msamp_native.py)."""
+
 MSAMP_OPTIMIZER_ARGS: dict[str, frozenset[str]] = {
     # LBAdamW.__init__(self, params, lr, bias_correction, betas, eps, weight_decay, amsgrad, *, maximize, exp_avg_dtype,
     #                  exp_avg_sq_dtype, tensor_scale)

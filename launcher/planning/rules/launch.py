@@ -3,7 +3,7 @@ Accelerate export, Kubernetes (launch.launcher = "kubernetes"), and features tha
 
 from __future__ import annotations
 
-from launcher.planning.backends import BACKENDS, backend_of
+from launcher.planning.backends import BACKENDS, MSAMP, backend_of
 from launcher.planning.rules.core import Facts, Rule
 from launcher.planning.rules.predicates import strategy
 
@@ -13,6 +13,7 @@ def _unused_sections(f: Facts) -> list[str]:
     p = plan.precision
     reads = {
         **{f"precision.{b.section}": backend_of(p) is b for b in BACKENDS.values()},
+        "precision.msamp": backend_of(p) is MSAMP or bool(plan.msamp_native),  # its opt level, planned natively
         "distributed.fsdp2": strategy(f) == "fsdp2",
         "distributed.deepspeed": strategy(f) == "deepspeed",
         "launch.slurm": plan.launch.launcher == "slurm",

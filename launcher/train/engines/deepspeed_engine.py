@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from launcher.errors import BackendMissing
-from launcher.planning.backends import MSAMP, backend_of
 from launcher.planning.rules import Facts, rule_error
 from launcher.train.models import logits_of
 from launcher.train.optim import build_optimizer, build_scheduler, param_groups
@@ -68,22 +67,18 @@ class DeepSpeedEngine(Engine):
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "deepspeed_engine": self.model}
 
 
-def import_deepspeed(device: torch.device, msamp: bool, opt_level: str | None = None):
-    """deepspeed (or MS-AMP's wrapper of it), with the accelerator chosen before the import."""
+def import_deepspeed(device: torch.device, precision: Precision | None = None):
+    """deepspeed, or the backend's own wrapper of it (`Precision.deepspeed`: MS-AMP's msamp.deepspeed), with the
+    accelerator chosen before the import."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.type == "cuda" else "cpu")
-    try:
-        if msamp:
-            from msamp import deepspeed
-        else:
-            import deepspeed
-    except ImportError as e:
-        if msamp:
-            from ..precision.msamp import import_error
-
-            raise import_error(e, "deepspeed", opt_level) from e
-        raise BackendMissing("deepspeed", INSTALL["deepspeed"]) from e
+    own = precision.deepspeed() if precision is not None else None
+    if own is None:
+        try:
+            import deepspeed as own
+        except ImportError as e:
+            raise BackendMissing("deepspeed", INSTALL["deepspeed"]) from e
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    return deepspeed
+    return own
 
 
 def param_dtype(config: dict) -> torch.dtype:
@@ -142,11 +137,9 @@ def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: d
     initialised (`zero3_partition`); under ZeRO-0/1/2, which keep whole parameters on every rank
     anyway, whole. A model that initialises itself as a whole (a py: model's init_weights()) is
     materialised whole under ZeRO-3 too, and partitioned by deepspeed.initialize."""
-    p = plan.precision
-    msamp = backend_of(p) is MSAMP
     if env.device.type == "cpu" and config.get("fp16", {}).get("enabled"):
         raise rule_error("DS-FP16-CPU", Facts(plan=plan))  # planning refuses launch.device = "cpu"; "auto" finds it here
-    deepspeed = import_deepspeed(env.device, msamp, p.msamp.opt_level if msamp else None)
+    deepspeed = import_deepspeed(env.device, precision)
     deepspeed.init_distributed(dist_backend=env.backend)
     if pending is not None:
         zero3 = plan.distributed.deepspeed.zero_stage == 3 and not pending.whole_model_init
@@ -162,7 +155,7 @@ def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: d
         lr_scheduler=lambda opt: build_scheduler(opt, plan.train),
         config=config,
     )
-    if msamp:  # MS-AMP converts inside deepspeed.initialize: count what it really converted
+    if precision.deepspeed() is not None:  # its own DeepSpeed engine converted inside deepspeed.initialize: count what it did
         from ..precision.checks import raise_run_errors
 
         precision.recount(engine.module)

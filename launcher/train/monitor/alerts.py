@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.planning.backends import TE, TORCHAO, named
+from launcher.planning.backends import named
 
 WARN_EVERY_SAMPLES = 10
 """A layer warns at most once per this many samples (logs stay readable)."""
@@ -15,16 +15,12 @@ WORST_SHOWN = 5
 
 
 def fix_for(layer: str, backend: str, recipe: str) -> str:
+    """Keep the layer, or the recipe of the same backend that copes better with one layer's outliers (its record's
+    outlier_fix)."""
     keep = f'keep this layer in high precision (precision.keep = ["{layer}"])'
-    other = OUTLIER_RECIPE.get((named(backend), recipe))
+    b = named(backend)
+    other = b.outlier_fix.get(recipe) if b is not None else None
     return f"{keep}, or {other}" if other else f"{keep}, or another recipe"
-
-
-OUTLIER_RECIPE = {
-    (TORCHAO, "tensorwise"): 'precision.torchao.recipe = "rowwise" (one scale per row: an outlier no longer sets the scale of every row)',
-    (TE, "delayed"): 'precision.te.recipe = "current" (a scale from this step\'s amax, not from the history)',
-}
-"""(backend, recipe) -> the recipe of the same backend that copes better with one layer's outliers."""
 
 
 @dataclass

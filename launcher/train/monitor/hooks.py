@@ -25,7 +25,7 @@ from torch import nn
 
 from launcher.train.fqn import clean_fqn
 
-from .stats import FIELDS, Scaling, cast_stats, format_name, torchao_scale
+from .stats import FIELDS, Scaling, cast_stats, torchao_scale
 
 OPERANDS = ("input", "weight", "grad_output")
 
@@ -45,37 +45,6 @@ class Target:
 
 # ----------------------------------------------------------------------------- targets per backend
 
-
-
-MXFP8 = Scaling(fmt="e4m3", rowwise=True, block=32, power_of_2=True)
-"""torchao's MXFP8 training cast (RCEIL): one power-of-two scale per 32 values along the last dim, the largest
-that keeps the block's amax within e4m3's range (the monitor's power_of_2 rounds fp8_max / amax down)."""
-
-
-def torchao_targets(model: nn.Module) -> list[Target]:
-    """Every torchao Float8Linear, with its config's casts for the forward GEMM and grad_output, and every
-    Linear torchao's MXFP8 training holds (its three operands cast in 1 x 32 blocks)."""
-    from torchao.float8.config import ScalingGranularity, ScalingType
-    from torchao.float8.float8_linear import Float8Linear
-
-    from launcher.train.precision.torchao_fp8 import block_recipe_of
-
-    targets = []
-    for fqn, m in model.named_modules():
-        if block_recipe_of(m) == "mxfp8":
-            targets.append(Target(layer=clean_fqn(fqn), module=m, operands={op: MXFP8 for op in OPERANDS}))
-            continue
-        if not isinstance(m, Float8Linear):
-            continue
-        c = m.config
-        ops = {}
-        for name, cc in zip(OPERANDS, (c.cast_config_input, c.cast_config_weight, c.cast_config_grad_output)):
-            if cc.scaling_type is ScalingType.DISABLED:
-                continue
-            ops[name] = Scaling(fmt=format_name(cc.target_dtype), rowwise=cc.scaling_granularity is ScalingGranularity.AXISWISE,
-                                power_of_2=bool(c.round_scales_to_power_of_2))
-        targets.append(Target(layer=clean_fqn(fqn), module=m, operands=ops))
-    return targets
 
 
 TE_BLOCK = {"Float8BlockScaling": 128, "MXFP8BlockScaling": 32}
@@ -232,4 +201,4 @@ class Collector:
                 self.add(t.layer, "weight", cast_stats(shard, sc, scale))
 
 
-__all__ = ["FIELDS", "OPERANDS", "Collector", "Target", "te_targets", "torchao_targets"]
+__all__ = ["FIELDS", "OPERANDS", "Collector", "Target", "te_targets"]

@@ -21,10 +21,9 @@ from typing import IO, Any, Callable
 
 from torch import nn
 
-from launcher.planning.backends import TE, TORCHAO, named
 from launcher.train.distributed import all_reduce_max, all_reduce_sum
 
-from .hooks import Collector, Target, te_targets, torchao_targets
+from .hooks import Collector, Target
 from .records import record, reduce_rows, sample_summary
 from .alerts import Warner
 
@@ -120,21 +119,10 @@ class FP8Monitor:
 
 
 def monitor_targets(model: nn.Module, precision: Precision) -> list[Target]:
-    """The FP8 layers of `model` as the backend converted them (empty for AMP and MS-AMP)."""
+    """The FP8 layers of `model` as the backend converted them (`Precision.monitor_targets`: none for AMP and MS-AMP)."""
     if precision.report.mode != "fp8":
         return []
-    find = _TARGETS.get(named(precision.report.backend))
-    return find(model, precision) if find else []
-
-
-def _te_targets(model: nn.Module, precision: Precision) -> list[Target]:
-    from launcher.train.precision.te import te_fp8_classes
-
-    return te_targets(model, te_fp8_classes(precision.te), precision.recipe)
-
-
-_TARGETS = {TORCHAO: lambda model, precision: torchao_targets(model), TE: _te_targets}
-"""The backends the monitor hooks (Backend.monitored) -> their FP8 layers as each converts them."""
+    return precision.monitor_targets(model)
 
 
 def build_monitor(plan: Plan, precision: Precision, model: nn.Module, *, is_main: bool, start_step: int = 0,

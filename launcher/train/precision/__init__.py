@@ -58,7 +58,8 @@ def apply_precision(model: nn.Module, plan: Plan, device: torch.device) -> Preci
         module, function = backend.apply.split(":")
         precision = getattr(importlib.import_module(module), function)(model, plan, device)
     else:  # the schema allows no other value; a hand-edited plan.json could
-        raise LauncherError(f"unknown precision.backend {p.backend!r} in the plan; fix: regenerate the plan with `fp8launch plan SPEC` (precision.backend is torchao, te or msamp)")
+        raise LauncherError(f"unknown precision.backend {p.backend!r} in the plan; fix: regenerate the plan with `fp8launch plan SPEC` "
+                            f"(precision.backend is one of {', '.join(BACKENDS)}; a registered backend must be registered here too)")
     fp8_layers = precision.report.fp8_layers + precision.report.fp8_expert_groups
     kept = tuple(k.split(" (", 1)[1][:-1] for k in precision.report.kept if " (" in k) if fp8_layers == 0 else ()  # "fqn (reason)"
     raise_run_errors(plan, device, fp8_layers=fp8_layers, kept=kept,

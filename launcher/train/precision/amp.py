@@ -92,6 +92,16 @@ class Precision:
         """"fp8 <recipe>" when `module` runs its GEMM in FP8 as converted (read from the module), else None."""
         return None
 
+    def deepspeed(self):
+        """The module a DeepSpeed run initializes through when the backend has its own DeepSpeed engine (MS-AMP's
+        msamp.deepspeed, which converts the model inside initialize); None: DeepSpeed itself."""
+        return None
+
+    def monitor_targets(self, model: nn.Module) -> list:
+        """The FP8 layers of `model` the FP8 monitor hooks, as the backend converted them (launcher/train/monitor);
+        none here (AMP, and MS-AMP, whose casts are its own)."""
+        return []
+
     def recount(self, model: nn.Module) -> PrecisionReport:
         """Count the FP8 layers of `model` again and keep that as `report`: for a conversion that
         happens after apply_precision (MS-AMP converts in wrap_optimizer, or inside DeepSpeed for O3)."""

@@ -156,6 +156,17 @@ class MsampPrecision(Precision):
         raise_run_errors(self.plan, self.device, fp8_layers=self.report.fp8_layers)
         return model, optimizer
 
+    def deepspeed(self):
+        """MS-AMP's DeepSpeed integration (msamp.deepspeed): its initialize converts the model and builds its FP8
+        optimizer (O3: its FP8 ZeRO optimizer) from deepspeed.json's "msamp" and "optimizer" sections."""
+        if initialize_here(self.plan):
+            return None
+        try:
+            from msamp import deepspeed
+        except ImportError as e:
+            raise import_error(e, "deepspeed", self.plan.precision.msamp.opt_level) from e
+        return deepspeed
+
     def fp8_label(self, module: nn.Module) -> str | None:
         """MS-AMP's FP8 layers hold their weight as a ScalingParameter (before it converts: none)."""
         if self.scaling_parameter is None or not isinstance(getattr(module, "weight", None), self.scaling_parameter):

@@ -216,6 +216,12 @@ class TEPrecision(Precision):
         name = type(self.recipe).__name__
         return f"fp8 {TE_RECIPE_NAMES.get(name, name)}"
 
+    def monitor_targets(self, model: nn.Module) -> list:
+        """Every TE FP8 module under this run's recipe (launcher/train/monitor/hooks.py)."""
+        from launcher.train.monitor.hooks import te_targets
+
+        return te_targets(model, te_fp8_classes(self.te), self.recipe)
+
     def delayed_recipe(self, amax_history_len: int):
         """A DelayedScaling recipe of this run's FP8 format with `amax_history_len`: what a resumed TE module's
         saved delayed-scaling state is allocated for (launcher/train/precision/te_state.py)."""

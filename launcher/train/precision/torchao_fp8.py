@@ -96,6 +96,10 @@ class TorchaoPrecision(Precision):
         block = block_recipe_of(module)
         return f"fp8 {block}" if block else None
 
+    def monitor_targets(self, model: nn.Module) -> list:
+        """Every Float8Linear and MXFP8 Linear, with its casts' scaling (launcher/train/monitor)."""
+        return torchao_targets(model)
+
 
 def recipe_of(config) -> str:
     """The torchao recipe a Float8Linear's config is, read from its casts (the FSDP2 all-gather and
@@ -204,3 +208,38 @@ def apply_torchao(model: nn.Module, plan: Plan, device: torch.device) -> Torchao
         grad_scaler=s["grad_scaler"], fsdp_float8_all_gather=all_gather,
         precompute_scale=plan.precision.torchao.precompute_scale,
     )
+
+
+# --- what the FP8 monitor hooks (launcher/train/monitor) ----------------------------------------------
+
+MXFP8_CASTS = dict(fmt="e4m3", rowwise=True, block=32, power_of_2=True)
+"""torchao's MXFP8 training cast (RCEIL): one power-of-two scale per 32 values along the last dim, the largest
+that keeps the block's amax within e4m3's range (the monitor's power_of_2 rounds fp8_max / amax down)."""
+
+
+def torchao_targets(model: nn.Module) -> list:
+    """Every torchao Float8Linear, with its config's casts for the forward GEMM and grad_output, and every
+    Linear torchao's MXFP8 training holds (its three operands cast in 1 x 32 blocks)."""
+    from torchao.float8.config import ScalingGranularity, ScalingType
+    from torchao.float8.float8_linear import Float8Linear
+
+    from launcher.train.fqn import clean_fqn
+    from launcher.train.monitor.hooks import OPERANDS, Target
+    from launcher.train.monitor.stats import Scaling, format_name
+
+    targets = []
+    for fqn, m in model.named_modules():
+        if block_recipe_of(m) == "mxfp8":
+            targets.append(Target(layer=clean_fqn(fqn), module=m, operands={op: Scaling(**MXFP8_CASTS) for op in OPERANDS}))
+            continue
+        if not isinstance(m, Float8Linear):
+            continue
+        c = m.config
+        ops = {}
+        for name, cc in zip(OPERANDS, (c.cast_config_input, c.cast_config_weight, c.cast_config_grad_output)):
+            if cc.scaling_type is ScalingType.DISABLED:
+                continue
+            ops[name] = Scaling(fmt=format_name(cc.target_dtype), rowwise=cc.scaling_granularity is ScalingGranularity.AXISWISE,
+                                power_of_2=bool(c.round_scales_to_power_of_2))
+        targets.append(Target(layer=clean_fqn(fqn), module=m, operands=ops))
+    return targets
