@@ -1,4 +1,4 @@
-"""launcher/planning/te_attention.py: where Transformer Engine 2.20.2 has a backend to train FP8 attention, each row one of
+"""launcher/planning/rules/te_attention.py: where Transformer Engine 2.20.2 has a backend to train FP8 attention, each row one of
 TE's rules (attention/dot_product_attention/utils.py get_attention_backend; common/fused_attn/fused_attn.cpp). The
 stand-in TE implements the same selection on its own (tests/train/test_te_standin.py) and tests/gpu/test_te_conformance.py
 holds it and the real TE to these answers."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.planning.te_attention import refusal
+from launcher.planning.rules.te_attention import refusal
 
 H100, B200, L40S, RTX_PRO = (9, 0), (10, 0), (8, 9), (12, 0)
 

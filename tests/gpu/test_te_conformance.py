@@ -7,7 +7,7 @@ FP8 forward and for stateless recipes, a pickle TE refuses to load for delayed s
 the delayed-scaling state fp8launch's checkpoint saves and restores (a restored module continues bit for bit);
 te.distributed.checkpoint being invisible to torch.compile; DotProductAttention as the builtin attention core
 (causal, grouped-query, "bshd") and in FP8 under fp8_dpa, at a shape TE trains on an H100 (head_dim 128); where FP8
-attention has a backend (launcher/planning/te_attention.py) and TE's own error where it has none; current scaling's
+attention has a backend (launcher/planning/rules/te_attention.py) and TE's own error where it has none; current scaling's
 attention state (one delayed GEMM) saved and restored in TE's layout; FP8 weights with FusedAdam's fp32 master copy.
 """
 
@@ -29,7 +29,7 @@ from train.te_2_20 import EXTRA_STATE_REFUSAL, TE_MODULE_STATE_METHODS, UNSAFE_P
 from train import test_te_standin as standin  # noqa: E402
 from train.test_te_standin import META_DO, META_DP, META_O, META_QKV, META_S, fake_te  # noqa: E402
 
-from launcher.planning.te_attention import NO_BACKEND, refusal  # noqa: E402
+from launcher.planning.rules.te_attention import NO_BACKEND, refusal  # noqa: E402
 from launcher.train.models.llama import CoreAttention  # noqa: E402
 from launcher.train.precision import te_state  # noqa: E402
 from launcher.train.precision.te import build_recipe, is_quantized_weight, quantized_init, swap_modules, te_autocast  # noqa: E402
@@ -192,7 +192,7 @@ def test_tes_checkpoint_never_reaches_a_compiled_graph(impl):
 
 HEADS, KV_HEADS, HEAD_DIM, SEQ = 4, 2, 128, 128
 """A shape real TE trains in FP8 on an H100: FusedAttention's FP8 kernels train only head_dim 128 on sm90 (and, with a
-cuDNN before 9.7, sequence lengths that are multiples of 128): launcher/planning/te_attention.py."""
+cuDNN before 9.7, sequence lengths that are multiples of 128): launcher/planning/rules/te_attention.py."""
 
 
 def attention(impl, head_dim=HEAD_DIM):

@@ -948,8 +948,8 @@ def test_float8_weights_dequantize_to_their_fp8_values_and_requantize_in_place()
 @pytest.mark.parametrize("recipe", ["delayed", "current", "mxfp8", "nvfp4"])
 def test_the_stand_ins_attention_backend_selection_agrees_with_plannings(recipe):
     """Two transcriptions of TE's selection (get_attention_backend + fused_attn.cpp): the stand-in's, per filter as TE
-    runs them, and launcher/planning/te_attention.py's, per refusal; over GPUs and head dims they must agree."""
-    from launcher.planning.te_attention import refusal
+    runs them, and launcher/planning/rules/te_attention.py's, per refusal; over GPUs and head dims they must agree."""
+    from launcher.planning.rules.te_attention import refusal
 
     classes = {"delayed": DelayedScaling, "current": Float8CurrentScaling, "mxfp8": MXFP8BlockScaling, "nvfp4": NVFP4BlockScaling}
     fake_te()

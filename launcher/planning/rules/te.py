@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from launcher.planning import te_attention
+from launcher.planning.rules import te_attention
 from launcher.planning.backends import MSAMP, TE
 from launcher.planning.hardware import capability_text, requirement, supports
 from launcher.planning.rules.core import Facts, Rule
