@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from launcher.commands.doctor import DEFAULT_RECIPE, Machine, assess
-from launcher.planning.backends import BACKENDS, named
+from launcher.planning.backends import named
 from launcher.planning.install import INSTALL
 from launcher.planning.hardware import capability_text, requirement, supports
 from launcher.planning.memory import model_params

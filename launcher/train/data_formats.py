@@ -285,16 +285,16 @@ def _load_dataset(path: str, key: str, split: str = "", form: str = "hf-dataset:
     if os.path.isdir(path) and _saved_to_disk(path):
         if split:
             raise InputError(key, f"?split= picks data files; {path} is a save_to_disk folder", "drop ?split= (its 'train' split is read)")
-        load = lambda: datasets.load_from_disk(path)
+        load = lambda: datasets.load_from_disk(path)  # noqa: E731
     elif os.path.isdir(path):
         shards = data_shards(path, split, key, form)
         builder = HF_FILES[os.path.splitext(shards[0])[1].lower()]
-        load = lambda: datasets.load_dataset(builder, data_files=[literal(f) for f in shards], split="train")
+        load = lambda: datasets.load_dataset(builder, data_files=[literal(f) for f in shards], split="train")  # noqa: E731
     else:
         builder = HF_FILES.get(os.path.splitext(path)[1].lower())
         if builder is None:
             raise InputError(key, f"cannot tell the format of {path} from its name", fix)
-        load = lambda: datasets.load_dataset(builder, data_files=literal(path), split="train")
+        load = lambda: datasets.load_dataset(builder, data_files=literal(path), split="train")  # noqa: E731
     try:
         with _offline(datasets.config):
             ds = load()
