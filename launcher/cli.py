@@ -14,7 +14,8 @@ from launcher import __version__
 from launcher.errors import EXIT_CODES as CODES
 from launcher.errors import EXIT_DRIFT, LauncherError, SpecError
 
-EXIT_CODES = "\b\nExit codes:\n" + "\n".join(f"  {code:<3}  {meaning}" for code, meaning in CODES.items()) + "\n  other codes come from the training processes"
+EXIT_CODES = ("\b\nExit codes:\n" + "\n".join(f"  {code:<3}  {meaning}" for code, meaning in CODES.items())
+              + "\n  other codes come from the training processes")
 
 
 def _errors(fn):
@@ -48,14 +49,16 @@ def main() -> None:
 @click.option("--out", "out_dir", default=None,
               help="Write into OUT/<name>/ [default: [tool.fp8launch] out in ./pyproject.toml, else generated].")
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 when a generated file would be created, changed or removed.")
-@click.option("--diff", is_flag=True, help="Write nothing; print unified diffs of what writing would change (with --check: also exit 1 on drift).")
+@click.option("--diff", is_flag=True,
+              help="Write nothing; print unified diffs of what writing would change (with --check: also exit 1 on drift).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a spec key by dotted path (repeatable).")
 @click.option("--nodes", type=click.IntRange(min=1), help="Same as --set distributed.nodes=N.")
 @click.option("--strict", is_flag=True, help="Treat warnings as errors.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one JSON object per spec, one per line (JSON Lines): the plan, the memory estimate, the files, "
                    "the prediction, the warnings.")
-@click.option("--params", type=click.FloatRange(min=1), help="Parameter count for the memory estimate (e.g. 8e9); builtin models are known.")
+@click.option("--params", type=click.FloatRange(min=1),
+              help="Parameter count for the memory estimate (e.g. 8e9); builtin models are known.")
 @_errors
 def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
     """Validate SPECs and render their configs into OUT/<name>/."""
@@ -138,7 +141,8 @@ def doctor(fmt: str, spec_path: str | None) -> None:
 
 @main.command(epilog=EXIT_CODES)
 @click.option("--name", help="Spec name [default: from --out, else from model, precision and engine].")
-@click.option("--backend", type=click.Choice(["torchao", "te", "msamp"]), help="FP8 backend [default: the first installed one that runs here].")
+@click.option("--backend", type=click.Choice(["torchao", "te", "msamp"]),
+              help="FP8 backend [default: the first installed one that runs here].")
 @click.option("--strategy", type=click.Choice(["ddp", "fsdp2", "deepspeed"]), help="[default: fsdp2; ddp with msamp]")
 @click.option("--model", help="builtin:NAME, hf:PATH or py:module:function [default: the largest builtin that fits].")
 @click.option("--nodes", type=click.IntRange(min=1), help="[default: 1]")
@@ -221,7 +225,8 @@ def _ask(prompt: str, default, options: tuple[str, ...] | None):
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--nodes", type=click.IntRange(min=1), help="Same as --set distributed.nodes=N; this process is one node's agent.")
 @click.option("--node-rank", type=click.IntRange(min=0), help="This node's rank, 0..N-1 [default: $NODE_RANK, else 0].")
-@click.option("--rdzv-endpoint", metavar="HOST:PORT", help="Node 0's rendezvous address [default: $RDZV_ENDPOINT, else launch.rdzv_endpoint].")
+@click.option("--rdzv-endpoint", metavar="HOST:PORT",
+              help="Node 0's rendezvous address [default: $RDZV_ENDPOINT, else launch.rdzv_endpoint].")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a spec key by dotted path (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Write the plan, print the exact command(s) that would run, run nothing.")
 @click.option("--wait", is_flag=True, help="SLURM / Kubernetes: block until the submitted job ends and exit with its exit code.")
@@ -314,7 +319,8 @@ def bench(spec, vs, steps, repeats, warmup, out_dir, sets, no_plot, max_loss_gap
 @click.option("--candidates", "candidates", multiple=True, metavar="NAME[,NAME...]",
               help="Only these candidates (e.g. torchao-tensorwise,torchao-rowwise); 'compile' adds each with compile toggled "
                    "[default: every FP8 recipe that runs here].")
-@click.option("--out", "out_dir", help="Where the runs, tune.json, tune.png and NAME-tuned.toml go [default: NAME-tune next to train.output_dir].")
+@click.option("--out", "out_dir",
+              help="Where the runs, tune.json, tune.png and NAME-tuned.toml go [default: NAME-tune next to train.output_dir].")
 @click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True, help="Runs per candidate, alternating.")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Steps left out of each run's medians.")
 @click.option("--max-loss-gap", type=click.FloatRange(min=0), default=0.02, show_default=True,
@@ -374,8 +380,9 @@ def report(run_dirs, out_path) -> None:
                    "own names), for any model.")
 @click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
               help="dtype of the written weights (the checkpoint's high-precision weights; FP8 runs keep them too).")
-@click.option("--out", metavar="DIR", help="The folder to write [default: RUN_DIR/export/step-N-FORMAT]. It must not exist, be empty, or hold an "
-                            "earlier fp8launch export (which is replaced); nothing is left half-written.")
+@click.option("--out", metavar="DIR",
+              help="The folder to write [default: RUN_DIR/export/step-N-FORMAT]. It must not exist, be empty, or hold an "
+                   "earlier fp8launch export (which is replaced); nothing is left half-written.")
 @click.option("--max-shard-size", default="5GB", show_default=True, metavar="SIZE",
               help="Largest safetensors shard (e.g. 500MB, 2GiB); a larger single tensor gets a shard of its own.")
 @click.option("--plan", "plan_path", metavar="PLAN_JSON",

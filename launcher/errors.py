@@ -16,7 +16,8 @@ EXIT_CODES = {
     0: "success",
     EXIT_DRIFT: "--check found generated files that differ from their spec",
     EXIT_INVALID: "invalid input: usage, an unreadable or invalid spec, an error rule",
-    EXIT_ENVIRONMENT: "this environment cannot run the plan (missing package, GPU too old, no GPU), or a requested feature did not take effect",
+    EXIT_ENVIRONMENT: ("this environment cannot run the plan (missing package, GPU too old, no GPU), "
+                       "or a requested feature did not take effect"),
     EXIT_DIVERGED: ("the loss diverged (train.on_nan): the message names the step and the last complete checkpoint; "
                     "or bench's held-out eval loss is further from its baseline's than --max-loss-gap"),
     EXIT_PREEMPTED: "preempted: a SIGTERM stopped every rank after a complete checkpoint; run the same command again to continue",

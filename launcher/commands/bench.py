@@ -176,7 +176,8 @@ def table(record: dict) -> str:
     elif record.get("profile_error"):
         lines.append(f"profile: failed ({record['profile_error']})")
     env = record.get("environment", {})
-    lines.append(f"(medians over {record['repeats']} alternating runs each; first {record['warmup_steps_excluded']} steps of each run excluded; "
+    lines.append(f"(medians over {record['repeats']} alternating runs each; "
+                 f"first {record['warmup_steps_excluded']} steps of each run excluded; "
                  f"{env.get('device_name')} x {env.get('world_size')}, torch {env.get('torch')}, torchao {env.get('torchao')})")
     return "\n".join(lines)
 

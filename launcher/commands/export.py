@@ -47,7 +47,8 @@ def run_export(run_dir: str, *, step: int | None, fmt: str, dtype: str, out: str
         raise InputError("--format", f"{fmt!r} is not a format", f"use one of {', '.join(FORMATS)}")
     max_bytes = parse_size(max_shard_size)
     if not os.path.isdir(run_dir):
-        raise InputError(KEY, f"{run_dir} is not a folder", "give the train.output_dir of a run (the folder holding plan/ and checkpoints/)")
+        raise InputError(KEY, f"{run_dir} is not a folder",
+                         "give the train.output_dir of a run (the folder holding plan/ and checkpoints/)")
     plan_file = plan_path or os.path.join(run_dir, PLAN_FILE)
     if not os.path.isfile(plan_file):
         where = "--plan" if plan_path else KEY

@@ -173,7 +173,8 @@ def _why(machine: Machine, choices: Choices, backend: str | None, rows: dict) ->
         return f"fp8 with {backend}: installed here; on CPU torch's _scaled_mm kernel runs FP8 for tests and smoke runs, not for speed"
     mode = _high_precision(machine)
     if mode == "fp16":
-        return f"fp16: this GPU has compute capability {capability_text(machine.capability)}; bf16 needs {requirement('bf16')}, FP8 {requirement('fp8')}"
+        return (f"fp16: this GPU has compute capability {capability_text(machine.capability)}; "
+                f"bf16 needs {requirement('bf16')}, FP8 {requirement('fp8')}")
     return f"{mode}, not fp8: " + rows["torchao", "tensorwise"].reasons[0].split("; fix: ")[0] + \
         ("" if "FP8-HARDWARE" in rows["torchao", "tensorwise"].rules else f" (install torchao for FP8: {INSTALL['torchao']})")
 
@@ -235,13 +236,16 @@ def render_spec(d: Decision) -> str:
         out += ["", "[compile]", _line("enabled = true", "fuses the float8 casts" if d.mode == "fp8" else "")]
     if d.strategy == "deepspeed" and not d.smoke:
         # ZeRO-2 keeps the whole bf16 weights on every GPU: beside them, seq-8192 activations exceed an 80 GB GPU (MEMORY-EXCEEDS-GPU)
-        out += ["", "[activation_checkpointing]", _line('mode = "selective"', "every other block recomputed: ZeRO-2 keeps whole weights per GPU")]
-    out += ["", "[launch]", _line(f"device = {toml_value(d.device)}", "for tests and smoke runs, not for speed" if d.smoke else "CUDA when a GPU is visible")]
+        out += ["", "[activation_checkpointing]",
+                _line('mode = "selective"', "every other block recomputed: ZeRO-2 keeps whole weights per GPU")]
+    device_note = "for tests and smoke runs, not for speed" if d.smoke else "CUDA when a GPU is visible"
+    out += ["", "[launch]", _line(f"device = {toml_value(d.device)}", device_note)]
     if d.smoke:
         out += [_line('env = { OMP_NUM_THREADS = "1" }', "one thread per process")]
     if d.nodes > 1:
         out += [_line('rdzv_endpoint = "localhost:29500"', "the first node's HOST:PORT (or `fp8launch run --rdzv-endpoint`)")]
-    out += ["", "[train]", f"model = {toml_value(d.model)}", _line('data = "synthetic"', 'or "text:PATH", "tokens:PATH", "py:module:function"')]
+    out += ["", "[train]", f"model = {toml_value(d.model)}",
+            _line('data = "synthetic"', 'or "text:PATH", "tokens:PATH", "py:module:function"')]
     if d.smoke:
         out += ["seq_len = 128", "micro_batch_size = 4", "steps = 30", "lr = 1e-3", "warmup_steps = 3", "log_every = 5"]
     else:

@@ -87,7 +87,8 @@ def plan_many(paths: list[str], out_dir: str, overrides: list[str] = (), strict:
     seen: dict[str, str] = {}
     for r in results:
         if r.plan.name in seen:
-            problems.append(Problem(r.spec_path, f"name {r.plan.name!r} is also the name of {seen[r.plan.name]}; both would write {r.folder}/: give each spec its own name", path="$.name"))
+            problems.append(Problem(r.spec_path, f"name {r.plan.name!r} is also the name of {seen[r.plan.name]}; "
+                                    f"both would write {r.folder}/: give each spec its own name", path="$.name"))
         seen.setdefault(r.plan.name, r.spec_path)
     if problems:
         raise SpecError(problems)

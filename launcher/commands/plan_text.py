@@ -21,6 +21,9 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
     status = f"{len(written)} written, {len(changes) - len(written)} unchanged" if written else "unchanged"
     precision = f"fp8 ({p.backend} {default_recipe(plan)}, rest in {p.high_precision})" if p.fp8 else p.mode
     spec_folder = os.path.normpath(os.path.join(folder, plan.spec_dir))  # plan.spec_dir is relative to the plan's folder
+    ep = d.expert_parallel
+    expert = f", expert parallel {ep} (mesh efsdp {plan.world_size // ep} x ep {ep})" if ep > 1 else ""
+    dp_ranks = f"{d.data_parallel} {'data-parallel ' if d.tensor_parallel > 1 else ''}ranks"
     lines = [
         f"{plan.name}: {folder}/ ({status})",
         f"  precision   {precision}",
@@ -30,10 +33,10 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
         f"{d.nodes} node{'s' * (d.nodes != 1)} x {d.procs_per_node} = world size {plan.world_size}"
         f"{f', tensor parallel {d.tensor_parallel} (mesh dp {d.data_parallel} x tp {d.tensor_parallel})' if d.tensor_parallel > 1 else ''}"
         f"{', async TP' if d.async_tp else ''}"
-        f"{f', expert parallel {d.expert_parallel} (mesh efsdp {plan.world_size // d.expert_parallel} x ep {d.expert_parallel})' if d.expert_parallel > 1 else ''}"
+        f"{expert}"
         f"{', compiled' if plan.compile.enabled else ''}"
         f"{f', activation checkpointing {plan.activation_checkpointing.mode}' if plan.activation_checkpointing.mode != 'none' else ''}",
-        f"  batch       {t.micro_batch_size} micro x {t.grad_accum_steps} accum x {d.data_parallel} {'data-parallel ' if d.tensor_parallel > 1 else ''}ranks = {d.global_batch_size} sequences"
+        f"  batch       {t.micro_batch_size} micro x {t.grad_accum_steps} accum x {dp_ranks} = {d.global_batch_size} sequences"
         f" = {plan.tokens_per_step:,} tokens/step (seq_len {t.seq_len})",
         "  what runs in which dtype:",
     ]
@@ -44,7 +47,8 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
     if params:
         lines += ["  " + line for line in estimate(plan, params, spec_folder).lines()]
     else:
-        lines.append(f"  model states per GPU: pass --params N to estimate them ({plan.train.model.split(':')[0]}: models are sized when built)")
+        lines.append(f"  model states per GPU: pass --params N to estimate them "
+                     f"({plan.train.model.split(':')[0]}: models are sized when built)")
     if prediction is not None:
         lines.append(f"  {prediction.line()}")
         if prediction.grad_comm_bytes:
@@ -150,7 +154,10 @@ def schema_markdown(schema: dict) -> str:
                 continue
             if sub.get("type") == "object" and "properties" in sub:
                 continue
-            kind = " \\| ".join(json.dumps(v) for v in sub["enum"]) if "enum" in sub else sub.get("type", "const " + json.dumps(sub.get("const")))
+            if "enum" in sub:
+                kind = " \\| ".join(json.dumps(v) for v in sub["enum"])
+            else:
+                kind = sub.get("type", "const " + json.dumps(sub.get("const")))
             default = json.dumps(sub["default"]) if "default" in sub else "required"
             rows.append(f"| `{key}` | {kind} | `{default}` | {sub['description'].replace('|', '/')} |")
         if rows:

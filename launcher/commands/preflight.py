@@ -51,7 +51,8 @@ def check(plan: Plan, *, local: bool, gpu_here: bool | None = None, environ: Map
                                  'or set launch.device = "cpu" (or "auto")')
 
 
-LIBRARY_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib/*-linux-gnu", "/lib", "/lib64", "/lib/*-linux-gnu", "/usr/local/lib", "/usr/local/lib64")
+LIBRARY_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib/*-linux-gnu", "/lib", "/lib64", "/lib/*-linux-gnu",
+                "/usr/local/lib", "/usr/local/lib64")
 
 
 def libaio_present(environ: Mapping[str, str] | None = None) -> bool:

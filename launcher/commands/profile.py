@@ -54,7 +54,8 @@ def summary_lines(run_dir: str) -> list[str]:
 
 def _plan_facts(planned: Planned) -> dict:
     p = planned.plan
-    return {"precision": {"high_precision": p.precision.high_precision, "torchao": {"precompute_scale": p.precision.torchao.precompute_scale}},
+    return {"precision": {"high_precision": p.precision.high_precision,
+                          "torchao": {"precompute_scale": p.precision.torchao.precompute_scale}},
             "compile": {"enabled": p.compile.enabled}}
 
 

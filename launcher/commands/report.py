@@ -1,7 +1,8 @@
 """`fp8launch report RUN_DIR [RUN_DIR2 ...]`: pictures of one run, or of several overlaid.
 
 Reads what a run wrote into its train.output_dir: metrics.jsonl (step records: loss, lr,
-tokens/s, peak memory; eval records: the held-out loss, drawn dashed over the training loss) and, when the FP8 monitor was on, fp8_stats.jsonl. Draws into
+tokens/s, peak memory; eval records: the held-out loss, drawn dashed over the training loss) and,
+when the FP8 monitor was on, fp8_stats.jsonl. Draws into
 RUN_DIR/report.png (the first RUN_DIR): loss, learning rate, tokens/s and peak memory per
 step, one line per run; then, for each run with FP8 stats, a heatmap of the underflow share
 by layer and sampled step (the worst operand of each layer), its worst layers named in red.

@@ -114,7 +114,8 @@ def read_run(run_dir: str, code: int, warmup: int) -> dict:
     for name in ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu"):
         values = [r[name] for r in steady if r.get(name) is not None]
         figures[name] = statistics.median(values) if values else None
-    figures["optimizer_state_bytes"] = next((r["optimizer_state_bytes"] for r in reversed(steps) if r.get("optimizer_state_bytes") is not None), None)
+    figures["optimizer_state_bytes"] = next(
+        (r["optimizer_state_bytes"] for r in reversed(steps) if r.get("optimizer_state_bytes") is not None), None)
     sent = [r["grad_comm_bytes"] for r in steady if r.get("grad_comm_bytes") is not None]
     figures["grad_comm_bytes"] = statistics.median(sent) if sent else None
     figures["peak_mem_gib"] = max((r["peak_mem_gib"] for r in steps if r.get("peak_mem_gib") is not None), default=None)

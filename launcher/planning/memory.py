@@ -8,10 +8,11 @@ outputs and rstd, the Linear inputs (one cast per Linear when the residual strea
 autocast casts it; shared when it is already in the compute dtype; one byte per element where
 Transformer Engine saves FP8), q/k/v/output and the log-sum-exp of attention, the SwiGLU
 intermediates; outside the blocks the token ids, the final norm, the head's input and what the loss
-keeps (the fp32 log-softmax; with compile the compute-dtype logits); under DDP autocast also the compute-dtype copy of each high-precision Linear
-weight. Activation checkpointing keeps only each checkpointed block's input. Tensor parallelism
-with sequence parallelism divides all of it by `distributed.tensor_parallel`. The CPU check
-(tests/test_activation_memory.py) holds it within 15% of the bytes autograd really saves.
+keeps (the fp32 log-softmax; with compile the compute-dtype logits); under DDP autocast also the
+compute-dtype copy of each high-precision Linear weight. Activation checkpointing keeps only each
+checkpointed block's input. Tensor parallelism with sequence parallelism divides all of it by
+`distributed.tensor_parallel`. The CPU check (tests/test_activation_memory.py) holds it within 15%
+of the bytes autograd really saves.
 """
 
 from __future__ import annotations
@@ -97,12 +98,14 @@ class MemoryEstimate:
         for r in self.rows:
             where = "offloaded to CPU" if r.offloaded else (
                 f"/ {r.shards} ranks{f' = {r.layout}' if r.layout else ''}" if r.shards > 1 else "replicated")
-            out.append(f"    {r.name:<17} {r.dtype:<8} {r.bytes_per_gpu(self.params) / gib:8.2f} GiB  ({r.bytes_per_param:g} B/param, {where})")
+            out.append(f"    {r.name:<17} {r.dtype:<8} {r.bytes_per_gpu(self.params) / gib:8.2f} GiB  "
+                       f"({r.bytes_per_param:g} B/param, {where})")
         out.append(f"    {'model states':<17} {'':<8} {self.total_bytes / gib:8.2f} GiB")
         if a:
             out.append(f"    {a.name:<17} {a.dtype:<8} {a.bytes / gib:8.2f} GiB  ({a.how})")
             if a.recompute_bytes:
-                out.append(f"    {'recompute':<17} {'':<8} {a.recompute_bytes / gib:8.2f} GiB  (one block's activations while backward recomputes it)")
+                out.append(f"    {'recompute':<17} {'':<8} {a.recompute_bytes / gib:8.2f} GiB  "
+                           "(one block's activations while backward recomputes it)")
             out.append(f"    {'total':<17} {'':<8} {self.peak_bytes / gib:8.2f} GiB")
         if self.init_peak:
             i = self.init_peak
@@ -294,7 +297,8 @@ def activations(plan: Plan, cfg) -> ActivationRow:
     tp = max(1, int(getattr(plan.distributed, "tensor_parallel", 1) or 1))
     p = plan.precision
     dtype = p.compute_dtype + ("+fp8" if p.fp8 and BACKENDS[p.backend].saves_fp8_inputs else "")
-    how = f"micro-batch {t.micro_batch_size} x seq {t.seq_len}, checkpointing {mode}" + (f", / {tp} tensor-parallel ranks" if tp > 1 else "")
+    how = (f"micro-batch {t.micro_batch_size} x seq {t.seq_len}, checkpointing {mode}"
+           + (f", / {tp} tensor-parallel ranks" if tp > 1 else ""))
     return ActivationRow(total / tp, dtype, how, recompute_bytes=(block / tp if checkpointed else 0.0))
 
 

@@ -164,7 +164,8 @@ def apply_overrides(source: SpecSource, overrides: list[str]) -> SpecSource:
         for i, part in enumerate(path[:-1]):
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                problems.append(Problem("--set", f"{'.'.join(path[: i + 1])} is not a table, so {'.'.join(path)} cannot be set", path="$." + ".".join(path)))
+                problems.append(Problem("--set", f"{'.'.join(path[: i + 1])} is not a table, so {'.'.join(path)} cannot be set",
+                                        path="$." + ".".join(path)))
                 break
             node = child
         else:
@@ -228,7 +229,8 @@ def _problems(source: SpecSource, error: jsonschema.ValidationError) -> list[Pro
         return [problem(f"missing required key '{missing}'; add `{example}`")]
     if kind == "pattern":
         desc = schema_node.get("description", "")
-        return [problem(f"{json.dumps(error.instance)} has the wrong form: {desc}" if desc else f"{json.dumps(error.instance)} does not match {schema_node['pattern']}")]
+        value = json.dumps(error.instance)
+        return [problem(f"{value} has the wrong form: {desc}" if desc else f"{value} does not match {schema_node['pattern']}")]
     if kind in ("minimum", "exclusiveMinimum", "maximum", "minLength", "uniqueItems", "propertyNames"):
         return [problem(_bound_message(kind, error))]
     return [problem(error.message)]
@@ -246,7 +248,8 @@ def _bound_message(kind: str, error: jsonschema.ValidationError) -> str:
     }[kind]
 
 
-_TYPE_NAMES = {"boolean": "true or false", "integer": "an integer", "number": "a number", "string": "a string", "array": "an array", "object": "a table"}
+_TYPE_NAMES = {"boolean": "true or false", "integer": "an integer", "number": "a number", "string": "a string",
+               "array": "an array", "object": "a table"}
 
 
 def _type_name(expected: str | list) -> str:

@@ -163,7 +163,8 @@ def no_grouped_reason(recipe: str) -> str:
     return f"torchao 0.18 has no {recipe} grouped GEMM (Float8TrainingOpConfig is rowwise only)"
 
 
-def choose_experts(name: str, dim: int, hidden: int, plan: Plan, block: int | None = None, n_blocks: int = 0) -> tuple[str | None, str | None]:
+def choose_experts(name: str, dim: int, hidden: int, plan: Plan, block: int | None = None,
+                   n_blocks: int = 0) -> tuple[str | None, str | None]:
     """(the grouped recipe a GroupedExperts module runs, None) or (None, why it stays in high precision):
     `[[precision.rules]]` first, then keep globs and kept blocks, then the recipe's grouped support and dims."""
     rule = matching_rule(name, plan)

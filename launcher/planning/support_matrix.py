@@ -114,13 +114,18 @@ ELSEWHERE: dict[str, str] = {
     "$schema": "an editor hint, not read",
     "version": "the spec version; only 1 exists",
     "name": "names the output folder",
-    "precision.high_precision": "tests/train/test_precision_amp.py (fp16 and fp32: autocast, the grad scaler, a torchao model kept in fp16); "
-                                "tests/test_render.py (deepspeed.json of a TE run in fp16)",
+    "precision.high_precision": "tests/train/test_precision_amp.py (fp16 and fp32: autocast, the grad scaler, a torchao model kept "
+                                "in fp16); tests/test_render.py (deepspeed.json of a TE run in fp16)",
     "precision.keep_first_last": "tests/train/test_precision_select.py: which Linear layers are kept",
-    "precision.rules": "tests/train/test_precision_torchao.py (mixed recipes); tests/e2e/test_runs.py::test_precision_rules_train_each_layer_as_the_layers_map_shows; tests/test_rules.py (PRECISION-RULE-*)",
-    "precision.schedule": "tests/e2e/test_resume.py::test_a_precision_schedule_resumes_bit_identically_between_two_switches; tests/train/test_precision_switch.py; tests/test_schedule.py; tests/test_rules.py (SCHEDULE-*)",
-    "precision.keep_first_blocks": "tests/train/test_precision_select.py; tests/e2e/test_runs.py::test_kept_blocks_train_in_bf16_as_the_layers_map_shows",
-    "precision.keep_last_blocks": "tests/train/test_precision_select.py; tests/e2e/test_runs.py::test_kept_blocks_train_in_bf16_as_the_layers_map_shows",
+    "precision.rules": "tests/train/test_precision_torchao.py (mixed recipes); "
+                       "tests/e2e/test_runs.py::test_precision_rules_train_each_layer_as_the_layers_map_shows; "
+                       "tests/test_rules.py (PRECISION-RULE-*)",
+    "precision.schedule": "tests/e2e/test_resume.py::test_a_precision_schedule_resumes_bit_identically_between_two_switches; "
+                          "tests/train/test_precision_switch.py; tests/test_schedule.py; tests/test_rules.py (SCHEDULE-*)",
+    "precision.keep_first_blocks": "tests/train/test_precision_select.py; "
+                                   "tests/e2e/test_runs.py::test_kept_blocks_train_in_bf16_as_the_layers_map_shows",
+    "precision.keep_last_blocks": "tests/train/test_precision_select.py; "
+                                  "tests/e2e/test_runs.py::test_kept_blocks_train_in_bf16_as_the_layers_map_shows",
     "precision.keep": "tests/train/test_precision_select.py",
     "precision.torchao.skip_small": "tests/train/test_precision_select.py (the matrix turns it off: llama-debug is all small)",
     "precision.torchao.pad_inner_dim": "tests/train/test_precision_torchao.py",
@@ -131,7 +136,8 @@ ELSEWHERE: dict[str, str] = {
     "precision.te.fp8_dpa": "tests/train/test_precision_te.py (and rule TE-BLOCK-FP8-ATTENTION)",
     "precision.te.fp8_mha": "tests/train/test_precision_te.py (and rule TE-BLOCK-FP8-ATTENTION)",
     "precision.te.swap": "tests/train/test_precision_te.py",
-    "precision.te.fp8_params": "tests/train/test_te_features.py (TE's FP8 weights with FusedAdam's fp32 master copy on DDP and FSDP2, stand-in TE); tests/gpu/test_te_gpu.py; rules TE-FP8-PARAMS-*",
+    "precision.te.fp8_params": "tests/train/test_te_features.py (TE's FP8 weights with FusedAdam's fp32 master copy on DDP and FSDP2, "
+                               "stand-in TE); tests/gpu/test_te_gpu.py; rules TE-FP8-PARAMS-*",
     "precision.te.interval": "removed in Transformer Engine 2.2; rule TE-REMOVED-KEY refuses it",
     "precision.te.override_linear_precision": "removed in Transformer Engine 2.2; rule TE-REMOVED-KEY refuses it",
     "precision.msamp.use_te": "tests/train/test_precision_msamp.py",
@@ -146,7 +152,8 @@ ELSEWHERE: dict[str, str] = {
                                 "MASTER-WEIGHTS-OPTIMIZER, MASTER-WEIGHTS-COMPUTE, LEVELS-DEEPSPEED",
     "distributed.nodes": "tests/e2e/test_runs.py::test_two_nodes_on_loopback, tests/test_slurm.py (two SLURM nodes)",
     "distributed.procs_per_node": "every run (the CPU matrix uses 2)",
-    "distributed.expert_parallel": "tests/e2e/test_moe.py (builtin:moe-debug, expert_parallel = 2 on 2 processes; resume); rules MOE-*, EP-*",
+    "distributed.expert_parallel": "tests/e2e/test_moe.py (builtin:moe-debug, expert_parallel = 2 on 2 processes; resume); "
+                                   "rules MOE-*, EP-*",
     "distributed.global_batch_size": "rule BATCH-MISMATCH (tests/test_rules.py)",
     "distributed.deepspeed.nvme_path": "every run with offload \"nvme\" in the matrix; rule DS-NVME-PATH",
     **{f"distributed.deepspeed.{k}": "tests/test_render.py: read back by DeepSpeed's own config parser" for k in
@@ -173,7 +180,8 @@ ELSEWHERE: dict[str, str] = {
     "train.steps": "every run",
     "train.lr": "tests/train/test_loop.py",
     "train.weight_decay": "tests/train/test_optim.py (the optimizer's groups)",
-    "train.weight_decay_exclude": "tests/train/test_optim.py (the optimizer's two parameter groups, one step of AdamW's decay; the ZeRO-0 export reads them back)",
+    "train.weight_decay_exclude": "tests/train/test_optim.py (the optimizer's two parameter groups, one step of AdamW's decay; "
+                                  "the ZeRO-0 export reads them back)",
     "train.adam_betas": "tests/train/test_optim.py (torch's Adam / AdamW, deepspeed.json's optimizer, MS-AMP's optimizer arguments)",
     "train.adam_eps": "tests/train/test_optim.py",
     "train.warmup_steps": "tests/train/test_loop.py",
@@ -346,7 +354,8 @@ class Matrix:
 
     def coverage_line(self) -> str:
         return (f"{len(self.runs)} runs cover all {len(self.pairs)} pairs: {len(self.trained)} train and cover "
-                f"{len(self.pairs) - len(self.refused_pairs)}, {len(self.refused)} stop before training with the rule that refuses their pair")
+                f"{len(self.pairs) - len(self.refused_pairs)}, {len(self.refused)} stop before training with the rule that "
+                "refuses their pair")
 
 
 def _assign(options: tuple[Option, ...], config: dict[str, Any]) -> dict[str, Any]:
@@ -432,7 +441,8 @@ def graph_key(config: dict[str, Any]) -> tuple | None:
     strategy = config.get("distributed.strategy", _default("distributed.strategy"))
     if strategy == "deepspeed":
         strategy = "zero3" if config.get("distributed.deepspeed.zero_stage", _default("distributed.deepspeed.zero_stage")) == 3 else "ddp"
-    return (strategy, *(config.get(k, _default(k)) for k in ("precision.mode", "precision.torchao.recipe", "activation_checkpointing.mode")))
+    keys = ("precision.mode", "precision.torchao.recipe", "activation_checkpointing.mode")
+    return (strategy, *(config.get(k, _default(k)) for k in keys))
 
 
 def cost(config: dict[str, Any], built: set) -> float:
@@ -544,8 +554,8 @@ def _refused_section(matrix: Matrix) -> list[str]:
         by_rules.setdefault(r.refused_by, []).append(r)
     lines = ["| refused by | pairs (run names in the test ids) |", "|---|---|"]
     for rules, runs in sorted(by_rules.items()):
-        pairs = "; ".join(f"{r.name}: `{_short(r.pair[0][0])} = {_cell(r.pair[0][1])}` with `{_short(r.pair[1][0])} = {_cell(r.pair[1][1])}`"
-                          for r in runs)
+        pairs = "; ".join(f"{r.name}: `{_short(r.pair[0][0])} = {_cell(r.pair[0][1])}` "
+                          f"with `{_short(r.pair[1][0])} = {_cell(r.pair[1][1])}`" for r in runs)
         lines.append(f"| {', '.join(rules)} | {pairs} |")
     return lines
 

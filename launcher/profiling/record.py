@@ -3,9 +3,10 @@
     run = run_record(read_trace(path), LayerTable(layers), measured_step_s=[0.41, 0.40])
 
 RUN = {"step_time_s": mean measured step (the loop's own timing of the profiled steps; the profiled windows when
-not given), "window_s": mean profiled step window (on a GPU: the device's time for the step, see parts.device_window), "parts": {part: seconds per step}, "fp8_gemm_flop_share": x,
-"ceiling": None (bench fills it in against its baseline), "top": [{"name", "part", "s"}], "gemm_by_module": {label:
-s}, "device": "cpu" | "cuda", "steps": n}.
+not given), "window_s": mean profiled step window (on a GPU: the device's time for the step, see
+parts.device_window), "parts": {part: seconds per step}, "fp8_gemm_flop_share": x, "ceiling": None (bench fills it
+in against its baseline), "top": [{"name", "part", "s"}], "gemm_by_module": {label: s}, "device": "cpu" | "cuda",
+"steps": n}.
 """
 
 from __future__ import annotations

@@ -240,8 +240,9 @@ class CheckpointManager:
         self._each_rank(lambda: _write_rank_file(os.path.join(tmp, _rank_file(self.rank)), rank_state))
         marker = {
             "format_version": FORMAT_VERSION, "step": step, "world_size": self.world_size, "strategy": self.strategy,
-            "tensor_parallel": self.tensor_parallel, "format": self.format, "float8_precomputed_scale": float8_scales, "fp8launch_version": __version__,
-            "torch_version": torch.__version__, "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "tensor_parallel": self.tensor_parallel, "format": self.format, "float8_precomputed_scale": float8_scales,
+            "fp8launch_version": __version__, "torch_version": torch.__version__,
+            "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         self._on_rank0(lambda: self._publish(tmp, final, marker, start))
         self.last_saved = (step, final)

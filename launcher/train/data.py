@@ -241,7 +241,8 @@ class FactoryStream(TokenStream):
         try:
             batch = raw if isinstance(raw, torch.Tensor) else torch.as_tensor(np.asarray(raw))
         except (TypeError, ValueError, RuntimeError):
-            raise InputError(self.key, f"{self.ref} yielded a {type(raw).__name__}, not a tensor of token ids", "yield int64 tensors") from None
+            raise InputError(self.key, f"{self.ref} yielded a {type(raw).__name__}, not a tensor of token ids",
+                             "yield int64 tensors") from None
         if batch.is_floating_point() or batch.is_complex() or batch.dtype == torch.bool:
             raise InputError(self.key, f"{self.ref} yielded a {batch.dtype} tensor", "yield integer token ids (int64)")
         if tuple(batch.shape) != self.shape:

@@ -126,7 +126,8 @@ def _find_prefix(prefix: str, spec_dir: str, key: str) -> str:
     tried = ", ".join(os.path.abspath(c) + ".idx" for c in candidates)
     stem, ext = os.path.splitext(prefix)
     fix = (f"name the prefix without its extension: megatron:{stem}" if ext in (".bin", ".idx")
-           else "give the path prefix of a PREFIX.bin + PREFIX.idx pair (absolute, or relative to the current directory or the spec's folder)")
+           else "give the path prefix of a PREFIX.bin + PREFIX.idx pair "
+                "(absolute, or relative to the current directory or the spec's folder)")
     raise InputError(key, f"megatron:{prefix} needs {prefix}.idx, which does not exist (tried {tried})", fix)
 
 
@@ -246,7 +247,8 @@ def data_shards(folder: str, split: str, key: str, form: str) -> list[str]:
         found += [os.path.join(root, f) for f in sorted(files)
                   if os.path.splitext(f)[1].lower() in HF_FILES and f not in NOT_DATA]
     if not found:
-        raise InputError(key, f"the folder {folder} holds no .parquet, .jsonl, .json or .arrow file and is not one Dataset.save_to_disk wrote",
+        raise InputError(key, f"the folder {folder} holds no .parquet, .jsonl, .json or .arrow file "
+                              "and is not one Dataset.save_to_disk wrote",
                          "point hf-dataset: at a Hub dataset's folder (or its data/ folder), a save_to_disk folder, or one data file")
     formats = {HF_FILES[os.path.splitext(f)[1].lower()] for f in found}
     if len(formats) > 1:

@@ -60,7 +60,8 @@ def resolve_device(setting: str, local_rank: int = 0) -> torch.device:
             'fix: run on a machine with a GPU and a CUDA build of torch, or set launch.device = "cpu" (or "auto")'
         )
     if setting not in ("auto", "cuda"):
-        raise EnvironmentProblem(f"launch.device = {setting!r} is not one of auto, cuda, cpu; fix: regenerate plan.json with `fp8launch plan`")
+        raise EnvironmentProblem(f"launch.device = {setting!r} is not one of auto, cuda, cpu; "
+                                 "fix: regenerate plan.json with `fp8launch plan`")
     if not has_gpu:
         return torch.device("cpu")
     count = torch.cuda.device_count()

@@ -148,7 +148,8 @@ def dispatch_tokens(x: torch.Tensor, num_tokens_per_expert: torch.Tensor, mesh: 
     group = _group(mesh)
     with torch.no_grad():
         counts = num_tokens_per_expert.to(torch.int64)
-        received = wait_tensor(all_to_all_single(counts, None, None, group=group)).view(ep, -1).cpu()  # [r, j]: rank r's rows for my expert j
+        # [r, j]: rank r's rows for my expert j
+        received = wait_tensor(all_to_all_single(counts, None, None, group=group)).view(ep, -1).cpu()
         input_splits = counts.view(ep, -1).sum(dim=1).tolist()
         output_splits = received.sum(dim=1).tolist()
         local_counts, gather, place = _routing(received, ep, align)

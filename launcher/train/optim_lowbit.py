@@ -171,7 +171,10 @@ def state_bytes(optimizer) -> int:
     seen, total = set(), 0
     for t in _state_tensors(optimizer):
         for part in _parts(t):
-            key = (part.untyped_storage().data_ptr(), part.storage_offset(), part.numel(), part.dtype) if part.device.type != "meta" else id(part)
+            if part.device.type == "meta":
+                key = id(part)
+            else:
+                key = (part.untyped_storage().data_ptr(), part.storage_offset(), part.numel(), part.dtype)
             if key in seen:
                 continue
             seen.add(key)

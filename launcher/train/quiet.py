@@ -18,7 +18,8 @@ import logging
 import re
 
 TORCHAO_OPTIONAL_KERNEL = re.compile(
-    r"Failed to load \S*/torchao/_C_(?:mxfp8|cutlass_90a)\.[\w.-]*\.so: Could not load this library: \S*/torchao/_C_(?:mxfp8|cutlass_90a)\.[\w.-]*\.so")
+    r"Failed to load \S*/torchao/_C_(?:mxfp8|cutlass_90a)\.[\w.-]*\.so: "
+    r"Could not load this library: \S*/torchao/_C_(?:mxfp8|cutlass_90a)\.[\w.-]*\.so")
 PYTREE_ENUM = ("%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type. Calling "
                "register_constant() on Enum subclasses is deprecated and will be an error in a future release.")
 

@@ -59,7 +59,8 @@ def run_tune(spec: str, *, steps: int | None = None, candidates: list[str] = (),
         raise EnvironmentProblem("tune: no FP8 recipe runs on this machine (`fp8launch doctor` says why); fix: run tune where an "
                                  "FP8 backend runs, or name the candidates to try with --candidates")
     out_dir = out_dir or os.path.join(os.path.dirname(probe.plan.train.output_dir.rstrip("/")) or ".", f"{probe.plan.name}-tune")
-    runs = [Candidate(BASELINE, ['precision.mode="bf16"'], Variant(BASELINE, spec, overrides + ['precision.mode="bf16"']), status="baseline")]
+    bf16 = ['precision.mode="bf16"']
+    runs = [Candidate(BASELINE, bf16, Variant(BASELINE, spec, overrides + bf16), status="baseline")]
     runs += [Candidate(label, sets, Variant(label, spec, overrides + sets)) for label, sets in chosen]
     run_dirs = {c.label: [os.path.join(out_dir, "runs", f"{c.label}-{i + 1}") for i in range(repeats)] for c in runs}
     _claim(out_dir, [d for ds in run_dirs.values() for d in ds])

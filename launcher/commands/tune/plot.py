@@ -26,7 +26,8 @@ def plot(record: dict, path: str) -> str:
     for bar, r in zip(bars, rows):
         if r["status"] == "rejected":
             bar.set_hatch("//")
-        label = f"{r['tokens_per_s']:,.0f}" + (f"  ({r['vs_bf16']:.2f}x)" if r["vs_bf16"] else "") + ("  rejected" if r["status"] == "rejected" else "")
+        label = (f"{r['tokens_per_s']:,.0f}" + (f"  ({r['vs_bf16']:.2f}x)" if r["vs_bf16"] else "")
+                 + ("  rejected" if r["status"] == "rejected" else ""))
         ax_tps.annotate(label, (bar.get_width(), bar.get_y() + bar.get_height() / 2), xytext=(3, 0), textcoords="offset points",
                         va="center", fontsize=8)
     ax_tps.invert_yaxis()

@@ -106,8 +106,8 @@ def tune_record(name: str, runs: list[Candidate], *, max_loss_gap: float, warmup
             "max_loss_gap": max_loss_gap, "loss_basis": "eval" if basis == "evals" else "train",
             "warmup_steps_excluded": warmup, "repeats": repeats, "steps": steps,
             "interrupted": interrupted, "overrides": user_overrides,
-            "environment": {"device_name": start.get("device_name"), "world_size": start.get("world_size"), "torch": start.get("torch_version"),
-                            **versions("torchao", "transformer_engine", "deepspeed", "fp8launch")}}
+            "environment": {"device_name": start.get("device_name"), "world_size": start.get("world_size"),
+                            "torch": start.get("torch_version"), **versions("torchao", "transformer_engine", "deepspeed", "fp8launch")}}
 
 
 # --- the winner as a spec -----------------------------------------------------------------------------
@@ -169,7 +169,7 @@ def table(record: dict) -> str:
                      + (f"  {r['note']}" if r["note"] else ""))
     env = record["environment"]
     lines.append(f"(medians over {record['repeats']} alternating runs each; first {record['warmup_steps_excluded']} steps of each run "
-                 f"excluded; rejected when the {_basis(record)} loss gap to bf16 exceeds {record['max_loss_gap']:.1%}; {env.get('device_name')} x "
-                 f"{env.get('world_size')}, torch {env.get('torch')}, torchao {env.get('torchao')})")
+                 f"excluded; rejected when the {_basis(record)} loss gap to bf16 exceeds {record['max_loss_gap']:.1%}; "
+                 f"{env.get('device_name')} x {env.get('world_size')}, torch {env.get('torch')}, torchao {env.get('torchao')})")
     lines.append(f"winner: {record['winner']}" if record["winner"] else "winner: none (interrupted or nothing measured)")
     return "\n".join(lines)

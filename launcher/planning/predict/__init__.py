@@ -118,7 +118,8 @@ class Prediction:
         if self.precision == "bf16" or not self.n_fp8:
             what = "no Linear runs in FP8" if self.precision != "bf16" else "the plan is not FP8"
             return f"predicted FP8 speed-up on {where}: {self.fp8_vs_bf16:.2f}x ({what}; {share})"
-        losing = f"{self.n_losing} of {self.n_linear} layers too small to gain" if self.n_losing else f"{self.n_fp8} of {self.n_linear} layers in FP8, all gain"
+        losing = (f"{self.n_losing} of {self.n_linear} layers too small to gain" if self.n_losing
+                  else f"{self.n_fp8} of {self.n_linear} layers in FP8, all gain")
         return f"predicted FP8 speed-up on {where}: {self.fp8_vs_bf16:.2f}x ({share}; {losing})"
 
 
@@ -293,7 +294,8 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
             cast_of, in_fp8, seff, low, gathered = costs_of(recipe)
             g = sum(gemm_s(dev, *sh, low, seff) if on else gemm_s(dev, *sh, "bf16") for sh, on in zip(shapes3, in_fp8))
             w_elems = k * n / (dp if gathered else 1)
-            cast_one = cast_s(dev, cast_of["input"], m * k) + cast_s(dev, cast_of["weight"], w_elems) + cast_s(dev, cast_of["grad_output"], m * n)
+            cast_one = (cast_s(dev, cast_of["input"], m * k) + cast_s(dev, cast_of["weight"], w_elems)
+                        + cast_s(dev, cast_of["grad_output"], m * n))
             fp8_one = g + cast_one
             fwd_fp8 = gemm_s(dev, m, k, n, low, seff) + cast_s(dev, cast_of["input"], m * k) + cast_s(dev, cast_of["weight"], w_elems)
             if gathered:
@@ -358,7 +360,8 @@ def _experts(plan, shape: ModelShape, dev: Device, m: int, fp8: bool, costs_of, 
     if recipe is not None:
         cast_of, in_fp8, seff, low, _ = costs_of(recipe)
         mm = local * (-(-rows // GROUPED_ALIGN[recipe]) * GROUPED_ALIGN[recipe])
-        gemm = sum(gemm_s(dev, *sh, low, seff) if on else gemm_s(dev, *sh, "bf16") for k, n in weights for sh, on in zip(_three_gemms(mm, k, n), in_fp8))
+        gemm = sum(gemm_s(dev, *sh, low, seff) if on else gemm_s(dev, *sh, "bf16")
+                   for k, n in weights for sh, on in zip(_three_gemms(mm, k, n), in_fp8))
         cast_one = sum(cast_s(dev, cast_of["input"], mm * k) + cast_s(dev, cast_of["weight"], local * k * n)
                        + cast_s(dev, cast_of["grad_output"], mm * n) for k, n in weights)
         one = gemm + cast_one

@@ -158,10 +158,12 @@ def hf_target(path: str, spec_dir: str, entries: dict[str, Entry], dtype: torch.
     missing = [h for h in expected if h not in names]
     if missing:
         raise InputError(KEY, f"{type(model).__name__} built from {config_file} expects {len(missing)} tensor(s) the checkpoint "
-                         f"lacks: {', '.join(missing[:5])}", "export with the plan the run was trained with (--plan), or with --format torch")
+                         f"lacks: {', '.join(missing[:5])}",
+                         "export with the plan the run was trained with (--plan), or with --format torch")
     wrong = [f"{h} {entries[h].shape} (expected {e.shape})" for h, e in expected.items() if entries[h].shape != e.shape]
     if wrong:
-        raise InputError(KEY, f"shapes differ from {config_file}: {', '.join(wrong[:3])}", "export with the plan the run was trained with (--plan)")
+        raise InputError(KEY, f"shapes differ from {config_file}: {', '.join(wrong[:3])}",
+                         "export with the plan the run was trained with (--plan)")
     folder = found if os.path.isdir(found) else os.path.dirname(config_file)
     copies = [(os.path.join(folder, "generation_config.json"), "generation_config.json")] \
         if os.path.isfile(os.path.join(folder, "generation_config.json")) else []

@@ -111,7 +111,8 @@ def _checked_user_model(model, spec: str) -> "nn.Module":
 
     if not isinstance(model, nn.Module):
         raise InputError(
-            KEY, f"factory {spec} returned a {type(model).__name__}, not a torch.nn.Module", "return the model (an nn.Module) from the factory"
+            KEY, f"factory {spec} returned a {type(model).__name__}, not a torch.nn.Module",
+            "return the model (an nn.Module) from the factory",
         )
     vocab = getattr(model, "vocab_size", None)
     if vocab is None:

@@ -224,7 +224,8 @@ class MoETransformer(Llama):
     @staticmethod
     def check_config(cfg: MoEConfig) -> None:
         if cfg.n_heads % cfg.kv_heads or cfg.head_dim % 2 or not 1 <= cfg.top_k <= cfg.num_experts:
-            raise ValueError(f"inconsistent MoEConfig: n_heads {cfg.n_heads}, n_kv_heads {cfg.kv_heads}, top_k {cfg.top_k} of {cfg.num_experts}")
+            raise ValueError(f"inconsistent MoEConfig: n_heads {cfg.n_heads}, n_kv_heads {cfg.kv_heads}, "
+                             f"top_k {cfg.top_k} of {cfg.num_experts}")
 
     @staticmethod
     def block(cfg: MoEConfig, layer_id: int) -> nn.Module:

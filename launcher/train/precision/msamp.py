@@ -178,7 +178,8 @@ class MsampPrecision(Precision):
         return self.msamp.clip_grad_norm_(parameters, max_norm)
 
 
-def apply_msamp(model: nn.Module, plan: Plan, device: torch.device, msamp=None, scaling_parameter=None, te=None, te_recipe=None) -> MsampPrecision:
+def apply_msamp(model: nn.Module, plan: Plan, device: torch.device, msamp=None, scaling_parameter=None, te=None,
+                te_recipe=None) -> MsampPrecision:
     """Mark the kept Linears (and with use_te swap the others to te.Linear); MS-AMP itself converts
     later (wrap_optimizer, or inside DeepSpeed). The fakes are for tests only."""
     if msamp is None:

@@ -95,7 +95,8 @@ def fp8_filter(plan: Plan, model: nn.Module | None = None) -> Callable[[nn.Modul
     """
     p = plan.precision
     if (p.keep_first_last or p.keep_first_blocks or p.keep_last_blocks) and model is None:
-        raise ValueError("fp8_filter: precision.keep_first_last / keep_*_blocks need the model to find its first and last Linear and blocks")
+        raise ValueError("fp8_filter: precision.keep_first_last / keep_*_blocks need the model "
+                         "to find its first and last Linear and blocks")
     first_last = _first_last(model, plan) if model is not None else set()
     blocks = block_of_linears(model, plan) if model is not None else ({}, 0)
 
