@@ -60,7 +60,8 @@ logger.close()
 module = trainer.state.engine.module
 params = sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters())  # DTensors: global shape; ZeRO-3: ds_numel
 record = {"rank": int(os.environ.get("RANK", 0)), "params": params, "vmhwm_after_imports": imported, "vmhwm_after_init": init_hwm,
-          "vmhwm_before_engine_init": before_engine.get("vmhwm"), "vmhwm_after_first_step": vm("VmHWM"), "seconds_to_initialised": round(t_init, 2), "seconds_to_first_step_done": round(t_step, 2)}
+          "vmhwm_before_engine_init": before_engine.get("vmhwm"), "vmhwm_after_first_step": vm("VmHWM"),
+          "seconds_to_initialised": round(t_init, 2), "seconds_to_first_step_done": round(t_step, 2)}
 with open(f"{out}.rank{record['rank']}", "w") as f:
     f.write(json.dumps(record) + "\n")
 distributed.barrier()

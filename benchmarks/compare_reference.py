@@ -166,7 +166,8 @@ def verdicts(core: dict, ref: dict, device_name: str | None, world_size: int | N
         value = values[t.id]
         met = None if value is None else value >= t.threshold
         verdict = ("not comparable: " + apart[t.id]) if apart.get(t.id) else "not measured" if met is None else "met" if met else "not met"
-        note = "" if settings[t.where] else f"measured on {device_name or 'an unknown device'}, not on {t.where}: the verdict says nothing of the target"
+        note = "" if settings[t.where] else (f"measured on {device_name or 'an unknown device'}, not on {t.where}: "
+                                             "the verdict says nothing of the target")
         out.append({"id": t.id, "what": t.what, "threshold": t.threshold, "where": t.where, "value": value, "met": met,
                     "verdict": verdict, "applies": settings[t.where], "note": note})
     return out
@@ -247,12 +248,14 @@ def markdown(r: dict) -> str:
     elif tt.get("skipped"):
         lines.append(f"Skipped: {tt['skipped']}")
     else:
-        lines.append(f"torchtitan {tt.get('version')}: {_f(tt.get('tokens_per_s'))} tokens/s ({tt.get('precision')}; {tt.get('basis', '')})")
+        lines.append(f"torchtitan {tt.get('version')}: {_f(tt.get('tokens_per_s'))} tokens/s "
+                     f"({tt.get('precision')}; {tt.get('basis', '')})")
     lines += ["", "## Targets", "", "| target | setting | threshold | measured | verdict |", "|---|---|---|---|---|"]
     for t in r["targets"]:
         value = _f(t["value"], "{:.0%}" if t["id"] == "of_ceiling" else "{:.3f}")
         threshold = f">= {t['threshold']:.0%}" if t["id"] == "of_ceiling" else f">= {t['threshold']:g}"
-        lines.append(f"| {t['what']} | {t['where']} | {threshold} | {value} | {t['verdict']}{' (' + t['note'] + ')' if t['note'] else ''} |")
+        note = f" ({t['note']})" if t["note"] else ""
+        lines.append(f"| {t['what']} | {t['where']} | {threshold} | {value} | {t['verdict']}{note} |")
     commands = [c for b in r["benches"] if b["measured"]
                 for c in (b["command"], (b.get("profile") or {}).get("command") or b.get("profile_command")) if c]
     commands += [r["reference"][p]["reference_command"] for p in ("bf16", "fp8") if r["reference"][p].get("reference_command")]

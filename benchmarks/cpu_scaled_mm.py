@@ -96,7 +96,8 @@ def main() -> None:
     print(f"| {'what':<62} | torch ms | fp8launch ms | speedup | bit-identical |")
     print(f"|{'-' * 64}|---------:|-------------:|--------:|:-------------:|")
     for r in rows:
-        print(f"| {r['what']:<62} | {r['torch_ms']:>8.2f} | {r['fp8launch_ms']:>12.2f} | {r['speedup']:>6.1f}x | {str(r['bit_identical']):^13} |")
+        print(f"| {r['what']:<62} | {r['torch_ms']:>8.2f} | {r['fp8launch_ms']:>12.2f} | {r['speedup']:>6.1f}x "
+              f"| {str(r['bit_identical']):^13} |")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -150,7 +150,8 @@ def main() -> None:
     for k in ("entrypoint", "minimal"):
         p10, p90 = result["p10_p90_step_s"][k]
         print(f"{k:<12} {med[k]:>14.4f} {p10:>8.4f} {p90:>8.4f} {result['final_loss'][k]:>11.4f}")
-    print(f"ratio entrypoint / minimal: {ratio:.3f} of medians, {pair_ratio:.3f} median of adjacent pairs ({args.strategy}, world size 1, max_grad_norm {args.clip}, "
+    print(f"ratio entrypoint / minimal: {ratio:.3f} of medians, {pair_ratio:.3f} median of adjacent pairs "
+          f"({args.strategy}, world size 1, max_grad_norm {args.clip}, "
           f"seq {args.seq_len} x micro {args.micro_batch}, {args.threads} thread(s), {args.steps} steps after {args.warmup} warm-up)")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

@@ -6,8 +6,9 @@ agree on random count matrices).
 The case: 64 experts, expert_parallel = 2, 16384 rows routed by each rank (e.g. 2048 tokens x top-8),
 the expert of each row drawn from a multinomial over the experts (probabilities from a softmax of
 Gaussian logits: unequal loads, each EP rank's experts 1 / ep of the rows). Rank 0 holds experts 0..31,
-so it receives a (2, 32) count matrix whose entries sum to ~16384. Timed, old and new alternating in one process, for align 32 (a GroupedExperts
-that is not fp8launch's: dispatch pads each group for MXFP8) and align 1 (fp8launch's own experts):
+so it receives a (2, 32) count matrix whose entries sum to ~16384. Timed, old and new alternating in
+one process, for align 32 (a GroupedExperts that is not fp8launch's: dispatch pads each group for
+MXFP8) and align 1 (fp8launch's own experts):
 
   - `_routing` alone;
   - the local part of dispatch + combine, without process groups: the two split lists (.tolist()),

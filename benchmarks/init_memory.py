@@ -2,16 +2,18 @@
 starts through the training entrypoint on CPU at world 1, 2 and 4: builtin, hf: and py: sources.
 
 Each run is `torchrun --standalone --nproc-per-node N benchmarks/_init_memory_rank.py PLAN` on
-a plan with FSDP2 (or DeepSpeed ZeRO-3: --engines deepspeed-zero3), bf16, plain SGD (no optimizer states, so that world 1 fits a shared 24 GiB
-machine), seq 32, micro-batch 1, one step, OMP_NUM_THREADS=1. The rank script builds exactly
-as `python -m launcher.train` does (launcher.train.main.build_run), then trains the step.
+a plan with FSDP2 (or DeepSpeed ZeRO-3: --engines deepspeed-zero3), bf16, plain SGD (no optimizer
+states, so that world 1 fits a shared 24 GiB machine), seq 32, micro-batch 1, one step,
+OMP_NUM_THREADS=1. The rank script builds exactly as `python -m launcher.train` does
+(launcher.train.main.build_run), then trains the step.
 
 Reported per rank: VmHWM after the imports (torch alone), after initialisation (model built,
 sharded, initialised), after the first step; and the seconds to each from process start. The
 reference is one full fp32 copy of the model (4 bytes x parameters). Target: at world 4 every
 rank's peak is at most 0.85x that, and the peak falls as the world grows.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/init_memory.py [--worlds 1 2 4] [--sources builtin hf py] [--engines fsdp2 deepspeed-zero3]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/init_memory.py [--worlds 1 2 4] [--sources builtin hf py] \\
+        [--engines fsdp2 deepspeed-zero3]
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ ENGINES = {  # name: (the spec's [distributed] keys, environment of the rank scr
     "deepspeed-zero3-bucket5e7": (ZERO3 + "\ndeepspeed.reduce_bucket_size = 50000000", {}),
 }
 GIB = 2**30
-SETUP = ("FSDP2 (fp32 shards, bf16 autocast) or DeepSpeed ZeRO-3 (bf16 parameter partitions, fp32 master partitions), SGD, seq 32, micro-batch 1, 1 step, gloo, OMP_NUM_THREADS=1; VmHWM read after initialisation "
+SETUP = ("FSDP2 (fp32 shards, bf16 autocast) or DeepSpeed ZeRO-3 (bf16 parameter partitions, fp32 master partitions), "
+         "SGD, seq 32, micro-batch 1, 1 step, gloo, OMP_NUM_THREADS=1; VmHWM read after initialisation "
          "and again after the first step")
 TARGET = ("world 4: every rank's peak through initialisation (the model built, sharded and initialised) <= 0.85x one full "
           "fp32 copy; the peak falls as the world grows")
@@ -151,7 +154,8 @@ def table(results: list[dict]) -> str:
     for res in results:
         full = 4 * res["params"]
         for r in res["ranks"]:
-            lines.append(f"| {res.get('engine', 'fsdp2')} | {res['source']} | {res['world']} | {res['params'] / 1e6:.1f}M | {full / GIB:.2f} GiB | {r['rank']} | "
+            lines.append(f"| {res.get('engine', 'fsdp2')} | {res['source']} | {res['world']} | {res['params'] / 1e6:.1f}M | "
+                         f"{full / GIB:.2f} GiB | {r['rank']} | "
                          f"{r['vmhwm_after_imports'] / GIB:.2f} GiB | {_ratio(r.get('vmhwm_before_engine_init'), full)} | "
                          f"{r['vmhwm_after_init'] / GIB:.2f} GiB | {r['vmhwm_after_init'] / full:.2f}x | "
                          f"{r['vmhwm_after_first_step'] / GIB:.2f} GiB | {r['vmhwm_after_first_step'] / full:.2f}x | "
@@ -190,7 +194,8 @@ def main() -> None:
     ap.add_argument("--sources", nargs="+", default=list(SOURCES), choices=list(SOURCES))
     ap.add_argument("--engines", nargs="+", default=["fsdp2"], choices=list(ENGINES))
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "init_memory.json"))
-    ap.add_argument("--render", action="store_true", help="re-write the table (and summaries) of --out from its measured rank records; run nothing")
+    ap.add_argument("--render", action="store_true",
+                    help="re-write the table (and summaries) of --out from its measured rank records; run nothing")
     args = ap.parse_args()
     if args.render:
         record = json.loads(Path(args.out).read_text())
@@ -208,7 +213,8 @@ def main() -> None:
         for engine, source, world in ((e, s, w) for e in args.engines for s in args.sources for w in args.worlds):
             ranks = run(source, world, Path(tmp), engine)
             params = ranks[0]["params"]
-            res = {"engine": engine, "source": source, "model": SOURCES[source].replace(str(REPO) + "/", "").replace("{tmp}", "TMP"), "world": world, "params": params,
+            model = SOURCES[source].replace(str(REPO) + "/", "").replace("{tmp}", "TMP")
+            res = {"engine": engine, "source": source, "model": model, "world": world, "params": params,
                    "full_fp32_bytes": 4 * params, "ranks": ranks}
             res.update(summary(res))
             results.append(res)

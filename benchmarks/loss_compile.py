@@ -68,7 +68,8 @@ def main() -> None:
     record = {"tokens": args.tokens, "vocab": args.vocab, "repeats": args.repeats, "rows": rows,
               "time_ratio_compiled_over_eager": rows["compiled"]["median_ms"] / rows["eager"]["median_ms"],
               "memory_ratio_compiled_over_eager": rows["compiled"]["peak_mib"] / rows["eager"]["peak_mib"],
-              "loss_eager": loss_e, "loss_compiled": loss_c, "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+              "loss_eager": loss_e, "loss_compiled": loss_c, "torch": torch.__version__,
+              "machine": platform.processor() or platform.machine(),
               "threads": torch.get_num_threads(), "command": "python benchmarks/loss_compile.py " + " ".join(sys.argv[1:])}
     print(f"{'loss':<10} {'median ms':>10} {'peak MiB':>10}")
     for name, row in rows.items():

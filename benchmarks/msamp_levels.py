@@ -86,7 +86,8 @@ def run(folder: Path, name: str, keys: dict, steps: int) -> dict:
           f"gradient reduction {last['grad_comm_bytes']:,} B per step", flush=True)
     return {
         "keys": keys, "steps": len(steps_), "wall_s": round(wall, 1),
-        "first_step_s": round(steps_[0]["step_time_s"], 2), "median_step_s": round(statistics.median(x["step_time_s"] for x in steps_[1:]), 4),
+        "first_step_s": round(steps_[0]["step_time_s"], 2),
+        "median_step_s": round(statistics.median(x["step_time_s"] for x in steps_[1:]), 4),
         "losses": [x["loss"] for x in steps_],
         "tail_loss": statistics.fmean(x["loss"] for x in steps_[-TAIL:]) if len(steps_) >= TAIL else None,
         "effects": {k: start["effects"][k] for k in ("optimizer", "optimizer_states", "grad_reduce", "master_weights", "all_gather_dtype")},

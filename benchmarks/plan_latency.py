@@ -74,7 +74,8 @@ def main() -> None:
     print(f"{'case':<24} {'median s':>9} {'vs import torch':>16}")
     for name, ts in times.items():
         med = statistics.median(ts)
-        rows.append({"case": name, "median_s": round(med, 4), "ratio_to_import_torch": round(med / torch_s, 3), "samples_s": [round(t, 4) for t in ts]})
+        rows.append({"case": name, "median_s": round(med, 4), "ratio_to_import_torch": round(med / torch_s, 3),
+                     "samples_s": [round(t, 4) for t in ts]})
         print(f"{name:<24} {med:>9.3f} {med / torch_s:>15.2f}x")
     one = statistics.median(times["plan 1 spec"])
     hundred = statistics.median(times["plan 100 specs"])

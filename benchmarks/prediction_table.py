@@ -117,7 +117,8 @@ def fit_blackwell_scale(lo: float = 0.60, hi: float = 0.85, step: float = 0.01) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "prediction_table.json"))
-    parser.add_argument("--fit", action="store_true", help="search BLACKWELL_GEMM_SCALE on the fit points and print the best; write nothing")
+    parser.add_argument("--fit", action="store_true",
+                        help="search BLACKWELL_GEMM_SCALE on the fit points and print the best; write nothing")
     args = parser.parse_args()
     if args.fit:
         from launcher.planning.predict import cost

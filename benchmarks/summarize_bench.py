@@ -29,15 +29,24 @@ def markdown(env: dict, rows: list[dict]) -> str:
     pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     lines = [f"# FP8 vs bf16 on {env['device_name']}", "",
              f"torch {env['torch']}, torchao {env['torchao']}, fp8launch {env['fp8launch']}; medians over alternating runs.", "",
-             "| spec | FP8 layers | tokens/s bf16 | tokens/s FP8 | ratio | MFU bf16 | MFU FP8 | peak mem bf16 / FP8 (GiB) | loss bf16 / FP8 (steps) |",
+             "| spec | FP8 layers | tokens/s bf16 | tokens/s FP8 | ratio | MFU bf16 | MFU FP8 | peak mem bf16 / FP8 (GiB) "
+             "| loss bf16 / FP8 (steps) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         t, m, mem, loss = row["tokens_per_s"], row["mfu"], row["peak_mem_gib"], row["final_loss"]
-        lines.append(f"| {os.path.basename(row['spec'])} | {row['fp8_layers']} | {t['baseline']:,.0f} | {t['fp8']:,.0f} | {t['ratio']:.3f} | "
+        lines.append(f"| {os.path.basename(row['spec'])} | {row['fp8_layers']} | {t['baseline']:,.0f} | {t['fp8']:,.0f} | "
+                     f"{t['ratio']:.3f} | "
                      f"{pct(m['baseline'])} | {pct(m['fp8'])} | {mem['baseline']:.1f} / {mem['fp8']:.1f} | "
                      f"{loss['baseline']:.3f} / {loss['fp8']:.3f} ({row['steps']}) |")
     lines += ["", "Commands:", ""] + [f"    {row['command']}" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def _command(rec: dict) -> str:
+    """The bench command that measured `rec`."""
+    baseline = rec["baseline"]
+    vs = baseline["spec"] if baseline["label"] == "baseline" else baseline["label"]
+    return f"fp8launch bench {rec['spec']['spec']} --vs {vs}"
 
 
 def main() -> None:
@@ -48,8 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     records = [json.load(open(p, encoding="utf-8")) for p in args.bench_json]
     env = records[0]["environment"]
-    rows = [summarize(rec, f"fp8launch bench {rec['spec']['spec']} --vs "
-                           f"{rec['baseline']['spec'] if rec['baseline']['label'] == 'baseline' else rec['baseline']['label']}") for rec in records]
+    rows = [summarize(rec, _command(rec)) for rec in records]
     device = re.sub(r"[^a-z0-9]+", "-", (env["device_name"] or "unknown").lower()).strip("-")
     stem = os.path.join(args.results, f"{args.date}-{device}")
     os.makedirs(args.results, exist_ok=True)
