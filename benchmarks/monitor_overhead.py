@@ -76,8 +76,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from launcher.targets.files import write
     from launcher.commands.plan import plan_one
+    from launcher.targets.files import write
     from launcher.train import distributed
     from launcher.train.main import build_run
     from launcher.train.monitor import FP8Monitor

@@ -97,7 +97,8 @@ def te_fp8_weights(args) -> None:
 
 def e2e_runs() -> dict[str, dict[str, dict]]:
     """The slow tests' runs, per case: {run name: spec keys} (what each test trains; no checkpoints)."""
-    from tests.e2e import test_levels, test_moe, test_tensor_parallel as tp
+    from tests.e2e import test_levels, test_moe
+    from tests.e2e import test_tensor_parallel as tp
     from tests.e2e.helpers import FP8
 
     parity = dict(distributed__strategy="fsdp2", distributed__procs_per_node=1, train__steps=24, train__micro_batch_size=4,

@@ -62,10 +62,9 @@ def main() -> None:
 @_errors
 def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
     """Validate SPECs and render their configs into OUT/<name>/."""
-    from launcher.targets.files import DRIFT, compare, write
     from launcher.commands.plan import plan_many, plan_record, warning_lines
     from launcher.commands.plan_text import plan_summary
-
+    from launcher.targets.files import DRIFT, compare, write
     from launcher.targets.project import default_out
 
     planned = plan_many(list(specs), out_dir or default_out(), _overrides(sets, nodes), strict)
@@ -102,7 +101,8 @@ def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
               help="json: the JSON Schema; markdown: the spec reference generated from it.")
 def schema(fmt: str) -> None:
     """Print the JSON Schema of the spec (for editors and other tools)."""
-    from launcher.planning.read import schema as load_schema, schema_text
+    from launcher.planning.read import schema as load_schema
+    from launcher.planning.read import schema_text
 
     text = schema_text()
     if fmt == "markdown":
@@ -240,8 +240,8 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict, prof
 
     Exits with the training's exit code."""
     from launcher.commands import preflight
-    from launcher.commands.run import announce, describe, execute, launch_command, plan_for_run, write_plan
     from launcher.commands.plan import warning_lines
+    from launcher.commands.run import announce, describe, execute, launch_command, plan_for_run, write_plan
 
     planned = plan_for_run(spec, _overrides(sets, nodes), strict)
     for line in warning_lines(planned):

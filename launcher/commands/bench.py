@@ -13,12 +13,13 @@ import os
 import shutil
 
 from launcher.commands import preflight
-from launcher.planning.gpus import MFU_BASIS, MFU_NOTE
-from launcher.targets.files import save_atomic, write_atomic
-from launcher.errors import LauncherError, TrainingFailed, UsageError
-from launcher.planning.install import INSTALL
 from launcher.commands.plan import Planned
 from launcher.commands.runs import FIGURES, Variant, plan_variant, read_run, train, versions
+from launcher.errors import LauncherError, TrainingFailed, UsageError
+from launcher.planning.gpus import MFU_BASIS, MFU_NOTE
+from launcher.planning.install import INSTALL
+from launcher.targets.files import save_atomic, write_atomic
+
 
 def variants(spec: str, vs: str, overrides: list[str]) -> tuple[Variant, Variant]:
     """The spec and its baseline: `vs` is "bf16" (the same spec with precision.mode = bf16) or another spec."""

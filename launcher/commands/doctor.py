@@ -17,12 +17,12 @@ from functools import cache
 
 from launcher.errors import with_fix
 from launcher.planning.backends import BACKENDS, BUILT_IN
-from launcher.planning.install import INSTALL
 from launcher.planning.hardware import capability_text, requirement, supports
+from launcher.planning.install import INSTALL
 from launcher.planning.levels import native_keys
 from launcher.planning.plan import Plan, resolve
-from launcher.planning.rules import RULES_BY_ID, Facts, check
 from launcher.planning.read import SpecSource, recipes, validate
+from launcher.planning.rules import RULES_BY_ID, Facts, check
 from launcher.planning.selection import default_recipe
 from launcher.planning.stack import MSAMP_STRATEGIES, dist_version, msamp_problem
 

@@ -20,8 +20,8 @@ from typing import Callable
 
 from launcher.commands.doctor import DEFAULT_RECIPE, Machine, assess
 from launcher.planning.backends import named
-from launcher.planning.install import INSTALL
 from launcher.planning.hardware import capability_text, requirement, supports
+from launcher.planning.install import INSTALL
 from launcher.planning.memory import model_params
 from launcher.planning.read import settings
 from launcher.targets.toml_text import toml_value
@@ -337,8 +337,8 @@ def write_spec(text: str, path: str, force: bool = False):
     Raises UsageError when `path` exists and not `force`, SpecError (naming `path`) when the
     spec does not plan; nothing is written then.
     """
-    from launcher.errors import SpecError
     from launcher.commands.plan import plan_one
+    from launcher.errors import SpecError
 
     check_target(path, force)
     folder = os.path.dirname(os.path.abspath(path))

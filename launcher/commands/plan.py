@@ -10,11 +10,11 @@ from typing import Callable
 
 from launcher.errors import Problem, SpecError
 from launcher.planning.plan import Plan, resolve, spec_dir_from
-from launcher.targets.project import relative_to_root
 from launcher.planning.predict import Prediction, predict
-from launcher.targets.render import render
-from launcher.planning.rules import Facts, Finding, check
 from launcher.planning.read import apply_overrides, read_spec, validate
+from launcher.planning.rules import Facts, Finding, check
+from launcher.targets.project import relative_to_root
+from launcher.targets.render import render
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,12 +7,12 @@ import os
 from launcher.errors import UsageError
 from launcher.planning.levels import native_line, reduce_payload
 from launcher.planning.memory import estimate, model_params
-from launcher.targets.files import Change
 from launcher.planning.plan import Plan
 from launcher.planning.precision_table import ROWS, precision_table
 from launcher.planning.rules import RULES, RULES_BY_ID
 from launcher.planning.selection import default_recipe
 from launcher.planning.suggest import did_you_mean
+from launcher.targets.files import Change
 
 
 def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | None = None, prediction=None) -> str:

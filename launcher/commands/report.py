@@ -17,9 +17,9 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from launcher.errors import UsageError
 from launcher.planning.install import INSTALL
 from launcher.targets.files import save_atomic
-from launcher.errors import UsageError
 
 METRICS_FILE = "metrics.jsonl"
 STATS_FILE = "fp8_stats.jsonl"

@@ -18,7 +18,6 @@ are the ones of the environment fp8launch is installed in.
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import re
 import shlex
@@ -33,11 +32,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from launcher.commands import kubectl
+from launcher.commands.plan import Planned, plan_one
 from launcher.errors import ENTRYPOINT_CODES, EXIT_FILE_ENV, EXIT_INTERRUPTED, EnvironmentProblem, LauncherError, UsageError
 from launcher.planning.install import INSTALL
-from launcher.targets.kubernetes import JobRef, job_ref, manifest_file
 from launcher.targets.files import Change, write
-from launcher.commands.plan import Planned, plan_one
+from launcher.targets.kubernetes import JobRef, job_ref, manifest_file
 
 PLAN_SUBDIR = "plan"
 LOGS_SUBDIR = "logs"

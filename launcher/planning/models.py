@@ -8,8 +8,8 @@ import functools
 import math
 from dataclasses import dataclass
 
-from launcher.planning.suggest import did_you_mean
 from launcher.errors import InputError
+from launcher.planning.suggest import did_you_mean
 
 KEY = "train.model"
 

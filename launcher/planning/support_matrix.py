@@ -32,8 +32,8 @@ from typing import Any, Iterable
 
 from launcher.planning.backends import BACKENDS
 from launcher.planning.plan import Plan, resolve
-from launcher.planning.rules import Facts, check
 from launcher.planning.read import SpecSource, defaults, nested, schema
+from launcher.planning.rules import Facts, check
 
 DOC = Path("docs") / "support-matrix.md"
 ROWS = Path("docs") / "support-matrix.json"

@@ -13,9 +13,9 @@ import jinja2
 
 from launcher import ENTRYPOINT, __version__
 from launcher.errors import LauncherError
-from launcher.targets.kubernetes import MANIFEST_FILE, manifest_file, render_manifest
 from launcher.planning.backends import BACKENDS, backend_of
 from launcher.planning.plan import Plan
+from launcher.targets.kubernetes import MANIFEST_FILE, manifest_file, render_manifest
 from launcher.targets.plan_json import plan_json
 
 TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

@@ -7,8 +7,6 @@ from contextlib import contextmanager
 
 from launcher.train.fqn import clean_fqn
 
-
-
 # -- DeepSpeed ----------------------------------------------------------------------------
 
 @contextmanager

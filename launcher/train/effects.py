@@ -290,9 +290,8 @@ def layer_precisions(model: nn.Module, precision: Precision) -> dict[str, str]:
     backend FP8 linear module: "fp8 <recipe>" (read from the module) or the high-precision dtype."""
     from launcher.train.fqn import clean_fqn
 
-    from .precision.report import linear_like
-
     from .precision.module_dtype import dtype_of
+    from .precision.report import linear_like
 
     high = precision.report.high_precision
     return {clean_fqn(fqn): precision.fp8_label(m) or dtype_of(m) or high

@@ -28,9 +28,9 @@ import os
 
 from . import deepspeed, hub
 from .draft import Draft
+from .kind import Kind, count
 from .known import Unknown, unknown
 from .known import accelerate as known
-from .kind import Kind, count
 
 TYPES = {"NO": "ddp", "MULTI_GPU": "ddp", "MULTI_CPU": "ddp", "FSDP": "fsdp2", "DEEPSPEED": "deepspeed"}
 BACKENDS = {"TE": "te", "AO": "torchao", "MSAMP": "msamp", "MS-AMP": "msamp"}

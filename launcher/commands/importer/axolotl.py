@@ -28,9 +28,9 @@ import os
 
 from . import deepspeed, hub
 from .draft import Draft
+from .kind import Kind, count
 from .known import Unknown, unknown
 from .known import axolotl as known
-from .kind import Kind, count
 
 ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_apex_fused", "adamw_anyprecision", "adamw_torch_xla",
          "adamw_torch_npu_fused", "optimi_adamw")

@@ -19,9 +19,9 @@ import os
 
 from . import hub
 from .draft import Draft, flatten
+from .kind import Kind, count
 from .known import Unknown, unknown
 from .known import deepspeed as known
-from .kind import Kind, count
 from .report import shown
 
 PREFIX = "[DeepSpeed JSON]"

@@ -19,9 +19,8 @@ import re
 from typing import Any
 
 from launcher.planning.backends import BACKENDS
-from launcher.targets.toml_text import toml_text
-
 from launcher.planning.read import defaults
+from launcher.targets.toml_text import toml_text
 
 from . import batch
 from .known import Unknown

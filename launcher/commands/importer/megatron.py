@@ -21,8 +21,8 @@ from launcher.planning.models import parse_builtin
 
 from . import hub
 from .draft import Draft
-from .known import Unknown, unknown
 from .kind import Kind, count
+from .known import Unknown, unknown
 from .report import MAPPED, Entry
 
 PRESETS = {

@@ -31,9 +31,9 @@ from launcher.errors import SourceError, with_fix
 
 from . import hub
 from .draft import Draft
+from .kind import Kind, count
 from .known import Unknown, unknown
 from .known import torchtitan as known
-from .kind import Kind, count
 from .report import shown
 
 FLAVORS = {("llama3", "8B"): "builtin:llama3-8b", ("llama3", "70B"): "builtin:llama3-70b",

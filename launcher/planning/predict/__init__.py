@@ -17,11 +17,11 @@ from launcher.planning.backends import BACKENDS
 from launcher.planning.gpus import plan_gpu, plan_gpu_name
 from launcher.planning.hardware import BLOCK_RECIPES, precision_key, supports
 from launcher.planning.levels import REDUCE_BYTES, grad_comm_bytes, reduce_payload
+from launcher.planning.predict.cost import Device, cast_s, gemm_s, stream_s
+from launcher.planning.predict.shapes import LinearShape, ModelShape, model_shape
+from launcher.planning.selection import GROUPED_ALIGN, ROUTER, choose, choose_experts, default_recipe, is_router, shape_reason
 
 from . import cost
-from launcher.planning.predict.cost import Device, cast_s, gemm_s, stream_s
-from launcher.planning.selection import ROUTER, GROUPED_ALIGN, choose, choose_experts, default_recipe, is_router, shape_reason
-from launcher.planning.predict.shapes import LinearShape, ModelShape, model_shape
 
 ELEMENTWISE = {True: (1.0, 12), False: (2.5, 40)}
 """compiled -> (bytes multiplier, kernels per block): compile fuses norms, SwiGLU, RoPE and residual adds

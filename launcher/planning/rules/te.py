@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from launcher.planning.rules import te_attention
 from launcher.planning.backends import MSAMP, TE
 from launcher.planning.hardware import capability_text, requirement, supports
+from launcher.planning.rules import te_attention
 from launcher.planning.rules.core import Facts, Rule
 from launcher.planning.rules.predicates import fp8, fullgraph, is_deepspeed, strategy, tokens_per_rank
 

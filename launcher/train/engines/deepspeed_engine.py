@@ -17,12 +17,12 @@ import torch
 from torch import nn
 
 from launcher.errors import BackendMissing
+from launcher.planning.install import INSTALL
 from launcher.planning.rules import Facts, rule_error
 from launcher.train.models import logits_of
 from launcher.train.optim import build_optimizer, build_scheduler, param_groups
 
 from .base import Engine
-from launcher.planning.install import INSTALL
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan

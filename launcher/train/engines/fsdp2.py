@@ -14,8 +14,8 @@ from torch import nn
 
 from launcher.errors import LauncherError
 from launcher.train.models import edge_units, transformer_blocks
-from launcher.train.precision.module_dtype import DTYPES, dtype_of
 from launcher.train.optim import build_optimizer, build_scheduler
+from launcher.train.precision.module_dtype import DTYPES, dtype_of
 
 from .base import Engine
 

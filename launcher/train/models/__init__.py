@@ -31,7 +31,6 @@ from __future__ import annotations
 import typing
 
 from launcher.errors import InputError
-
 from launcher.train.factory import load_factory
 
 if typing.TYPE_CHECKING:

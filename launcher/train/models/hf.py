@@ -17,9 +17,8 @@ import os
 import torch
 from torch import nn
 
-from launcher.errors import BackendMissing
+from launcher.errors import BackendMissing, InputError
 from launcher.planning.install import INSTALL
-from launcher.errors import InputError
 from launcher.train.factory import resolve_path
 
 KEY = "train.model"

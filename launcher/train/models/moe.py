@@ -29,7 +29,6 @@ language-model loss alone and FP8 vs bf16 losses compare directly.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn

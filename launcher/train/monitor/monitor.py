@@ -23,9 +23,9 @@ from torch import nn
 
 from launcher.train.distributed import all_reduce_max, all_reduce_sum
 
+from .alerts import Warner
 from .hooks import Collector, Target
 from .records import record, reduce_rows, sample_summary
-from .alerts import Warner
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan

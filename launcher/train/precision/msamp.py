@@ -30,13 +30,13 @@ import torch
 from torch import nn
 
 from launcher.errors import BackendMissing, EnvironmentProblem, with_fix
+from launcher.planning.install import INSTALL
 from launcher.planning.rules import MSAMP_OWN_ENVIRONMENT, RULES_BY_ID, Facts, rule_error
+from launcher.train.optim import param_groups
 
 from . import select
 from .amp import Precision, amp_settings
 from .report import count
-from launcher.planning.install import INSTALL
-from launcher.train.optim import param_groups
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan

@@ -30,12 +30,12 @@ import torch
 from torch import nn
 
 from launcher.errors import BackendMissing, EnvironmentProblem, with_fix
+from launcher.planning.install import INSTALL
 
 from .amp import Precision, amp_settings
 from .report import count
 from .te_recipe import RECIPE_CLASS, fused_adam_args, recipe_kwargs, unread_fields
 from .te_swap import Swap, attention_swaps, linear_reasons, swap_plan
-from launcher.planning.install import INSTALL
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan

@@ -18,14 +18,14 @@ import torch
 from torch import nn
 
 from launcher.errors import BackendMissing
+from launcher.planning.hardware import BLOCK_RECIPES
+from launcher.planning.install import INSTALL
+from launcher.planning.read import recipes
 
 from . import select
 from .amp import Precision, amp_settings
 from .report import count
 from .torchao_moe import convert_experts, grouped_label, grouped_recipe_of
-from launcher.planning.hardware import BLOCK_RECIPES
-from launcher.planning.install import INSTALL
-from launcher.planning.read import recipes
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
