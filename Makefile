@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 EXTRAS := torchao,deepspeed,hf,bench,accelerate,tensorboard,wandb,mlflow,data,dev
 
-.PHONY: setup test test-fast test-slow test-matrix smoke plan-check support-matrix dist bench clean
+.PHONY: setup lint test test-fast test-slow test-matrix smoke plan-check support-matrix dist bench clean
 
 # Each phase prints "ci-phase: NAME SECONDS" (.ci/phase; with CI_TIMES=FILE also a JSON line there).
 PHASE := .ci/phase
@@ -16,6 +16,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PHASE) setup sh -c '$(PYTHON) -m venv $(VENV) && $(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 \
 	  && $(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e ".[$(EXTRAS)]"'
 	touch $@
+
+# pyflakes, pycodestyle (lines up to 140) and import order: [tool.ruff] in pyproject.toml.
+lint: setup
+	$(PHASE) lint $(BIN)/ruff check --no-cache .
 
 # The in-process tests (test-fast), then the multi-process ones, one at a time (each run already uses both cores):
 # the support matrix's runs apart, so that their time shows apart.
@@ -51,4 +55,4 @@ bench: setup
 	$(BIN)/python benchmarks/plan_latency.py
 
 clean:
-	rm -rf $(VENV) generated runs .pytest_cache dist build
+	rm -rf $(VENV) generated runs .pytest_cache .ruff_cache dist build

@@ -52,9 +52,10 @@ lines = ["# CI time from a cold machine", "",
          f"{record['machine']['cpus']} CPUs (AMX: {record['machine']['amx']}). Exit {rc}, **{record['total_min']} min** in all "
          "(CI's limit is 90, the budget 35).", "", "| phase | minutes | exit |", "|---|---:|---:|"]
 lines += [f"| {p['phase']} | {p['seconds'] / 60:.1f} | {p['exit']} |" for p in phases]
-lines += ["", "Phases: setup (venv and packages from nothing), fast (`make test-fast`), slow (the multi-process tests but the "
-          "support matrix, the SLURM cluster's install included), matrix (tests/e2e/test_support_matrix.py's runs), plan-check "
-          "and matrix-check (the committed configs and support matrix are current).", ""]
+lines += ["", "Phases: setup (venv and packages from nothing), lint (`ruff check`), fast (`make test-fast`), slow (the "
+          "multi-process tests but the support matrix, the SLURM cluster's install included), matrix "
+          "(tests/e2e/test_support_matrix.py's runs), plan-check and matrix-check (the committed configs and support matrix "
+          "are current).", ""]
 with open(os.path.join(out, "ci_time.md"), "w") as f:
     f.write("\n".join(lines))
 print("\n".join(lines))

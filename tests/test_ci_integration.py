@@ -77,15 +77,18 @@ def test_toml_schema_directive_for_editors_is_accepted(cli, spec):
     assert cli("plan", path).exit_code == 0
 
 
-def test_ci_script_checks_after_the_test_command_run_clean():
-    """Every command .ci/run runs after `make test` (the drift checks) passes on this tree: a moved
-    module or renamed flag fails here, in the fast suite, not after 20 minutes of CI."""
+def test_ci_script_checks_beside_the_test_command_run_clean():
+    """Every command .ci/run runs besides `make` (the linter before the tests, the drift checks after) passes on
+    this tree: a lint finding, a moved module or a renamed flag fails here, in the fast suite, not after 20 minutes of CI."""
     lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
     checks = [
         line for line in lines
         if line and not line.startswith(("#", "set ", "cd ", "export ", "make "))
     ]
-    assert checks, "no checks found after `make test` in .ci/run"
+    assert checks, "no checks found beside `make test` in .ci/run"
+    phases = [shlex.split(line)[1] for line in checks if line.startswith(".ci/phase ")]
+    assert phases == ["lint", "plan-check", "matrix-check"]
+    assert lines.index(".ci/phase lint .venv/bin/ruff check --no-cache .") < lines.index("make test")
     bindir = os.path.dirname(sys.executable)
     for line in checks:
         argv = [w.replace(".venv/bin/", bindir + "/") for w in shlex.split(line)]
