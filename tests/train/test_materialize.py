@@ -87,7 +87,15 @@ def test_torch_modules_with_a_private_reset_are_initialised():
     with mat.meta_device():
         mha = nn.MultiheadAttention(16, 2, bias=False)
     mat.Pending(mat.reset_parameters_initializer, seed=0)(mha, "cpu")
-    assert torch.isfinite(mha.in_proj_weight).all() and mha.in_proj_weight.abs().sum() > 0
+    own = nn.MultiheadAttention(16, 2, bias=False)  # on the CPU: the module's own resets, under each module's seed
+    torch.manual_seed(mat.module_seed(0, ""))
+    own._reset_parameters()  # xavier_uniform_ of in_proj_weight
+    torch.manual_seed(mat.module_seed(0, "out_proj"))
+    own.out_proj.reset_parameters()
+    assert torch.equal(mha.in_proj_weight, own.in_proj_weight) and torch.equal(mha.out_proj.weight, own.out_proj.weight)
+    bound = (6 / (16 + 48)) ** 0.5  # xavier_uniform_ of a (48, 16) weight: U(-bound, bound), std bound / sqrt(3)
+    w = mha.in_proj_weight
+    assert w.abs().max().item() <= bound and w.std().item() == pytest.approx(bound / 3**0.5, rel=0.1)  # 768 draws: ~2%
 
 
 def test_the_entrypoint_skips_initialisation_when_it_resumes(tmp_path, monkeypatch):
