@@ -18,6 +18,7 @@ import importlib.util
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -153,6 +154,19 @@ def scaled_mm_per_step(output_dir: Path) -> float:
     calls = [n for n in trace.all_nodes() if n.name in SCALED_OPS]
     per_step = [sum(1 for n in calls if step.ts <= n.ts <= step.end) for step in trace.steps]
     return sum(per_step) / len(per_step)
+
+
+FP8_KERNEL = re.compile(r"e4m3|e5m2|fp8|float8", re.I)
+"""A GPU kernel that reads or writes FP8: Transformer Engine's and MS-AMP's casts and GEMMs are templated on its
+fp8e4m3 / fp8e5m2 (= CUDA's __nv_fp8_e4m3 / __nv_fp8_e5m2, transformer_engine/common/common.h), which the
+trace's demangled names spell out; cuBLASLt's FP8 GEMM kernels name their input types (e4m3)."""
+
+
+def fp8_kernels(output_dir: Path) -> int:
+    """GPU kernels with an FP8 dtype in their name in the trace `fp8launch run --profile` wrote (0 on a CPU)."""
+    from launcher.profiling.trace import read_trace
+
+    return sum(1 for k in read_trace(str(output_dir / "profile" / "trace.json.gz")).kernels if FP8_KERNEL.search(k.name))
 
 
 def expected_scaled_mm(plan, fp8_layers: int) -> tuple[int, int] | None:
