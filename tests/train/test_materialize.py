@@ -3,7 +3,6 @@ builtin, hf: and py:, the py: opt-out, and a resumed run that skips random initi
 
 from __future__ import annotations
 
-import textwrap
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from launcher.train.models.llama import Llama
 from launcher.train.precision import apply_precision
 
 from ._precision import make_plan
+from ._user_model import USER_MODEL
 
 
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -218,43 +218,8 @@ def test_hf_pytorch_bin_weights_missing_and_unused_tensors(tmp_path):
         mat.materialize(model, "cpu", init, seed=0)
 
 
-USER = """
-import torch
-from torch import nn
-
-SEEN = {}
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        SEEN["device"] = str(torch.get_default_device())
-        self.vocab_size = 32
-        self.emb = nn.Embedding(32, 16)
-        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
-        self.head = nn.Linear(16, 32)
-
-    def forward(self, tokens):
-        h = self.emb(tokens)
-        for layer in self.layers:
-            h = h + layer(h)
-        return self.head(h)
-
-def build():
-    return Net()
-
-def load():
-    net = Net()
-    with torch.no_grad():
-        for p in net.parameters():
-            p.fill_(0.5)
-    return net
-
-load.fp8launch_meta_init = False
-"""
-
-
 def test_py_factory_runs_under_meta_and_modules_reset_their_parameters(tmp_path, isolated_imports):
-    (tmp_path / "user_mod_m.py").write_text(textwrap.dedent(USER))
+    (tmp_path / "user_mod_m.py").write_text(USER_MODEL)
     model, init = build_for_run("py:user_mod_m:build", str(tmp_path))
     import user_mod_m
 
@@ -268,7 +233,7 @@ def test_py_factory_runs_under_meta_and_modules_reset_their_parameters(tmp_path,
 
 
 def test_py_factory_that_loads_its_weights_opts_out_and_keeps_them(tmp_path, isolated_imports):
-    (tmp_path / "user_mod_n.py").write_text(textwrap.dedent(USER))
+    (tmp_path / "user_mod_n.py").write_text(USER_MODEL)
     model, init = build_for_run("py:user_mod_n:load", str(tmp_path))
     import user_mod_n
 
