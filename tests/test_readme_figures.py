@@ -11,7 +11,9 @@ import pytest
 
 from conftest import REPO
 from launcher.commands.plan import plan_one
-from launcher.planning.memory import estimate, model_params
+from launcher.planning.memory import BYTES, estimate, loss_bytes_per_token, model_config, model_params
+from launcher.planning.plan import resolve
+from launcher.planning.read import read_spec, validate
 
 README = " ".join((REPO / "README.md").read_text().split())
 GIB = 2**30
@@ -29,9 +31,9 @@ def llama3_8b(tmp_path, *sets: str):
 
 
 def test_llama3_8b_activation_figures_are_the_estimates(tmp_path):
-    none, full, recompute = quoted(r"no checkpointing they are about ([0-9.]+) GiB per GPU; with full checkpointing about "
-                                   r"([0-9.]+) GiB \(2 of them the bf16 logits the\s+compiled loss keeps; an eager loss keeps its fp32 "
-                                   r"log-softmax, 4 GiB\) plus ([0-9.]+) GiB")
+    none, full, logits, log_softmax, recompute = quoted(
+        r"no checkpointing they are about ([0-9.]+) GiB per GPU; with full checkpointing about ([0-9.]+) GiB \(([0-9.]+) of them the "
+        r"bf16 logits the\s+compiled loss keeps; an eager loss keeps its fp32 log-softmax, ([0-9.]+) GiB\) plus ([0-9.]+) GiB")
     batch = ["train.seq_len=8192", "train.micro_batch_size=1"]
     got = {}
     for mode in ("none", "full"):
@@ -40,7 +42,10 @@ def test_llama3_8b_activation_figures_are_the_estimates(tmp_path):
     assert none == pytest.approx(got["none"].bytes / GIB, rel=0.10)
     assert full == pytest.approx(got["full"].bytes / GIB, rel=0.10)
     assert recompute == pytest.approx(got["full"].recompute_bytes / GIB, rel=0.10)
-    assert 2 == pytest.approx(8192 * 128256 * 2 / GIB, rel=0.10)  # the compiled loss's bf16 logits: seq x vocab x 2 bytes
+    for compiled, figure in ((True, logits), (False, log_softmax)):  # what the loss keeps, by the estimator
+        plan = llama3_8b(tmp_path / f"loss-{compiled}", *batch, f"compile.enabled={str(compiled).lower()}").plan
+        assert plan.precision.compute_dtype == "bf16"
+        assert figure == pytest.approx(loss_bytes_per_token(plan, model_config(plan.train.model)) * 8192 / GIB, rel=0.10)
 
 
 def test_the_prediction_line_is_what_plan_predicts_for_the_8b_spec(tmp_path):
@@ -73,5 +78,11 @@ def test_the_output_layers_share_of_the_slices_linear_flops_is_the_predicted_sha
 
 
 def test_the_deepspeed_bucket_figure_is_its_default():
-    (gib,) = quoted(r"5e8 elements by default: ([0-9.]+) GiB in bf16")
-    assert gib == pytest.approx(5e8 * 2 / GIB, rel=0.10)
+    elements, gib = quoted(r"reduce_bucket_size`, ([0-9.e]+) elements by default: ([0-9.]+) GiB in bf16")
+    source = read_spec(str(REPO / "specs" / "te-delayed-deepspeed-zero2.toml"))  # a DeepSpeed spec that leaves the bucket alone
+    assert "reduce_bucket_size" not in source.data["distributed"]["deepspeed"]
+    validate(source)
+    plan = resolve(source)
+    assert plan.precision.compute_dtype == "bf16"
+    assert elements == plan.distributed.deepspeed.reduce_bucket_size
+    assert gib == pytest.approx(elements * BYTES[plan.precision.compute_dtype] / GIB, rel=0.10)

@@ -28,7 +28,7 @@ from tests.support import free_port
 
 from slurm_cluster import SlurmCluster, slurm_cluster  # noqa: F401  (the session fixture)
 
-pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.xdist_group("slurm")]  # one cluster, one worker
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent

@@ -11,7 +11,7 @@ from typing import Callable
 from launcher.errors import Problem, SpecError
 from launcher.planning.plan import Plan, resolve, spec_dir_from
 from launcher.planning.predict import Prediction, predict
-from launcher.planning.read import apply_overrides, read_spec, validate
+from launcher.planning.read import apply_overrides, check_builtin_model, read_spec, validate
 from launcher.planning.rules import Facts, Finding, check
 from launcher.targets.project import relative_to_root
 from launcher.targets.render import render
@@ -38,7 +38,7 @@ def plan_one(path: str, out_dir: str, overrides: list[str] = (), strict: bool = 
     if overrides:
         source = apply_overrides(source, list(overrides))
     validate(source)
-    _check_builtin_model(source)
+    check_builtin_model(source)
     plan = resolve(source)
     folder = folder_of(plan) if folder_of else os.path.join(out_dir, plan.name)
     plan = dataclasses.replace(plan, spec_dir=spec_dir_from(path, folder))
@@ -52,20 +52,6 @@ def plan_one(path: str, out_dir: str, overrides: list[str] = (), strict: bool = 
         raise SpecError([Problem(path, _finding_text(f), rule=f.rule.id) for f in errors]
                         + [Problem(path, _finding_text(f), rule=f.rule.id, severity="warning") for f in warnings])
     return Planned(path, plan, folder, files, warnings, prediction)
-
-
-def _check_builtin_model(source) -> None:
-    """A builtin model name is known without torch: catch a typo at plan time, with did-you-mean."""
-    from launcher.errors import InputError
-    from launcher.planning.models import parse_builtin
-
-    model = source.data.get("train", {}).get("model", "")
-    if model.startswith("builtin:"):
-        try:
-            parse_builtin(model)
-        except InputError as e:
-            line = source.line(("train", "model"))
-            raise SpecError([Problem(source.path, f"{e.detail}; fix: {e.fix}", path="$.train.model", line=line)]) from None
 
 
 def _finding_text(f: Finding) -> str:

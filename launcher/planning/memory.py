@@ -259,14 +259,19 @@ def block_activation_bytes_per_token(plan: Plan, cfg) -> float:
     return float(norms + linear_inputs + attention + swiglu + moe)
 
 
+def loss_bytes_per_token(plan: Plan, cfg) -> float:
+    """What the loss keeps for backward per token: eager, the fp32 log-softmax over the vocabulary; compiled
+    (launcher/train/loop.py `loss_function`), the logits in the compute dtype and two fp32 statistics (Inductor
+    recomputes the softmax)."""
+    return float((_compute_bytes(plan) * cfg.vocab_size + 8) if plan.compile.enabled else 4 * cfg.vocab_size)
+
+
 def outside_activation_bytes_per_token(plan: Plan, cfg) -> float:
     """Bytes saved outside the blocks per token: token ids and targets, final norm, head input, and what the loss
-    keeps for backward: eager, the fp32 log-softmax over the vocabulary; compiled (launcher/train/loop.py
-    `loss_function`), the logits in the compute dtype and two fp32 statistics (Inductor recomputes the softmax)."""
+    keeps (loss_bytes_per_token)."""
     c, r = _compute_bytes(plan), _residual_bytes(plan)
     d = cfg.dim
-    loss = (c * cfg.vocab_size + 8) if plan.compile.enabled else 4 * cfg.vocab_size
-    return float(16 + (4 * d + r * d + 4) + c * d + loss)
+    return float(16 + (4 * d + r * d + 4) + c * d) + loss_bytes_per_token(plan, cfg)
 
 
 def weight_copy_bytes(plan: Plan, cfg, checkpointed: int = 0) -> float:

@@ -17,8 +17,9 @@ from typing import Any
 
 import jsonschema
 
-from launcher.errors import Problem, SpecError
+from launcher.errors import InputError, Problem, SpecError
 from launcher.planning.backends import BACKENDS
+from launcher.planning.models import parse_builtin
 from launcher.planning.sourcemap import Path, json_lines, locate, toml_lines
 from launcher.planning.suggest import closest, did_you_mean
 
@@ -185,6 +186,17 @@ def validate(source: SpecSource) -> None:
     if problems:
         problems.sort(key=lambda p: (p.line or 0, p.path))
         raise SpecError(_dedupe(problems))
+
+
+def check_builtin_model(source: SpecSource) -> None:
+    """A builtin model name is known without torch: catch a typo at plan time, with did-you-mean."""
+    model = source.data.get("train", {}).get("model", "")
+    if model.startswith("builtin:"):
+        try:
+            parse_builtin(model)
+        except InputError as e:
+            line = source.line(("train", "model"))
+            raise SpecError([Problem(source.path, f"{e.detail}; fix: {e.fix}", path="$.train.model", line=line)]) from None
 
 
 def _dedupe(problems: list[Problem]) -> list[Problem]:

@@ -104,3 +104,30 @@ def check_run(recs: Records, *, world_size: int, steps: int, strategy: str) -> N
 
 def output_of(r: subprocess.CompletedProcess) -> str:
     return f"exit {r.returncode}\n--- stdout\n{r.stdout[-4000:]}\n--- stderr\n{r.stderr[-6000:]}"
+
+
+def one_process_fp8_spec(name: str, out: Path, steps: int, *, eval_steps: int = 0) -> str:
+    """The TOML of a one-process DDP run of llama-debug (2 blocks, 64 tokens) in torchao FP8 on the CPU, into
+    out/runs/NAME, with `eval_steps` synthetic evaluation steps (0: no [eval]): what bench and tune measure."""
+    text = f"""
+version = 1
+name = "{name}"
+[precision]
+mode = "fp8"
+[precision.torchao]
+skip_small = false
+[distributed]
+strategy = "ddp"
+procs_per_node = 1
+[launch]
+device = "cpu"
+env = {{ OMP_NUM_THREADS = "1" }}
+[train]
+model = "builtin:llama-debug?layers=2"
+seq_len = 64
+micro_batch_size = 2
+steps = {steps}
+lr = 3e-3
+output_dir = "{out}/runs/{{name}}"
+"""
+    return text + (f'[eval]\ndata = "synthetic"\nsteps = {eval_steps}\n' if eval_steps else "")

@@ -13,38 +13,15 @@ import pytest
 import launcher
 
 from launcher.commands.bench import table
+from tests.e2e.helpers import one_process_fp8_spec
 
 pytestmark = pytest.mark.slow
 
-SPEC = """
-version = 1
-name = "bench-cpu"
-[precision]
-mode = "fp8"
-[precision.torchao]
-skip_small = false
-[distributed]
-strategy = "ddp"
-procs_per_node = 1
-[launch]
-device = "cpu"
-env = {{ OMP_NUM_THREADS = "1" }}
-[train]
-model = "builtin:llama-debug?layers=2"
-seq_len = 64
-micro_batch_size = 2
-steps = {steps}
-lr = 3e-3
-output_dir = "{out}/runs/{{name}}"
-[eval]
-data = "synthetic"
-steps = 2
-"""
 
 
 def test_bench_runs_both_variants_alternately_and_reports_ratios(tmp_path):
     spec = tmp_path / "bench.toml"
-    spec.write_text(SPEC.format(steps=5, out=tmp_path))
+    spec.write_text(one_process_fp8_spec("bench-cpu", tmp_path, 5, eval_steps=2))
     exe = os.path.join(os.path.dirname(sys.executable), "fp8launch")
     r = subprocess.run([exe, "bench", str(spec), "--repeats", "2", "--warmup", "1", "--out", str(tmp_path / "b"), "--max-loss-gap", "0.25"],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
@@ -106,7 +83,7 @@ def test_bench_profile_says_where_each_step_goes_and_what_holds_fp8_back(tmp_pat
     """`bench --profile`: each variant's first run profiles its measured steps; profile.json holds both runs' parts
     (adding up to the measured step), the FP8 FLOP share (0 for bf16), the ceiling and the advice; profile.png draws them."""
     spec = tmp_path / "bench.toml"
-    spec.write_text(SPEC.format(steps=5, out=tmp_path).replace("[eval]\ndata = \"synthetic\"\nsteps = 2\n", ""))
+    spec.write_text(one_process_fp8_spec("bench-cpu", tmp_path, 5))
     exe = os.path.join(os.path.dirname(sys.executable), "fp8launch")
     r = subprocess.run([exe, "bench", str(spec), "--repeats", "1", "--warmup", "2", "--profile", "--out", str(tmp_path / "b")],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
@@ -135,9 +112,8 @@ def test_bench_profile_goes_on_past_a_profiler_that_fails_and_records_why(tmp_pa
     train every step, the baseline runs after the failed spec run, bench.json is written with the timing figures,
     and it says why there is no profile."""
     spec = tmp_path / "bench.toml"
-    spec.write_text(SPEC.format(steps=4, out=tmp_path).replace('mode = "fp8"', 'mode = "bf16"')
-                    .replace("layers=2", "layers=1").replace("seq_len = 64", "seq_len = 16")
-                    .replace("[eval]\ndata = \"synthetic\"\nsteps = 2\n", ""))
+    spec.write_text(one_process_fp8_spec("bench-cpu", tmp_path, 4).replace('mode = "fp8"', 'mode = "bf16"')
+                    .replace("layers=2", "layers=1").replace("seq_len = 64", "seq_len = 16"))
     exe = os.path.join(os.path.dirname(sys.executable), "fp8launch")
     r = subprocess.run([exe, "bench", str(spec), "--vs", "fp32", "--repeats", "1", "--warmup", "2", "--profile", "--no-plot",
                         "--out", str(tmp_path / "b")], capture_output=True, text=True, timeout=600, cwd=tmp_path,

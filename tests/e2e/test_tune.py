@@ -14,29 +14,10 @@ import time
 
 import pytest
 
+from tests.e2e.helpers import one_process_fp8_spec
+
 pytestmark = pytest.mark.slow
 
-SPEC = """
-version = 1
-name = "tune-cpu"
-[precision]
-mode = "fp8"
-[precision.torchao]
-skip_small = false
-[distributed]
-strategy = "ddp"
-procs_per_node = 1
-[launch]
-device = "cpu"
-env = {{ OMP_NUM_THREADS = "1" }}
-[train]
-model = "builtin:llama-debug?layers=2"
-seq_len = 64
-micro_batch_size = 2
-steps = 10
-lr = 3e-3
-output_dir = "{out}/runs/{{name}}"
-"""
 CANDIDATES = ["torchao-tensorwise", "torchao-rowwise", "torchao-rowwise_with_gw_hp", "torchao-mxfp8"]
 EXE = os.path.join(os.path.dirname(sys.executable), "fp8launch")
 GAP = 0.0002
@@ -51,7 +32,7 @@ def steady_median(run_dir, warmup: int) -> float:
 
 def test_tune_measures_every_candidate_ranks_them_and_writes_a_winner_that_plans(tmp_path):
     spec = tmp_path / "tune.toml"
-    spec.write_text(SPEC.format(out=tmp_path))
+    spec.write_text(one_process_fp8_spec("tune-cpu", tmp_path, 10))
     out = tmp_path / "t"
     out.mkdir()
     (out / "keep.txt").write_text("not tune's")
@@ -114,7 +95,7 @@ def test_tune_measures_every_candidate_ranks_them_and_writes_a_winner_that_plans
 
 def test_ctrl_c_stops_after_the_current_run_and_keeps_what_was_measured(tmp_path):
     spec = tmp_path / "tune.toml"
-    spec.write_text(SPEC.format(out=tmp_path))
+    spec.write_text(one_process_fp8_spec("tune-cpu", tmp_path, 10))
     out = tmp_path / "t"
     child = subprocess.Popen([EXE, "tune", str(spec), "--steps", "3", "--repeats", "1", "--warmup", "1", "--out", str(out),
                               "--candidates", "torchao-tensorwise,torchao-rowwise"],
@@ -140,7 +121,7 @@ def test_a_failed_bf16_baseline_stops_tune_with_the_runs_own_exit_code(tmp_path)
     """Without a baseline there is nothing to rank against: tune stops at once, with the code the run exited
     with (4, diverged, here: a learning rate that overflows the weights at the first update), not its own 2."""
     spec = tmp_path / "tune.toml"
-    spec.write_text(SPEC.format(out=tmp_path).replace("lr = 3e-3", "lr = 1e30"))
+    spec.write_text(one_process_fp8_spec("tune-cpu", tmp_path, 10).replace("lr = 3e-3", "lr = 1e30"))
     r = subprocess.run([EXE, "tune", str(spec), "--steps", "3", "--repeats", "1", "--warmup", "0", "--out", str(tmp_path / "t"),
                         "--candidates", "torchao-tensorwise"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 4, r.stderr[-3000:]

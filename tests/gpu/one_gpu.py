@@ -18,6 +18,7 @@ import importlib.util
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -124,14 +125,91 @@ def fits(plan, memory_gib: float) -> tuple[bool, str]:
     return True, ""
 
 
-def run(variant: Variant, output_dir: Path, *extra: str, timeout: float = 900) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    """`fp8launch run` of the variant into `output_dir`; (process, metrics.jsonl records)."""
+def run(variant: Variant, output_dir: Path, *extra: str, timeout: float = 900,
+        profile: int = 0) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`fp8launch run` of the variant into `output_dir` (with `profile`: `--profile N`, N steps after 2 warm-up
+    steps, traced into output_dir/profile/trace.json.gz); (process, metrics.jsonl records)."""
     sets = [*variant.sets, f'train.output_dir="{output_dir}"', *extra]
     cmd = [FP8LAUNCH, "run", str(variant.spec), *[a for s in sets for a in ("--set", s)]]
+    if profile:
+        cmd += ["--profile", str(profile)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
     path = output_dir / "metrics.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     return r, records
+
+
+SCALED_OPS = ("aten::_scaled_mm", "aten::_scaled_grouped_mm")
+SCALED_MM_RECIPES = {"tensorwise": 3, "rowwise": 3, "rowwise_with_gw_hp": 2}
+"""torch._scaled_mm calls per FP8 Linear and micro-batch, by torchao recipe: forward, input gradient and weight
+gradient (rowwise_with_gw_hp keeps the weight gradient's GEMM in high precision)."""
+
+
+def scaled_mm_per_step(output_dir: Path) -> float:
+    """torch._scaled_mm calls (and grouped ones) per profiled step, on every host thread (the backward's included),
+    in the trace `fp8launch run --profile` wrote: the FP8 GEMMs that ran, counted by their ops."""
+    from launcher.profiling.trace import read_trace
+
+    trace = read_trace(str(output_dir / "profile" / "trace.json.gz"))
+    calls = [n for n in trace.all_nodes() if n.name in SCALED_OPS]
+    per_step = [sum(1 for n in calls if step.ts <= n.ts <= step.end) for step in trace.steps]
+    return sum(per_step) / len(per_step)
+
+
+FP8_KERNEL = re.compile(r"e4m3|e5m2|fp8|float8", re.I)
+"""A GPU kernel that reads or writes FP8: Transformer Engine's and MS-AMP's casts and GEMMs are templated on its
+fp8e4m3 / fp8e5m2 (= CUDA's __nv_fp8_e4m3 / __nv_fp8_e5m2, transformer_engine/common/common.h), which the
+trace's demangled names spell out; cuBLASLt's FP8 GEMM kernels name their input types (e4m3)."""
+
+
+def fp8_kernels(output_dir: Path) -> int:
+    """GPU kernels with an FP8 dtype in their name in the trace `fp8launch run --profile` wrote (0 on a CPU)."""
+    from launcher.profiling.trace import read_trace
+
+    return sum(1 for k in read_trace(str(output_dir / "profile" / "trace.json.gz")).kernels if FP8_KERNEL.search(k.name))
+
+
+def expected_scaled_mm(plan, fp8_layers: int) -> tuple[int, int] | None:
+    """(fewest, most) torch._scaled_mm calls in one step of `plan` with `fp8_layers` FP8 Linears: SCALED_MM_RECIPES
+    per layer and micro-batch, and one more per layer whose forward activation checkpointing recomputes: every one
+    with full AC in eager mode; with selective AC (every other block) or a compiled block, at least one (Inductor's
+    partitioner drops the recomputes the backward does not need: each block's last projection, whose output feeds
+    only the residual; measured on the CPU, llama-debug with 2 blocks, tensorwise: 52 eager, 50 compiled). 0 without
+    FP8. None where FP8 GEMMs are not torch._scaled_mm calls: Transformer Engine's and MS-AMP's own GEMMs, torchao's
+    block recipes and per-module rules, async TP's fused matmuls."""
+    p = plan.precision
+    if not p.fp8:
+        return 0, 0
+    per_layer = SCALED_MM_RECIPES.get(p.torchao.recipe) if p.backend == "torchao" else None
+    if per_layer is None or p.rules or plan.distributed.async_tp:
+        return None
+    n = fp8_layers * plan.train.grad_accum_steps
+    plain, recomputed = n * per_layer, n * (per_layer + 1)
+    ac = plan.activation_checkpointing.mode
+    if ac == "none":
+        return plain, plain
+    if ac == "full" and not plan.compile.enabled:
+        return recomputed, recomputed
+    return plain + 1, recomputed
+
+
+TWIN_FIRST_LOSS_GAP = 1e-4
+TWIN_LOSS_GAP = 0.03
+"""An FP8 run against its bf16 twin (the same spec in precision.mode = "bf16": the same seed, weights and batches):
+the first step's losses differ by more than TWIN_FIRST_LOSS_GAP (FP8 rounding moved the forward) and every step's
+stay within TWIN_LOSS_GAP. Measured with cpu-smoke cut to one process on the CPU (seq_len 64, seeds 0-4, 5 steps):
+first step 0.00046-0.00217 apart, every step within 0.00928; the bounds leave 4.6x and 3.2x. Without FP8 the twins
+are bit-equal (gap 0.0); with the FP8 GEMM's input scale dropped the losses part by 1.1."""
+
+
+def losses_with_bf16_twin(variant: Variant, output_dir: Path, *extra: str) -> tuple[list[float], list[float]]:
+    """(the variant's step losses, its bf16 twin's), each from its own `fp8launch run`."""
+    losses = []
+    for name, mode in (("fp8", []), ("bf16", ['precision.mode="bf16"'])):
+        r, records = run(variant, output_dir / name, *extra, *mode)
+        assert r.returncode == 0, (name, r.stderr[-3000:])
+        losses.append([rec["loss"] for rec in records if rec.get("event") == "step"])
+    return losses[0], losses[1]
 
 
 def signature_gaps(names, fn) -> set[str]:

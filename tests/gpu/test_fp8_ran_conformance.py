@@ -6,13 +6,9 @@ same batch; the loss falls. (Transformer Engine's proof: tests/gpu/test_te_gpu.p
 from __future__ import annotations
 
 import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
 
@@ -24,53 +20,38 @@ DEVICES = [
 
 
 def _setup(device_name):
-    from train._precision import TinyLlama, fp8_plan
-
-    from launcher.train.precision import apply_precision
+    from tests.train._fp8_twin import twins
+    from tests.train._precision import TinyLlama, fp8_plan
 
     device = torch.device(device_name)
-    torch.manual_seed(0)
-    model = TinyLlama(dim=128, hidden=384, vocab=512).to(device)
-    twin = TinyLlama(dim=128, hidden=384, vocab=512).to(device)
-    twin.load_state_dict(model.state_dict())
-    prec = apply_precision(model, fp8_plan(torchao={"recipe": "tensorwise", "skip_small": False}), device)
-    g = torch.Generator(device).manual_seed(0)
-    tokens = torch.randint(0, 512, (4, 65), device=device, generator=g)
-    return model, twin, prec, tokens
+    model = TinyLlama(dim=128, hidden=384, vocab=512, seed=0).to(device)
+    t = twins(model, fp8_plan(torchao={"recipe": "tensorwise", "skip_small": False}), device)
+    tokens = torch.randint(0, 512, (4, 65), device=device, generator=torch.Generator(device).manual_seed(0))
+    return t, tokens
 
 
 @pytest.mark.parametrize("device_name", DEVICES)
 def test_torchao_runs_every_converted_gemm_as_scaled_mm(device_name):
-    from train._precision import lm_loss
+    from tests.train._fp8_twin import scaled_mm_calls
+    from tests.train._precision import lm_loss
 
-    model, _, prec, tokens = _setup(device_name)
-    assert prec.report.fp8_layers == 13
-    with torch.profiler.profile() as prof:
-        with prec.autocast():
-            loss = lm_loss(model, tokens)
+    t, tokens = _setup(device_name)
+    assert t.precision.report.fp8_layers == 13
+
+    def step():
+        with t.precision.autocast():
+            loss = lm_loss(t.model, tokens)
         loss.backward()
-    scaled = sum(1 for e in prof.events() if e.name == "aten::_scaled_mm")
-    assert scaled == 3 * prec.report.fp8_layers, scaled
+
+    assert scaled_mm_calls(step) == 3 * t.precision.report.fp8_layers
 
 
 @pytest.mark.parametrize("device_name", DEVICES)
 def test_torchao_output_differs_from_its_high_precision_twin_and_trains(device_name):
-    from train._precision import lm_loss
+    from tests.train._fp8_twin import train_losses
 
-    model, twin, prec, tokens = _setup(device_name)
-    with torch.no_grad(), prec.autocast():
-        fp8 = model(tokens[:, :-1]).float()
-    with torch.no_grad(), torch.autocast(tokens.device.type, dtype=torch.bfloat16):
-        high = twin(tokens[:, :-1]).float()
-    rel = ((fp8 - high).norm() / high.norm()).item()
+    t, tokens = _setup(device_name)
+    rel = t.logits_gap(tokens[:, :-1])
     assert 1e-4 < rel < 0.2, rel
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(20):
-        with prec.autocast():
-            loss = lm_loss(model, tokens)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+    losses = train_losses(t.model, t.precision, tokens, 20)
     assert sum(losses[-4:]) < 0.8 * sum(losses[:4]), losses

@@ -15,7 +15,8 @@ import math
 import pytest
 import torch
 
-from tests.gpu.one_gpu import STEPS, fits, planned, recipe_field_gaps, run, signature_gaps, variants
+from tests.gpu.one_gpu import (STEPS, TWIN_FIRST_LOSS_GAP, TWIN_LOSS_GAP, expected_scaled_mm, fits, losses_with_bf16_twin, planned,
+                               recipe_field_gaps, run, scaled_mm_per_step, signature_gaps, variants)
 
 CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA GPU")]
@@ -38,15 +39,31 @@ def _check_fits(variant, tmp_path):
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
 def test_spec_trains_5_steps_on_one_gpu(variant, tmp_path):
+    """Each spec trains, and its FP8 ran by its ops: step 3, profiled, makes the torch._scaled_mm calls its FP8
+    layers must (expected_scaled_mm: 3 per layer and micro-batch for torchao's tensorwise and rowwise), none in bf16."""
     plan = _check_fits(variant, tmp_path)
-    r, records = run(variant, tmp_path / "out")
+    r, records = run(variant, tmp_path / "out", profile=1)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-4000:])
     steps = [rec for rec in records if rec.get("event") == "step"]
     assert len(steps) == STEPS and all(math.isfinite(rec["loss"]) for rec in steps)
     start = next(rec for rec in records if rec.get("event") == "start")
     assert start["device"] == "cuda" and start["world_size"] == 1
-    if plan.precision.mode == "fp8":
-        assert start["fp8_layers"] > 0
+    assert (start["fp8_layers"] > 0) == plan.precision.fp8
+    assert next(rec for rec in records if rec.get("event") == "end").get("profile_error") is None
+    expected = expected_scaled_mm(plan, start["fp8_layers"])
+    if expected is not None:
+        assert expected[0] <= scaled_mm_per_step(tmp_path / "out") <= expected[1], expected
+
+
+def test_an_fp8_spec_trains_as_its_bf16_twin(tmp_path):
+    """cpu-smoke (torchao tensorwise, llama-debug) on the GPU against the same spec in bf16: FP8 moves the first loss,
+    and no step's loss by more than FP8 rounding does (one_gpu.TWIN_LOSS_GAP)."""
+    variant = next(v for v in VARIANTS if v.name == "cpu-smoke")
+    _check_fits(variant, tmp_path)
+    fp8, bf16 = losses_with_bf16_twin(variant, tmp_path)
+    assert len(fp8) == len(bf16) == STEPS
+    assert abs(fp8[0] - bf16[0]) > TWIN_FIRST_LOSS_GAP, (fp8, bf16)
+    assert max(abs(a - b) for a, b in zip(fp8, bf16)) < TWIN_LOSS_GAP, (fp8, bf16)
 
 
 def test_checkpoint_and_resume_on_one_gpu(tmp_path):

@@ -42,35 +42,20 @@ def _plan(recipe, **te):
 @pytest.mark.parametrize("recipe", ["delayed", "current"])
 def test_te_runs_fp8_gemms_that_move_the_output_and_train(recipe):
     import transformer_engine.pytorch as te
-    from train._precision import TinyLlama, lm_loss
 
-    from launcher.train.precision import apply_precision
+    from tests.train._fp8_twin import train_losses, twins
+    from tests.train._precision import TinyLlama
 
     device = torch.device("cuda")
-    torch.manual_seed(0)
-    model = TinyLlama().to(device)
-    twin = TinyLlama().to(device)
-    twin.load_state_dict(model.state_dict())
-    prec = apply_precision(model, _plan(recipe), device)
+    t = twins(TinyLlama(seed=0).to(device), _plan(recipe), device)
+    model, prec = t.model, t.precision
     assert prec.report.fp8_layers == 13
     assert sum(isinstance(m, te.Linear) for m in model.modules()) == 13
     tokens = torch.randint(0, 256, (4, 65), device=device, generator=torch.Generator(device).manual_seed(0))
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        high = twin(tokens[:, :-1]).float()
-    with torch.no_grad(), prec.autocast():
-        fp8 = model(tokens[:, :-1]).float()
-    rel = ((fp8 - high).norm() / high.norm()).item()
+    rel = t.logits_gap(tokens[:, :-1])
     assert 1e-4 < rel < 0.2, rel  # FP8 rounding is visible, and no more than rounding
 
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(30):
-        with prec.autocast():
-            loss = lm_loss(model, tokens)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+    losses = train_losses(model, prec, tokens, 30)
     assert all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-5:]) < 0.8 * sum(losses[:5]), losses  # one batch, 30 steps: it must fit
     if recipe == "delayed":

@@ -9,9 +9,6 @@ from torch import nn
 
 from launcher.train.compile_ac import CPU_SIMD_BITS, cpu_vector_width
 
-torchao_float8 = pytest.importorskip("torchao.float8")
-
-
 class TwoLinears(nn.Module):
     """Two FP8 Linears in a row: the first one's output is the second one's FP8 input, cast and stored
     transposed for the second one's weight gradient (the tile AVX-512 gets wrong)."""
@@ -26,10 +23,12 @@ class TwoLinears(nn.Module):
 
 
 def _weight_grads(compile_: bool) -> dict[str, torch.Tensor]:
+    from torchao.float8 import convert_to_float8_training  # here, not at collection: torchao takes seconds to import
+
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = TwoLinears().to(torch.bfloat16)
-    torchao_float8.convert_to_float8_training(model)
+    convert_to_float8_training(model)
     fn = torch.compile(model) if compile_ else model
     x = torch.randn(2, 64, 256, dtype=torch.bfloat16)
     fn(x).float().pow(2).mean().backward()

@@ -3,7 +3,6 @@ builtin, hf: and py:, the py: opt-out, and a resumed run that skips random initi
 
 from __future__ import annotations
 
-import textwrap
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from launcher.train.models.llama import Llama
 from launcher.train.precision import apply_precision
 
 from ._precision import make_plan
+from ._user_model import USER_MODEL
 
 
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -87,7 +87,15 @@ def test_torch_modules_with_a_private_reset_are_initialised():
     with mat.meta_device():
         mha = nn.MultiheadAttention(16, 2, bias=False)
     mat.Pending(mat.reset_parameters_initializer, seed=0)(mha, "cpu")
-    assert torch.isfinite(mha.in_proj_weight).all() and mha.in_proj_weight.abs().sum() > 0
+    own = nn.MultiheadAttention(16, 2, bias=False)  # on the CPU: the module's own resets, under each module's seed
+    torch.manual_seed(mat.module_seed(0, ""))
+    own._reset_parameters()  # xavier_uniform_ of in_proj_weight
+    torch.manual_seed(mat.module_seed(0, "out_proj"))
+    own.out_proj.reset_parameters()
+    assert torch.equal(mha.in_proj_weight, own.in_proj_weight) and torch.equal(mha.out_proj.weight, own.out_proj.weight)
+    bound = (6 / (16 + 48)) ** 0.5  # xavier_uniform_ of a (48, 16) weight: U(-bound, bound), std bound / sqrt(3)
+    w = mha.in_proj_weight
+    assert w.abs().max().item() <= bound and w.std().item() == pytest.approx(bound / 3**0.5, rel=0.1)  # 768 draws: ~2%
 
 
 def test_the_entrypoint_skips_initialisation_when_it_resumes(tmp_path, monkeypatch):
@@ -210,43 +218,8 @@ def test_hf_pytorch_bin_weights_missing_and_unused_tensors(tmp_path):
         mat.materialize(model, "cpu", init, seed=0)
 
 
-USER = """
-import torch
-from torch import nn
-
-SEEN = {}
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        SEEN["device"] = str(torch.get_default_device())
-        self.vocab_size = 32
-        self.emb = nn.Embedding(32, 16)
-        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
-        self.head = nn.Linear(16, 32)
-
-    def forward(self, tokens):
-        h = self.emb(tokens)
-        for layer in self.layers:
-            h = h + layer(h)
-        return self.head(h)
-
-def build():
-    return Net()
-
-def load():
-    net = Net()
-    with torch.no_grad():
-        for p in net.parameters():
-            p.fill_(0.5)
-    return net
-
-load.fp8launch_meta_init = False
-"""
-
-
 def test_py_factory_runs_under_meta_and_modules_reset_their_parameters(tmp_path, isolated_imports):
-    (tmp_path / "user_mod_m.py").write_text(textwrap.dedent(USER))
+    (tmp_path / "user_mod_m.py").write_text(USER_MODEL)
     model, init = build_for_run("py:user_mod_m:build", str(tmp_path))
     import user_mod_m
 
@@ -260,7 +233,7 @@ def test_py_factory_runs_under_meta_and_modules_reset_their_parameters(tmp_path,
 
 
 def test_py_factory_that_loads_its_weights_opts_out_and_keeps_them(tmp_path, isolated_imports):
-    (tmp_path / "user_mod_n.py").write_text(textwrap.dedent(USER))
+    (tmp_path / "user_mod_n.py").write_text(USER_MODEL)
     model, init = build_for_run("py:user_mod_n:load", str(tmp_path))
     import user_mod_n
 

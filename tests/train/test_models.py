@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -17,6 +16,8 @@ from launcher.train.data import build_data
 from launcher.errors import InputError
 from launcher.train.models import build_model, logits_of, transformer_blocks
 from launcher.train.models.llama import SIZES, Llama, LlamaConfig, param_count, parse_builtin
+
+from ._user_model import USER_MODEL
 
 transformers = pytest.importorskip("transformers")
 
@@ -35,7 +36,6 @@ def one_thread():
 def debug_model() -> Llama:
     torch.manual_seed(0)
     return build_model("builtin:llama-debug", ".")
-
 
 
 # --- builtin Llama -----------------------------------------------------------------------------
@@ -242,40 +242,10 @@ def test_logits_of_accepts_tensors_and_output_objects():
 
 # --- py: factories -----------------------------------------------------------------------------
 
-USER_MODULE = """
-import torch
-from torch import nn
-
-class Tiny(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.config = type("Config", (), {"vocab_size": 40})()
-        self.emb = nn.Embedding(40, 16)
-        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
-        self.head = nn.Linear(16, 40)
-
-    def forward(self, tokens):
-        h = self.emb(tokens)
-        for layer in self.layers:
-            h = h + layer(h)
-        return self.head(h)
-
-def build():
-    return Tiny()
-
-def needs_args(width):
-    return Tiny()
-
-def not_a_model():
-    return 42
-
-WIDTH = 3
-"""
-
 
 def test_user_factory_from_the_spec_folder(tmp_path, monkeypatch, isolated_imports):
     (tmp_path / "spec").mkdir()
-    (tmp_path / "spec" / "user_model_a.py").write_text(textwrap.dedent(USER_MODULE))
+    (tmp_path / "spec" / "user_model_a.py").write_text(USER_MODEL)
     monkeypatch.chdir(tmp_path)
     model = build_model("py:user_model_a:build", str(tmp_path / "spec"))
     assert model.vocab_size == 40  # taken from config.vocab_size
@@ -295,7 +265,7 @@ def test_user_factory_from_the_spec_folder(tmp_path, monkeypatch, isolated_impor
 )
 def test_user_factory_errors_name_the_key(tmp_path, isolated_imports, ref, pattern):
     (tmp_path / "spec").mkdir()
-    (tmp_path / "spec" / "user_model_b.py").write_text(textwrap.dedent(USER_MODULE))
+    (tmp_path / "spec" / "user_model_b.py").write_text(USER_MODEL)
     with pytest.raises(InputError, match=pattern):
         build_model(ref, str(tmp_path / "spec"))
 

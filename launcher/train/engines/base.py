@@ -7,7 +7,8 @@ import contextlib
 import json
 import os
 import typing
-from typing import Any, ContextManager
+from dataclasses import dataclass
+from typing import Any, ClassVar, ContextManager
 
 import torch
 from torch import nn
@@ -21,6 +22,7 @@ if typing.TYPE_CHECKING:
     from launcher.train.precision import Precision
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class Engine:
     """A model wrapped for distributed training, with its optimizer and lr schedule.
 
@@ -28,20 +30,18 @@ class Engine:
     or the DeepSpeed engine), `module` (the user's model inside it), `optimizer`, `scheduler`.
     """
 
-    name = "base"
-    clips_in_step = False
+    name: ClassVar[str] = "base"
+    clips_in_step: ClassVar[bool] = False
     """True where the engine clips gradients itself inside step() (DeepSpeed)."""
 
-    def __init__(self, *, model: nn.Module, module: nn.Module, optimizer: Any, scheduler: Any,
-                 precision: Precision, accum_steps: int, grad_reduction: GradReduction | None = None):
-        self.model = model
-        self.module = module
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.precision = precision
-        self.accum_steps = accum_steps
-        self.grad_reduction = grad_reduction
-        """The gradient reduction as built (launcher/train/grad_reduce.py): its payload and the bytes each step sent."""
+    model: nn.Module
+    module: nn.Module
+    optimizer: Any
+    scheduler: Any
+    precision: Precision
+    accum_steps: int
+    grad_reduction: GradReduction | None = None
+    """The gradient reduction as built (launcher/train/grad_reduce.py): its payload and the bytes each step sent."""
 
     def grad_comm_bytes(self) -> int | None:
         """Bytes this rank sent for gradient reduction since the last call (call it once per step, after the last

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import typing
+from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterable
 
 import torch
@@ -30,11 +31,12 @@ if typing.TYPE_CHECKING:
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class Precision:
     """What the engine and the training loop need from the precision backend.
 
-    This base class is plain torch AMP; the FP8 backends subclass it and override
-    `autocast`, `wrap_optimizer`, `after_optimizer_step` or `clip_grad_norm_`.
+    This base class is plain torch AMP; the FP8 backends subclass it (dataclasses too, adding their own
+    fields) and override `autocast`, `wrap_optimizer`, `after_optimizer_step` or `clip_grad_norm_`.
     """
 
     report: PrecisionReport
@@ -43,33 +45,14 @@ class Precision:
     """dtype of torch.autocast around the forward; None: no autocast (fp32, or DeepSpeed casts)."""
     param_dtype: torch.dtype | None
     """dtype for FSDP2's MixedPrecisionPolicy(param_dtype=...); None keeps fp32 parameters."""
-    grad_scaler: Any
+    grad_scaler: Any = None
     """torch.amp.GradScaler (ShardedGradScaler under FSDP2) when the compute dtype is fp16, else None."""
-    fsdp_float8_all_gather: bool
+    fsdp_float8_all_gather: bool = False
     """torchao float8 weights are all-gathered in FP8 by FSDP2."""
-    ddp_class: type | None
+    ddp_class: type | None = None
     """The DDP class the engine must wrap with when the backend needs its own (MS-AMP); None: torch's."""
-
-    def __init__(
-        self,
-        *,
-        report: PrecisionReport,
-        device_type: str,
-        autocast_dtype: torch.dtype | None,
-        param_dtype: torch.dtype | None,
-        grad_scaler: Any = None,
-        fsdp_float8_all_gather: bool = False,
-        ddp_class: type | None = None,
-        recount: Callable[[nn.Module], PrecisionReport] | None = None,
-    ):
-        self.report = report
-        self.device_type = device_type
-        self.autocast_dtype = autocast_dtype
-        self.param_dtype = param_dtype
-        self.grad_scaler = grad_scaler
-        self.fsdp_float8_all_gather = fsdp_float8_all_gather
-        self.ddp_class = ddp_class
-        self._recount = recount
+    recounter: Callable[[nn.Module], PrecisionReport] | None = None
+    """How `recount` counts the FP8 layers again (MS-AMP, which converts after apply_precision); None: it keeps `report`."""
 
     def autocast(self) -> ContextManager:
         """The context the forward (and loss) runs in."""
@@ -105,8 +88,8 @@ class Precision:
     def recount(self, model: nn.Module) -> PrecisionReport:
         """Count the FP8 layers of `model` again and keep that as `report`: for a conversion that
         happens after apply_precision (MS-AMP converts in wrap_optimizer, or inside DeepSpeed for O3)."""
-        if self._recount is not None:
-            self.report = self._recount(model)
+        if self.recounter is not None:
+            self.report = self.recounter(model)
         return self.report
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import typing
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -117,16 +117,14 @@ def _msamp(strategy: str, opt_level: str | None = None):
     return msamp, ScalingParameter
 
 
+@dataclasses.dataclass(kw_only=True, eq=False, repr=False)
 class MsampPrecision(Precision):
-    def __init__(self, *, msamp, plan: Plan, device: torch.device, scaling_parameter: type | None = None, te=None,
-                 te_recipe_obj=None, **fields):
-        super().__init__(**fields)
-        self.msamp = msamp
-        self.scaling_parameter = scaling_parameter
-        self.plan = plan
-        self.device = device
-        self.te = te
-        self.te_recipe_obj = te_recipe_obj
+    msamp: Any
+    plan: Plan
+    device: torch.device
+    scaling_parameter: type | None = None
+    te: Any = None
+    te_recipe_obj: Any = None
 
     @contextlib.contextmanager
     def autocast(self):
@@ -214,7 +212,7 @@ def apply_msamp(model: nn.Module, plan: Plan, device: torch.device, msamp=None, 
     return MsampPrecision(
         msamp=msamp, plan=plan, device=device, scaling_parameter=scaling_parameter, te=te if plan.precision.msamp.use_te else None,
         te_recipe_obj=te_recipe_obj, report=report, device_type=device.type, autocast_dtype=s["autocast_dtype"],
-        param_dtype=None, grad_scaler=s["grad_scaler"], recount=recount,
+        param_dtype=None, grad_scaler=s["grad_scaler"], recounter=recount,
         # importing msamp replaced torch's DDP class with MS-AMP's FP8DistributedDataParallel
         ddp_class=torch.nn.parallel.DistributedDataParallel if plan.distributed.strategy == "ddp" else None,
     )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import typing
+from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
 import torch
@@ -190,17 +191,20 @@ def _local_slice(full: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return full[index]
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class TEPrecision(Precision):
-    def __init__(self, *, te, recipe, te_recipe=None, plan: Plan | None = None, high_precision_init: dict | None = None, **fields):
-        super().__init__(**fields)
-        self.te = te
-        self.recipe = recipe
-        """The TE recipe object every forward runs under."""
-        self.te_recipe = te_recipe
-        self.plan = plan
-        self.fp8_dpa = bool(getattr(recipe, "fp8_dpa", False))
-        self.high_precision_init = high_precision_init or {}
-        """precision.te.fp8_params: {parameter name: its high-precision initial value}, the FusedAdam master copy's seed."""
+    te: Any
+    recipe: Any
+    """The TE recipe object every forward runs under."""
+    te_recipe: Any = None
+    plan: Plan | None = None
+    high_precision_init: dict = field(default_factory=dict)
+    """precision.te.fp8_params: {parameter name: its high-precision initial value}, the FusedAdam master copy's seed."""
+    fp8_dpa: bool = field(init=False)
+    """The recipe runs dot-product attention in FP8 (read from `recipe`)."""
+
+    def __post_init__(self):
+        self.fp8_dpa = bool(getattr(self.recipe, "fp8_dpa", False))
 
     @contextlib.contextmanager
     def autocast(self):

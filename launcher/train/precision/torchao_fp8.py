@@ -75,11 +75,10 @@ def _follow_cpu_autocast(module: nn.Module, args: tuple) -> tuple | None:
     return None
 
 
+@dataclasses.dataclass(kw_only=True, eq=False, repr=False)
 class TorchaoPrecision(Precision):
-    def __init__(self, *, precompute_scale: bool, **fields):
-        super().__init__(**fields)
-        self.precompute_scale = precompute_scale
-        """precompute_float8_dynamic_scale_for_fsdp after each step (only with float8 all-gather)."""
+    precompute_scale: bool
+    """precompute_float8_dynamic_scale_for_fsdp after each step (only with float8 all-gather)."""
 
     def after_optimizer_step(self, model: nn.Module) -> None:
         """One all-reduce computes every float8 weight's scale for the next FSDP2 all-gather."""
