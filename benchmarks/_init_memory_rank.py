@@ -19,7 +19,7 @@ def vm(field: str) -> int:
 
 
 plan_path, out = sys.argv[1], sys.argv[2]
-from launcher.train import distributed  # noqa: E402  (imports torch)
+from launcher.train.parallel import distributed  # noqa: E402  (imports torch)
 from launcher.train.engines import deepspeed_engine  # noqa: E402
 from launcher.train.main import build_run  # noqa: E402
 
@@ -65,4 +65,4 @@ with open(f"{out}.rank{record['rank']}", "w") as f:
     f.write(json.dumps(record) + "\n")
 distributed.barrier()
 distributed.destroy()
-distributed.exit_now(0)  # gloo threads (see launcher.train.distributed.exit_now)
+distributed.exit_now(0)  # gloo threads (see launcher.train.parallel.distributed.exit_now)

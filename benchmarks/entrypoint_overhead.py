@@ -105,7 +105,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from launcher.commands.plan import plan_one
     from launcher.targets.files import write
-    from launcher.train import distributed
+    from launcher.train.parallel import distributed
     from launcher.train.main import build_run
 
     total = args.warmup + args.steps

@@ -78,7 +78,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from launcher.targets.files import write
     from launcher.commands.plan import plan_one
-    from launcher.train import distributed
+    from launcher.train.parallel import distributed
     from launcher.train.main import build_run
     from launcher.train.monitor import FP8Monitor
 
