@@ -19,9 +19,9 @@ def vm(field: str) -> int:
 
 
 plan_path, out = sys.argv[1], sys.argv[2]
-from launcher.train import distributed  # noqa: E402  (imports torch)
 from launcher.train.engines import deepspeed_engine  # noqa: E402
 from launcher.train.main import build_run  # noqa: E402
+from launcher.train.parallel import distributed  # noqa: E402  (imports torch)
 
 before_engine = {}
 if os.environ.get("INIT_BENCH_ZERO3_WHOLE") == "1":
@@ -66,4 +66,4 @@ with open(f"{out}.rank{record['rank']}", "w") as f:
     f.write(json.dumps(record) + "\n")
 distributed.barrier()
 distributed.destroy()
-distributed.exit_now(0)  # gloo threads (see launcher.train.distributed.exit_now)
+distributed.exit_now(0)  # gloo threads (see launcher.train.parallel.distributed.exit_now)

@@ -105,8 +105,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from launcher.commands.plan import plan_one
     from launcher.targets.files import write
-    from launcher.train import distributed
     from launcher.train.main import build_run
+    from launcher.train.parallel import distributed
 
     total = args.warmup + args.steps
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,5 +1,5 @@
 """What the expert-parallel routing indices cost per MoE layer, on CPU: the vectorised `_routing`
-(launcher/train/expert_parallel.py) vs the per-row Python walk it replaced (issue 28, item 5; the old
+(launcher/train/parallel/expert_parallel.py) vs the per-row Python walk it replaced (issue 28, item 5; the old
 code is kept as `routing_reference` in tests/train/test_expert_parallel.py, which checks that the two
 agree on random count matrices).
 
@@ -109,7 +109,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from launcher.train.expert_parallel import _routing
+    from launcher.train.parallel.expert_parallel import _routing
     from tests.train.test_expert_parallel import routing_reference
 
     sent, received = received_counts(torch, args.experts, args.ep, args.rows, args.seed)

@@ -78,9 +78,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from launcher.commands.plan import plan_one
     from launcher.targets.files import write
-    from launcher.train import distributed
     from launcher.train.main import build_run
     from launcher.train.monitor import FP8Monitor
+    from launcher.train.parallel import distributed
 
     pairs = args.warmup_blocks + args.pairs
     total = 2 * pairs * args.every

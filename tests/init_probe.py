@@ -10,7 +10,7 @@ import sys
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from launcher.train import distributed
+from launcher.train.parallel import distributed
 from launcher.train.main import build_run
 
 plan_path, out = sys.argv[1], sys.argv[2]

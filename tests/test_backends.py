@@ -14,7 +14,7 @@ import pytest
 from launcher.planning import backends
 from launcher.planning.backends import BACKENDS, BUILT_IN, MSAMP, TE, TORCHAO, Backend, backend_of, named
 from launcher.planning.hardware import supports
-from launcher.planning.levels import MSAMP_LEVELS
+from launcher.planning.msamp_levels import MSAMP_LEVELS
 from launcher.planning.plan import resolve
 from launcher.planning.read import SpecSource, choices, recipes, schema, schema_text
 

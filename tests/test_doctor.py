@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, run_module
 from launcher.planning.install import INSTALL
 from launcher.commands import doctor
-from launcher.planning.levels import native_keys
+from launcher.planning.msamp_levels import native_keys
 from launcher.commands.doctor import ROWS, Gpu, Machine, assess, assess_plan, diagnose, gather, synthetic_plan
 from launcher.planning.backends import TE
 from launcher.planning.hardware import supports

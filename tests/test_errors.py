@@ -7,7 +7,7 @@ import re
 
 from conftest import REPO, run_module
 from launcher.errors import BackendMissing, EnvironmentProblem, LauncherError, Problem, SpecError, UsageError, with_fix
-from launcher.train.preempt import Preempted
+from launcher.train.checkpoint.preempt import Preempted
 
 
 def test_the_class_adds_the_prefix_once():

@@ -66,7 +66,7 @@ def _tokenizer():
     vocab = {f"w{i}": i for i in range(90)} | {"[UNK]": 90}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(["<|endoftext|>"])  # id 91: the EOS launcher/train/tokenizer.py recognises
+    tok.add_special_tokens(["<|endoftext|>"])  # id 91: the EOS launcher/train/data/tokenizer.py recognises
     return tok
 
 

@@ -268,7 +268,7 @@ def test_the_model_that_fits_comes_from_the_size_table(model):
 def test_msamp_presets_write_the_levels_natively_and_plan(tmp_path, preset, level, strategy, machine):
     """--preset msamp-oN: torchao FP8 with the keys launcher/planning/levels.py gives MS-AMP's level (O1/O2 under DDP,
     where MS-AMP enters them; O3 with FSDP2 and float8 all-gather); the spec plans with no error rule."""
-    from launcher.planning.levels import MSAMP_LEVELS
+    from launcher.planning.msamp_levels import MSAMP_LEVELS
 
     d = decide(machine, Choices(preset=preset))
     text = render_spec(d)

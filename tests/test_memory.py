@@ -181,7 +181,7 @@ def test_optimizer_states_and_master_weights_set_the_rows(states, per_param):
 def test_msamp_levels_natively_in_bytes_per_parameter():
     """MS-AMP's chart in bytes per parameter with the native keys (launcher/planning/levels.py): 16 today, 12 for O1
     (bf16 weights and gradients, fp32 moments), ~6 for O2 (+ fp8 moments), the same sharded for O3."""
-    from launcher.planning.levels import MSAMP_LEVELS
+    from launcher.planning.msamp_levels import MSAMP_LEVELS
 
     def spec(level):
         data: dict = {"distributed": {"strategy": "ddp", "procs_per_node": 1}}

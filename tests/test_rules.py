@@ -768,7 +768,7 @@ def test_the_level_keys_default_to_todays_training():
 def test_an_msamp_spec_that_cannot_run_here_names_its_native_keys(level):
     """MSAMP-STACK, CPU-BACKEND and a missing MS-AMP name the keys that give the spec's opt level natively, and those keys
     plan without an error (the O3 ones with FSDP2 on 2 ranks, where float8 all-gather applies)."""
-    from launcher.planning.levels import MSAMP_LEVELS, native_keys
+    from launcher.planning.msamp_levels import MSAMP_LEVELS, native_keys
 
     strategy = {"strategy": "deepspeed", "deepspeed": {"zero_stage": 2}} if level == "O3" else {"strategy": "ddp"}
     spec = {"precision": {**MSAMP, "msamp": {"opt_level": level}}, "distributed": strategy}

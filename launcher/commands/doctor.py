@@ -19,7 +19,7 @@ from launcher.errors import with_fix
 from launcher.planning.backends import BACKENDS, BUILT_IN
 from launcher.planning.hardware import capability_text, requirement, supports
 from launcher.planning.install import INSTALL
-from launcher.planning.levels import native_keys
+from launcher.planning.msamp_levels import native_keys
 from launcher.planning.plan import Plan, resolve
 from launcher.planning.read import SpecSource, recipes, validate
 from launcher.planning.rules import RULES_BY_ID, Facts, check
@@ -319,7 +319,7 @@ def synthetic_plan(mode: str, backend: str | None = None, recipe: str | None = N
 def level_plan(preset: str, procs: int = 1) -> Plan:
     """MS-AMP's opt level as `fp8launch init --preset` writes it natively (launcher/planning/levels.py): torchao FP8 with
     the level keys, under DDP (O1, O2) or FSDP2 (O3)."""
-    from launcher.planning.levels import MSAMP_LEVELS, PRESETS
+    from launcher.planning.msamp_levels import MSAMP_LEVELS, PRESETS
 
     spec: dict = {"version": 1, "name": "doctor", "distributed": {"strategy": "ddp", "procs_per_node": procs},
                   "precision": {"torchao": {"skip_small": False}}}
@@ -332,7 +332,7 @@ def level_plan(preset: str, procs: int = 1) -> Plan:
 
 def assess_levels(machine: Machine) -> list[Support]:
     """Whether each MS-AMP level runs here natively (`fp8launch init --preset msamp-oN`), labelled by its preset."""
-    from launcher.planning.levels import PRESETS
+    from launcher.planning.msamp_levels import PRESETS
 
     procs = max(1, len(machine.gpus))
     return [dataclasses.replace(assess_plan(machine, level_plan(preset, procs)), recipe=f"{preset} natively") for preset in PRESETS]

@@ -97,7 +97,7 @@ class Decision:
 
 def preset_keys(preset: str | None) -> dict:
     """The spec keys of `--preset` (launcher/planning/levels.py), checked against nothing else yet."""
-    from launcher.planning.levels import MSAMP_LEVELS, PRESETS
+    from launcher.planning.msamp_levels import MSAMP_LEVELS, PRESETS
 
     return dict(MSAMP_LEVELS[PRESETS[preset]]) if preset else {}
 
@@ -105,7 +105,7 @@ def preset_keys(preset: str | None) -> dict:
 def check_preset(choices: Choices) -> None:
     """A preset is MS-AMP's level with torchao: refuse the flags that contradict it (UsageError)."""
     from launcher.errors import UsageError
-    from launcher.planning.levels import PRESETS
+    from launcher.planning.msamp_levels import PRESETS
 
     if choices.preset is None:
         return
@@ -161,7 +161,7 @@ def _high_precision(machine: Machine) -> str:
 
 def _why(machine: Machine, choices: Choices, backend: str | None, rows: dict) -> str:
     if choices.preset:
-        from launcher.planning.levels import PRESETS
+        from launcher.planning.msamp_levels import PRESETS
 
         return (f"MS-AMP's {PRESETS[choices.preset]} level natively (--preset {choices.preset}): torchao FP8 GEMMs with the "
                 "optimizer states, gradient reduction and master weights that level keeps in 8 / 16 bits")

@@ -11,7 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from launcher.planning.levels import as_native, native_level
+from launcher.planning.msamp_levels import as_native, native_level
 from launcher.planning.read import SpecSource, defaults
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
@@ -133,7 +133,7 @@ class PrecisionConfig:
     optimizer_states: OptimizerStates = "fp32"
     """fp32 | bf16 | fp8 | int8: dtype of Adam's moments (launcher/train/optim_lowbit.py)."""
     grad_reduce: GradReduce = "auto"
-    """auto | fp32 | bf16 | fp8: payload of the gradient all-reduce / reduce-scatter (launcher/train/grad_reduce.py)."""
+    """auto | fp32 | bf16 | fp8: payload of the gradient all-reduce / reduce-scatter (launcher/train/parallel/grad_reduce.py)."""
     master_weights: MasterWeights = "fp32"
     """fp32 | bf16: bf16 parameters updated with stochastic rounding, no fp32 copy."""
     torchao: TorchaoConfig

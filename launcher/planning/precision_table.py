@@ -84,7 +84,7 @@ _GRAD_REDUCE = {
     "bf16": {"ddp": "bf16 (communication hook)", "fsdp2": "bf16 (custom reduce-scatter)"},
     "fp32": {"ddp": "fp32 (communication hook)", "fsdp2": "fp32 (custom reduce-scatter)"},
 }
-"""precision.grad_reduce -> strategy -> the payload as the gradient reduction sends it (launcher/train/grad_reduce.py)."""
+"""precision.grad_reduce -> strategy -> the payload as the gradient reduction sends it (launcher/train/parallel/grad_reduce.py)."""
 
 _STATES = {"fp8": "fp8 e4m3 first and second moment, one fp32 scale per 256 values (torchao AdamWFp8)",
            "int8": "8-bit dynamic-tree codes, one fp32 scale per 256 values (torchao AdamW8bit)",
@@ -93,7 +93,7 @@ _STATES = {"fp8": "fp8 e4m3 first and second moment, one fp32 scale per 256 valu
 
 
 def tp_comm(plan: Plan) -> str:
-    """The dtype of the tensor-parallel all-gathers and reduce-scatters (launcher/train/tensor_parallel.py)."""
+    """The dtype of the tensor-parallel all-gathers and reduce-scatters (launcher/train/parallel/tensor_parallel.py)."""
     p = plan.precision
     hp = p.compute_dtype
     b = backend_of(p)

@@ -28,12 +28,12 @@ if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
     from launcher.planning.schedule import Phase
     from launcher.train.checkpoint import CheckpointManager, LoadedState
-    from launcher.train.distributed import DistEnv
     from launcher.train.engines import Engine
     from launcher.train.loop import Trainer, TrainState
     from launcher.train.materialize import Pending
     from launcher.train.metrics import MetricsLogger, Throughput
     from launcher.train.monitor import FP8Monitor
+    from launcher.train.parallel.distributed import DistEnv
     from launcher.train.precision import Precision
 
 
@@ -95,8 +95,8 @@ def open_run(plan_path: str) -> Run:
     anything). Returns the Run."""
     from launcher.planning.plan import load_plan
     from launcher.planning.schedule import plan_at
-    from launcher.train import distributed
     from launcher.train.checkpoint import CheckpointManager, read_marker
+    from launcher.train.parallel import distributed
 
     plan_dir = os.path.dirname(os.path.abspath(plan_path))
     plan = _load(plan_path, load_plan)
@@ -172,8 +172,8 @@ def build_data(run: Run, vocab_size: int) -> Data:
     training batches and, where eval.enabled, its first evaluation stream. Returns the Data."""
     import torch
 
-    from launcher.train import distributed
     from launcher.train.data import build_data as open_stream
+    from launcher.train.parallel import distributed
 
     plan, t, env = run.plan, run.plan.train, run.env
     torch.manual_seed(t.seed + env.rank)
@@ -224,12 +224,12 @@ def start_metrics(run: Run, model: Model, precision: Precision, engine: Engine, 
     from launcher.planning.schedule import phases
     from launcher.train import effects
     from launcher.train.metrics import MetricsLogger, start_record
+    from launcher.train.parallel.tensor_parallel import tp_line, tp_report
     from launcher.train.precision.switch import phase_label
-    from launcher.train.tensor_parallel import tp_line, tp_report
 
     plan, t, env, measured = run.plan, run.plan.train, run.env, measures.effects
     # [log] trackers, rank 0 only, opened by logger.start: a resumed run continues the tracked runs its checkpoint names
-    from launcher.train.trackers import build_trackers
+    from launcher.train.metrics.trackers import build_trackers
 
     logger = MetricsLogger(output_dir=t.output_dir, enabled=env.is_main, total_steps=t.steps, start_step=state.step, stream=stream,
                            trackers=build_trackers(plan, enabled=env.is_main), tracker_ids=state.tracker_ids)
@@ -246,7 +246,7 @@ def start_metrics(run: Run, model: Model, precision: Precision, engine: Engine, 
     record["tensor_parallel"] = tp
     if tp:
         line += "\n" + tp_line(tp)
-    from launcher.train.expert_parallel import ep_line, ep_report
+    from launcher.train.parallel.expert_parallel import ep_line, ep_report
 
     record["expert_parallel"] = ep = ep_report(engine.module, plan.distributed.expert_parallel)
     if ep:

@@ -29,7 +29,7 @@ Each effect, and where it is read:
   with the optimizer; torch's own Adam creates its moments at the first step as zeros_like each parameter, so before
   it they are named by the parameters' dtype; "none" for SGD;
 - grad_reduce: the payload of the gradient reduction (fp32 | bf16 | fp8 ...): the DDP communication hook's, FSDP2's
-  custom reduce-scatter's or mixed-precision policy's, DeepSpeed's communication dtype (launcher/train/grad_reduce.py);
+  custom reduce-scatter's or mixed-precision policy's, DeepSpeed's communication dtype (launcher/train/parallel/grad_reduce.py);
 - master_weights: the dtype of the weights the optimizer updates (most of them by count), "bf16" only where the
   optimizer also rounds into them stochastically;
 - msamp_level: the MS-AMP opt level the run is: "<level> (MS-AMP)" where MS-AMP itself converted the model, "<level>
@@ -186,8 +186,8 @@ def _by_count(named: list[tuple[str, int]]) -> str | None:
 
 def optimizer_states(engine: Engine) -> str:
     """The moments' dtype as built (see the module's docstring)."""
-    from launcher.train.grad_reduce import dtype_name
     from launcher.train.optim_lowbit import states_dtype
+    from launcher.train.parallel.grad_reduce import dtype_name
 
     optimizer = engine.stepping_optimizer()
     found = states_dtype(optimizer)
@@ -200,7 +200,7 @@ def optimizer_states(engine: Engine) -> str:
 
 def master_weights(engine: Engine) -> str:
     """The dtype of the weights the optimizer updates (see the module's docstring)."""
-    from launcher.train.grad_reduce import dtype_name
+    from launcher.train.parallel.grad_reduce import dtype_name
 
     optimizer = engine.stepping_optimizer()
     found = _by_count([(dtype_name(q.dtype), q.numel()) for q in _stepped(engine)]) or "none"
@@ -251,9 +251,9 @@ def fp8_weights(engine: Engine) -> dict[str, Any] | None:
 def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None) -> dict[str, Any]:
     """Every effect (EFFECT_KEYS) of the wrapped model, its optimizer and the monitor; `fp8_weights` where the
     model stores FP8 weights."""
-    from launcher.train.expert_parallel import expert_parallel_degree
-    from launcher.train.grad_reduce import payload_of
-    from launcher.train.tensor_parallel import async_tp_active
+    from launcher.train.parallel.expert_parallel import expert_parallel_degree
+    from launcher.train.parallel.grad_reduce import payload_of
+    from launcher.train.parallel.tensor_parallel import async_tp_active
 
     group = tp_group(engine.module)
     weights = fp8_weights(engine)

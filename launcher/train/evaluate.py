@@ -27,8 +27,8 @@ import typing
 
 import torch
 
-from launcher.train.distributed import all_reduce_sum
 from launcher.train.loop import cross_entropy
+from launcher.train.parallel.distributed import all_reduce_sum
 from launcher.train.rng import rng_state, set_rng_state
 
 if typing.TYPE_CHECKING:

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 
 from launcher.errors import EXIT_DIVERGED, LauncherError
 from launcher.planning.backends import named
-from launcher.train import preempt
-from launcher.train.distributed import all_reduce_sum
+from launcher.train.checkpoint import preempt
 from launcher.train.metrics import MetricsLogger, StepTimer, Throughput, peak_memory_gib, step_record
+from launcher.train.parallel.distributed import all_reduce_sum
 from launcher.train.rng import rng_state, set_rng_state
 
 annotate = torch.profiler.record_function
@@ -123,7 +123,7 @@ class StepResult:
     stop: str | None = None
     """The signal some rank got before this step's all-reduce ("SIGTERM"): every rank stops after this step."""
     grad_comm_bytes: int | None = None
-    """Bytes this rank sent for the step's gradient reduction (launcher/train/grad_reduce.py); None: not known."""
+    """Bytes this rank sent for the step's gradient reduction (launcher/train/parallel/grad_reduce.py); None: not known."""
 
 
 class Trainer:

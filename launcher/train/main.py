@@ -51,12 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan", required=True, help="plan.json written by `fp8launch plan` or `fp8launch run`")
     args = parser.parse_args(argv)
-    from launcher.train import preempt, quiet
+    from launcher.train import quiet
+    from launcher.train.checkpoint import preempt
 
     quiet.install()  # known-harmless library messages, dropped by their exact text
     preempt.install()  # before importing torch: a SIGTERM from now on asks for a clean stop
     _forget_exit_code_of_earlier_attempt()
-    from launcher.train import distributed
+    from launcher.train.parallel import distributed
 
     try:
         return train(args.plan)
@@ -85,7 +86,7 @@ def run_process(argv: list[str] | None = None) -> typing.NoReturn:
     this process wrote is closed by then (metrics closed, checkpoint files fsynced)."""
     code = main(argv)
     if _GLOO:
-        from launcher.train import distributed
+        from launcher.train.parallel import distributed
 
         distributed.exit_now(code)
     raise SystemExit(code)
@@ -93,7 +94,8 @@ def run_process(argv: list[str] | None = None) -> typing.NoReturn:
 
 def train(plan_path: str) -> int:
     """Run the whole plan in this process (one rank of the job)."""
-    from launcher.train import distributed, preempt
+    from launcher.train.checkpoint import preempt
+    from launcher.train.parallel import distributed
 
     trainer, logger = build_run(plan_path)
     try:

@@ -187,7 +187,7 @@ def _state_name(t: torch.Tensor) -> str:
     name = STATE_NAMES.get(type(local).__name__)
     if name is not None:
         return name
-    from launcher.train.grad_reduce import dtype_name
+    from launcher.train.parallel.grad_reduce import dtype_name
 
     return dtype_name(local.dtype)
 

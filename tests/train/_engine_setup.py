@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from launcher.targets.files import write
 from launcher.commands.plan import plan_one
-from launcher.train.distributed import DistEnv, exit_now
+from launcher.train.parallel.distributed import DistEnv, exit_now
 from tests.support import free_port, write_toml_spec
 
 CPU = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
@@ -30,7 +30,7 @@ BASE = {
 
 def _run_then_leave(rank: int, fn, *args) -> None:
     """A spawned rank: `fn(rank, *args)`, then leave as the entrypoint does after a gloo run
-    (`launcher.train.distributed.exit_now`: gloo's threads abort a finalizing interpreter after the
+    (`launcher.train.parallel.distributed.exit_now`: gloo's threads abort a finalizing interpreter after the
     work passed). A failure still raises, so spawn reports its traceback."""
     fn(rank, *args)
     exit_now(0)
@@ -116,7 +116,7 @@ def token_batches(n: int, *, batch: int = 2, seq_len: int = 16, vocab: int = 204
 def train_in_process(plan_json: str, *, stream=None):
     """What `fp8launch run` does for one process, in this one: a world of one (the environment torchrun gives),
     build_run, train, close the logger, leave the process group. Returns the Trainer."""
-    from launcher.train import distributed
+    from launcher.train.parallel import distributed
     from launcher.train.main import build_run
 
     with torchrun_env():

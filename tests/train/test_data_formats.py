@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from launcher.errors import EXIT_INVALID, InputError
-from launcher.train import data_formats
+from launcher.train.data import formats as data_formats
 from launcher.train.data import build_data
-from launcher.train.data_formats import JoinedCorpus
-from launcher.train.tokenizer import load_tokenizer
+from launcher.train.data.formats import JoinedCorpus
+from launcher.train.data.tokenizer import load_tokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
 datasets = pytest.importorskip("datasets")

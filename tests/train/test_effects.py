@@ -157,7 +157,7 @@ def test_deepspeed_offload_trains_with_deepspeeds_cpu_adam(tmp_path):
 def test_async_tp_is_measured_where_inductor_looks():
     import torch.distributed as dist
 
-    from launcher.train.tensor_parallel import async_tp_active, enable_async_tp
+    from launcher.train.parallel.tensor_parallel import async_tp_active, enable_async_tp
 
     with world_of_one():
         group = dist.new_group([0])

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from launcher.errors import EXIT_ENVIRONMENT, EnvironmentProblem, LauncherError
-from launcher.train import distributed
+from launcher.train.parallel import distributed
 from launcher.train.compile_ac import prepare_blocks
 from launcher.train.engines import read_config, wrap
 from launcher.train.loop import cross_entropy

@@ -1,4 +1,4 @@
-"""Expert parallelism (launcher/train/expert_parallel.py): the token exchange and the gradients.
+"""Expert parallelism (launcher/train/parallel/expert_parallel.py): the token exchange and the gradients.
 
 - The routing indices group received rows expert-major and pad each expert's group (pure function), and
   the vectorised `_routing` gives exactly what the per-row Python walk it replaced gave (kept here as the
@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from launcher.train.distributed import DistEnv
-from launcher.train.expert_parallel import (
+from launcher.train.parallel.distributed import DistEnv
+from launcher.train.parallel.expert_parallel import (
     _routing,
     apply_expert_parallel,
     combine_tokens,

@@ -109,7 +109,7 @@ def test_the_entrypoint_skips_initialisation_when_it_resumes(tmp_path, monkeypat
     def no_random_init(self, name, module):
         raise AssertionError("initialised a resumed model")
 
-    from launcher.train import distributed
+    from launcher.train.parallel import distributed
     from tests.support import free_port
 
     for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():

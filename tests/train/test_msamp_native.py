@@ -12,7 +12,7 @@ import json
 import pytest
 
 from launcher.commands.plan_text import plan_summary
-from launcher.planning.levels import MSAMP_LEVELS, native_keys
+from launcher.planning.msamp_levels import MSAMP_LEVELS, native_keys
 from launcher.planning.read import nested
 from launcher.train import effects
 from tests.support import plan_from

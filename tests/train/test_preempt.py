@@ -16,7 +16,7 @@ import pytest
 from launcher.errors import EXIT_PREEMPTED
 import torch
 
-from launcher.train import preempt
+from launcher.train.checkpoint import preempt
 from launcher.train.checkpoint import CheckpointManager
 from launcher.train.data import build_data
 from launcher.train.engines import wrap
@@ -145,7 +145,7 @@ def test_a_stop_at_the_last_step_is_a_normal_end(world, tmp_path):
 def _two_rank_worker(rank: int, world_size: int, port: int, folder: str) -> None:
     from pathlib import Path
 
-    from launcher.train.distributed import DistEnv
+    from launcher.train.parallel.distributed import DistEnv
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))

@@ -1,4 +1,4 @@
-"""launcher/train/tensor_parallel.py: the TP plan of the builtin Llama.
+"""launcher/train/parallel/tensor_parallel.py: the TP plan of the builtin Llama.
 
 Fast: what `parallelize` refuses (models without a plan, head counts, async TP off CUDA), which
 recipes carry float8 over the TP collectives, and the data split of a TP group.
@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from launcher.errors import EnvironmentProblem, LauncherError
-from launcher.train.distributed import DistEnv, data_rank
-from launcher.train.tensor_parallel import _enable_async_tp, float8_tp, parallelize
+from launcher.train.parallel.distributed import DistEnv, data_rank
+from launcher.train.parallel.tensor_parallel import _enable_async_tp, float8_tp, parallelize
 
 from ._engine_setup import gloo_world, spawn_ranks, tiny_model
 from ._precision import make_plan
@@ -156,7 +156,7 @@ def _fp8_worker(rank: int, world_size: int, port: int, out: str, plan) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from launcher.train.precision import apply_precision
-    from launcher.train.tensor_parallel import tp_styles_used
+    from launcher.train.parallel.tensor_parallel import tp_styles_used
 
     torch.set_num_threads(1)
     tokens = torch.randint(0, 2048, (2, 17), generator=torch.Generator().manual_seed(0))

@@ -23,7 +23,7 @@ from launcher.errors import EnvironmentProblem
 from launcher.planning.install import INSTALL
 from launcher.train.metrics import METRICS_FILE, MetricsLogger, Throughput, step_record
 from launcher.train.monitor.records import sample_summary
-from launcher.train.trackers import TRACKED_STEP_FIELDS, build_trackers, metrics_of
+from launcher.train.metrics.trackers import TRACKED_STEP_FIELDS, build_trackers, metrics_of
 from tests.support import plan_from
 
 pytest.importorskip("tensorboard")
@@ -316,7 +316,7 @@ def test_other_ranks_write_nothing_and_import_no_tracker(tmp_path):
     logger.close()
     assert not out.exists() and logger.tracker_ids() == {}
     # building the trackers (rank 0) imports no tracker library: only opening one does
-    code = ("import sys; from tests.support import plan_from; from launcher.train.trackers import build_trackers; "
+    code = ("import sys; from tests.support import plan_from; from launcher.train.metrics.trackers import build_trackers; "
             f"build_trackers(plan_from({{'log': {ALL!r}}}), enabled=True); "
             "print(sorted(m for m in ('wandb', 'mlflow', 'tensorboard', 'torch') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],

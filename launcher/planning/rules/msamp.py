@@ -14,7 +14,7 @@ MSAMP_OWN_ENVIRONMENT = ("run MS-AMP in its own environment (torch 2.1-2.2, Tran
 
 def msamp_level_fix(f: Facts, first: str) -> str:
     """`first`, or MS-AMP's opt level natively (launcher/planning/levels.py)."""
-    from launcher.planning.levels import native_fix
+    from launcher.planning.msamp_levels import native_fix
 
     return f"{first}, or use {native_fix(f.plan.precision.msamp.opt_level)}"
 

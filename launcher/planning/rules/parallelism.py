@@ -1,5 +1,5 @@
 """How the ranks split the work: the global batch, expert parallelism (distributed.expert_parallel;
-launcher/train/expert_parallel.py) and tensor parallelism (distributed.tensor_parallel, distributed.async_tp)."""
+launcher/train/parallel/expert_parallel.py) and tensor parallelism (distributed.tensor_parallel, distributed.async_tp)."""
 
 from __future__ import annotations
 

@@ -26,8 +26,8 @@ from .base import Engine, read_config
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
-    from launcher.train.distributed import DistEnv
     from launcher.train.materialize import Pending
+    from launcher.train.parallel.distributed import DistEnv
     from launcher.train.precision import Precision
 
 __all__ = ["Engine", "wrap", "read_config"]

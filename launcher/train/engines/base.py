@@ -18,7 +18,7 @@ from launcher.planning.backends import named
 from launcher.train.models import logits_of
 
 if typing.TYPE_CHECKING:
-    from launcher.train.grad_reduce import GradReduction
+    from launcher.train.parallel.grad_reduce import GradReduction
     from launcher.train.precision import Precision
 
 
@@ -41,7 +41,7 @@ class Engine:
     precision: Precision
     accum_steps: int
     grad_reduction: GradReduction | None = None
-    """The gradient reduction as built (launcher/train/grad_reduce.py): its payload and the bytes each step sent."""
+    """The gradient reduction as built (launcher/train/parallel/grad_reduce.py): its payload and the bytes each step sent."""
 
     def grad_comm_bytes(self) -> int | None:
         """Bytes this rank sent for gradient reduction since the last call (call it once per step, after the last

@@ -16,8 +16,8 @@ from .base import Engine
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
-    from launcher.train.distributed import DistEnv
     from launcher.train.materialize import Pending
+    from launcher.train.parallel.distributed import DistEnv
     from launcher.train.precision import Precision
 
 
@@ -42,7 +42,7 @@ def wrap_ddp(model: nn.Module, plan: Plan, precision: Precision, *, env: DistEnv
     ddp_class = precision.ddp_class or DistributedDataParallel
     device_ids = [env.device.index] if env.device.type == "cuda" else None
     wrapped = ddp_class(model, device_ids=device_ids)
-    from launcher.train.grad_reduce import install
+    from launcher.train.parallel.grad_reduce import install
 
     reduction = install(wrapped, plan, "ddp", world_size=env.world_size)  # a communication hook unless grad_reduce = "auto"
     return DDPEngine(model=wrapped, module=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, plan.train),

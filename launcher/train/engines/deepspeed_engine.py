@@ -26,8 +26,8 @@ from .base import Engine
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
-    from launcher.train.distributed import DistEnv
     from launcher.train.materialize import Pending
+    from launcher.train.parallel.distributed import DistEnv
     from launcher.train.precision import Precision
 
 
@@ -160,7 +160,7 @@ def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: d
 
         precision.recount(engine.module)
         raise_run_errors(plan, env.device, fp8_layers=precision.report.fp8_layers)
-    from launcher.train.grad_reduce import install
+    from launcher.train.parallel.grad_reduce import install
 
     return DeepSpeedEngine(model=engine, module=engine.module, optimizer=ds_optimizer, scheduler=scheduler,
                            precision=precision, accum_steps=plan.train.grad_accum_steps,

@@ -21,8 +21,8 @@ from .base import Engine
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
-    from launcher.train.distributed import DistEnv
     from launcher.train.materialize import Pending
+    from launcher.train.parallel.distributed import DistEnv
     from launcher.train.precision import Precision
 
 
@@ -71,8 +71,8 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
                blocks: list[nn.Module] | None = None, pending: Pending | None = None) -> FSDP2Engine:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from launcher.train.distributed import device_mesh
-    from launcher.train.tensor_parallel import parallelize
+    from launcher.train.parallel.distributed import device_mesh
+    from launcher.train.parallel.tensor_parallel import parallelize
 
     tp = plan.distributed.tensor_parallel
     shape = tuple(config["mesh"]["shape"])
@@ -86,8 +86,8 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
     if ep > 1 and tp > 1:
         raise LauncherError(f"distributed.expert_parallel = {ep} with distributed.tensor_parallel = {tp}: fp8launch does not "
                             "compose expert and tensor parallelism; fix: set one of them to 1", rule="EP-TENSOR-PARALLEL")
-    if ep > 1:  # launcher/train/expert_parallel.py: experts over ("efsdp", "ep"), dense parameters over both flattened
-        from launcher.train.expert_parallel import ep_mesh
+    if ep > 1:  # launcher/train/parallel/expert_parallel.py: experts over ("efsdp", "ep"), dense parameters over both flattened
+        from launcher.train.parallel.expert_parallel import ep_mesh
 
         emesh, mesh = ep_mesh(env, ep)
     else:
@@ -101,7 +101,7 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
     blocks = transformer_blocks(model) if blocks is None else blocks
     reshard = bool(config["reshard_after_forward"])
     if ep > 1:  # the experts' own FSDP2 units first, over the ranks holding the same experts
-        from launcher.train.expert_parallel import apply_expert_parallel, shard_experts
+        from launcher.train.parallel.expert_parallel import apply_expert_parallel, shard_experts
 
         shard_experts(apply_expert_parallel(model, emesh["ep"]), emesh["efsdp"], env.world_size, reshard_after_forward=reshard, **kwargs)
     # The units fsdp2.json lists; a plan written before "embedding" and "output" were units keeps its two.
@@ -124,7 +124,7 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
         pending(model, torch.device("cpu") if config["cpu_offload"] else env.device)
     optimizer = build_optimizer(model.parameters(), plan.train, plan.precision)
     model, optimizer = precision.wrap_optimizer(model, optimizer)
-    from launcher.train.grad_reduce import install
+    from launcher.train.parallel.grad_reduce import install
 
     reduction = install(model, plan, "fsdp2", world_size=env.world_size)  # a custom reduce-scatter unless grad_reduce = "auto"
     return FSDP2Engine(model=model, module=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, plan.train),

@@ -6,7 +6,7 @@ without a process group, a few tensors at a time (`Weights.load`), never the opt
     weights.load(["output.weight"])    # {name: plain CPU tensor}
 
 - DDP and FSDP2 (tensor parallel or not): `model/` is a DCP checkpoint of the full-precision weights
-  (checkpoint_dcp.py saved torchao's wrapper subclasses as the plain tensors they wrap). Its metadata
+  (checkpoint/dcp.py saved torchao's wrapper subclasses as the plain tensors they wrap). Its metadata
   gives every tensor's global shape; `torch.distributed.checkpoint.load(..., no_dist=True)` fills
   plain full-size tensors from every rank's shards (DCP reshards), in this process only.
 - DeepSpeed ZeRO 1-3: DeepSpeed's own fp32 reconstruction from the optimizer partitions

@@ -1,6 +1,6 @@
 """The tokenizer a run used, for its Hugging Face export: which files to copy, and its EOS id.
 
-In order: `train.tokenizer` (a tokenizer.json, or a folder with one: launcher/train/tokenizer.py reads it
+In order: `train.tokenizer` (a tokenizer.json, or a folder with one: launcher/train/data/tokenizer.py reads it
 as the run did); else the tokenizer files of an hf: model's folder; else the tokenizer.json beside text:
 data (which text: tokenizes with). With the tokenizer.json come the other tokenizer files of its folder
 (tokenizer_config.json, special_tokens_map.json, ...), which say its special tokens.
@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 
 from launcher.errors import InputError, with_fix
+from launcher.train.data.tokenizer import beside_text, load_tokenizer
 from launcher.train.factory import resolve_path
-from launcher.train.tokenizer import beside_text, load_tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "vocab.txt", "spiece.model", "chat_template.jinja", "chat_template.json")

@@ -12,7 +12,7 @@ an `MoE`:
 
 `GroupedExperts` holds w1 (E, hidden, dim), w2 (E, dim, hidden), w3 (E, hidden, dim) and runs the
 SwiGLU experts with `torch._grouped_mm` over contiguous token groups (torch 2.13 has CPU kernels for
-it, fp32 and bf16). The expert-parallel wrapper (launcher/train/expert_parallel.py) wraps exactly
+it, fp32 and bf16). The expert-parallel wrapper (launcher/train/parallel/expert_parallel.py) wraps exactly
 that module: it replaces the rows and counts by the all-to-all's (E_local groups) and calls the same
 forward. Low-precision grouped GEMMs need each group's row count to be a multiple of
 `GroupedExperts.align` (16 for FP8 rowwise, 32 for MXFP8: torchao's TOKEN_GROUP_ALIGN_SIZE_M /

@@ -21,7 +21,7 @@ from typing import IO, Any, Callable
 
 from torch import nn
 
-from launcher.train.distributed import all_reduce_max, all_reduce_sum
+from launcher.train.parallel.distributed import all_reduce_max, all_reduce_sum
 
 from .alerts import Warner
 from .hooks import Collector, Target

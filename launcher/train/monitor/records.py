@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from launcher.train.trackers import FP8_EVENT
+from launcher.train.metrics.trackers import FP8_EVENT
 
 from .stats import Scaling
 

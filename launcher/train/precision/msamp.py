@@ -97,7 +97,7 @@ def import_error(error: ImportError, strategy: str, opt_level: str | None = None
     installed but cannot import next to this Transformer Engine / DeepSpeed says so with their versions
     (rule MSAMP-STACK, launcher/planning/stack.py), or with the import error itself when nothing visible explains it.
     With the spec's `opt_level`, the fix also names that level's native equivalent (launcher/planning/levels.py)."""
-    from launcher.planning.levels import native_fix
+    from launcher.planning.msamp_levels import native_fix
     from launcher.planning.stack import importable, msamp_problem
 
     native = f", or use {native_fix(opt_level)}" if opt_level else ""

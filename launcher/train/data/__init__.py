@@ -11,7 +11,7 @@
     hf-dataset:PATH[?column=text]
                           a local Hugging Face dataset (a save_to_disk folder, or a .parquet / .jsonl /
                           .json / .arrow file), its column tokenized by train.tokenizer, documents
-                          joined by the tokenizer's EOS (data_formats.py reads these two)
+                          joined by the tokenizer's EOS (formats.py reads these two)
     py:module:function    a user factory returning an iterable of int64 (batch, seq + 1)
 
 Every stream yields int64 tensors of shape (micro_batch_size, seq_len + 1) forever;
@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 from launcher.errors import InputError
-from launcher.train.data_formats import JoinedCorpus, hf_dataset_corpus, megatron_corpus
+from launcher.train.data.formats import JoinedCorpus, hf_dataset_corpus, megatron_corpus
+from launcher.train.data.tokenizer import beside_text, load_tokenizer
 from launcher.train.factory import load_factory, resolve_path
-from launcher.train.tokenizer import beside_text, load_tokenizer
 
 KEY = "train.data"
 FULL_SCAN_LIMIT = 1 << 26

@@ -1,7 +1,7 @@
 """What a run reports, on rank 0: a start record with the precision report (the honesty line),
 one record per `log_every` steps, and a final summary. Each goes to the terminal as one
 compact line and to `<output_dir>/metrics.jsonl` as one JSON object, and to the `[log]`
-experiment trackers (launcher/train/trackers.py, docs/trackers.md).
+experiment trackers (launcher/train/metrics/trackers.py, docs/trackers.md).
 
 Every record has an "event": "start" | "step" | "end". Step records carry the contract's
 fields: step, loss, lr, tokens_per_s (global), tflops_per_device, mfu (null where the
@@ -22,11 +22,12 @@ import resource
 import sys
 import time
 from dataclasses import dataclass
-from typing import IO, Any, Sequence
-
-import torch
+from typing import IO, TYPE_CHECKING, Any, Sequence
 
 from launcher.planning.gpus import MFU_NOTE
+
+if TYPE_CHECKING:  # torch is imported where it is used: trackers.py, beside this, is read by processes that load no torch
+    import torch
 
 STEP_FIELDS = ("step", "loss", "lr", "tokens_per_s", "tflops_per_device", "mfu", "peak_mem_gib", "step_time_s")
 """The field names of a step record (the contract); more fields may follow them."""
@@ -62,6 +63,8 @@ class Throughput:
 
 def peak_memory_gib(device: torch.device) -> float:
     """CUDA: the most memory torch allocated on `device`; CPU: this process's peak resident set."""
+    import torch
+
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
@@ -105,7 +108,7 @@ def end_line(record: dict[str, Any]) -> str:
 
 class MetricsLogger:
     """Prints and writes the records on rank 0, and passes each to the experiment trackers
-    (launcher/train/trackers.py); does nothing on the other ranks.
+    (launcher/train/metrics/trackers.py); does nothing on the other ranks.
 
     `trackers` (not yet open) are opened by `start`, before the start record is written, continuing the
     tracked runs whose ids `tracker_ids` holds (a resumed run's, from its checkpoint); `close` closes them."""
@@ -139,7 +142,7 @@ class MetricsLogger:
                      + (f" ({peak:g} TFLOP/s)" if peak else " (unknown here: MFU n/a)")
                      + (f": {MFU_NOTE}" if record.get("backend") else ""))
         if self.trackers:
-            from launcher.train.trackers import open_trackers, trackers_line
+            from launcher.train.metrics.trackers import open_trackers, trackers_line
 
             try:
                 where = open_trackers(self.trackers, {"event": "start", **record}, self._resume_ids)
@@ -180,7 +183,7 @@ class MetricsLogger:
 
     def close(self) -> None:
         if self.trackers:  # each closes once; their ids stay readable
-            from launcher.train.trackers import close_trackers
+            from launcher.train.metrics.trackers import close_trackers
 
             close_trackers(self.trackers)
         if self._bar is not None:
@@ -227,6 +230,8 @@ class StepTimer:
         self._t0 = time.perf_counter()
 
     def stop(self) -> float:
+        import torch
+
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - self._t0
@@ -234,6 +239,8 @@ class StepTimer:
 
 def throughput_for(plan, env, flops_per_token: float) -> Throughput:
     """The run's Throughput: tokens per step from the plan, the peak of this device in the compute dtype."""
+    import torch
+
     from launcher.planning.gpus import peak_tflops
 
     name = torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else "cpu"
@@ -243,6 +250,8 @@ def throughput_for(plan, env, flops_per_token: float) -> Throughput:
 
 def start_record(plan, env, report, throughput: Throughput, *, parameters: int, start_step: int) -> dict[str, Any]:
     """What the start record says: the precision report (what really runs in FP8), the job's shape, the model's size."""
+    import torch
+
     return {
         "name": plan.name,
         "precision": report.line(),

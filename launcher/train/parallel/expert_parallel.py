@@ -38,7 +38,7 @@ from launcher.errors import EnvironmentProblem, LauncherError
 if typing.TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from launcher.train.distributed import DistEnv
+    from launcher.train.parallel.distributed import DistEnv
 
 __all__ = ["ALIGN", "ep_mesh", "experts_modules", "apply_expert_parallel", "expert_parallel_degree", "ep_report",
            "dispatch_tokens", "combine_tokens", "check_divides"]

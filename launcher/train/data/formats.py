@@ -11,7 +11,7 @@
 Documents are laid end to end with one EOS id between consecutive ones (none after the last), so a window
 may span documents. megatron:'s EOS is ?eos=ID, else train.tokenizer's EOS; ?eos=none joins them with
 nothing (data preprocessed with --append-eod already ends each document with one). hf-dataset: uses
-train.tokenizer's EOS, and joins with nothing when the tokenizer has none (launcher/train/tokenizer.py
+train.tokenizer's EOS, and joins with nothing when the tokenizer has none (launcher/train/data/tokenizer.py
 says how the EOS is found). Texts are encoded without the tokenizer's special tokens (no BOS), as text: is.
 
 The Megatron index (.idx), as megatron/core/datasets/indexed_dataset.py (_IndexWriter) writes it, all
@@ -42,8 +42,8 @@ import numpy as np
 from launcher.errors import BackendMissing, InputError
 from launcher.planning.install import INSTALL
 from launcher.planning.suggest import did_you_mean
+from launcher.train.data.tokenizer import load_tokenizer
 from launcher.train.factory import resolve_path
-from launcher.train.tokenizer import load_tokenizer
 
 HEADER = b"MMIDIDX\x00\x00"
 HEADER_BYTES = 34

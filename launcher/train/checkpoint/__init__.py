@@ -64,8 +64,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from launcher import __version__
 from launcher.errors import EnvironmentProblem, InputError, LauncherError
-from launcher.train.checkpoint_dcp import _load_dcp, _save_dcp
-from launcher.train.checkpoint_deepspeed import _clean_param_names, clean_fqn
+from launcher.train.checkpoint.dcp import _load_dcp, _save_dcp
+from launcher.train.checkpoint.deepspeed import _clean_param_names, clean_fqn
 from launcher.train.precision import te_state
 from launcher.train.rng import rng_state, set_rng_state
 
