@@ -35,8 +35,15 @@ def test_candidates_are_what_runs_here_with_all_gather_on_fsdp2_and_compile_togg
                                             "torchao-tensorwise+compile", "torchao-rowwise+compile", "torchao-rowwise_with_gw_hp+compile",
                                             "torchao-mxfp8+compile"]
     assert dict(both)["torchao-rowwise+compile"][-1] == "compile.enabled=true"
-    everything = [label for label, _ in candidate_overrides(fsdp2, lambda sets: True)]
-    assert "te-mxfp8" in everything and "msamp-O2" in everything
+    everything = [label for label, _ in candidate_overrides(ddp, lambda sets: True)]
+    # MS-AMP's levels without its stack plan as torchao plus native levels: no backend of their own to time
+    assert "te-mxfp8" in everything and not any(label.startswith("msamp-") for label in everything)
+
+
+def test_msamp_levels_are_candidates_where_msamps_own_stack_runs(tmp_path, msamp_stack):
+    ddp = plan_of(tmp_path, 'version = 1\nname = "c"\n[distributed]\nstrategy = "ddp"\n')
+    labels = [label for label, _ in candidate_overrides(ddp, lambda sets: True)]
+    assert [label for label in labels if label.startswith("msamp-")] == ["msamp-O1", "msamp-O2", "msamp-O3"]
 
 
 def test_candidates_option_picks_by_name_and_refuses_unknown_ones():

@@ -1,11 +1,14 @@
 """The candidates `fp8launch tune` tries: every recipe of every FP8 backend the doctor says runs here (asked
 with this spec: launcher/commands/doctor.py `assess_plan`), torchao's tensorwise with and without float8
 all-gather where FSDP2 is the engine, compile as the spec has it (toggled too with `--candidates compile`),
-plus the bf16 twin, the baseline."""
+plus the bf16 twin, the baseline. MS-AMP's levels are candidates where MS-AMP's own stack runs: elsewhere a
+`backend = "msamp"` spec plans as torchao with fp8launch's native levels (launcher/planning/msamp_levels.py),
+which are memory and communication settings of a torchao run, not another FP8 backend to time."""
 
 from __future__ import annotations
 
 from launcher.errors import LauncherError, SpecError, UsageError
+from launcher.planning import stack
 from launcher.planning.read import recipes
 
 BASELINE = "bf16"
@@ -24,7 +27,7 @@ def candidate_overrides(spec_plan, runs_here, toggle_compile: bool = False) -> l
             out.append((f"torchao-{recipe}", base + ["precision.torchao.fsdp_float8_all_gather=false"]))
     for recipe in recipes("te"):
         out.append((f"te-{recipe}", ['precision.mode="fp8"', 'precision.backend="te"', f'precision.te.recipe="{recipe}"']))
-    for level in recipes("msamp"):
+    for level in recipes("msamp") if stack.msamp_runs(spec_plan.distributed.strategy) else ():  # else torchao's levels: not a backend
         out.append((f"msamp-{level}", ['precision.mode="fp8"', 'precision.backend="msamp"', f'precision.msamp.opt_level="{level}"']))
     if toggle_compile:
         flip = not spec_plan.compile.enabled
