@@ -62,12 +62,18 @@ class Throughput:
 
 
 def peak_memory_gib(device: torch.device) -> float:
-    """CUDA: the most memory torch allocated on `device`; CPU: this process's peak resident set."""
+    """CUDA: the most memory torch allocated on `device`; CPU: this process's peak resident set (Linux: VmHWM, the
+    high-water mark of this process's own memory; getrusage's ru_maxrss keeps the parent's across exec, so a rank started
+    by a large process would report that process's peak)."""
     import torch
 
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux and the BSDs
     return kib / 2**20
 
 
