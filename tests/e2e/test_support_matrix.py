@@ -79,6 +79,8 @@ def expected_effects(config: dict, fp8_layers: int) -> dict:
         "optimizer_states": "none" if optimizer == "SGD" else "fp32",
         "grad_reduce": grad_reduce,
         "master_weights": "fp32",
+        # backend = "msamp" without MS-AMP's stack plans as its opt level's native keys (launcher/planning/msamp_levels.py)
+        "msamp_level": f"{get('precision.msamp.opt_level')} natively" if fp8 and get("precision.backend") == "msamp" else None,
     }
 
 
