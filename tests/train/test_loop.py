@@ -28,7 +28,7 @@ from launcher.train.loop import (
     likely_causes,
     loss_function,
 )
-from launcher.train.metrics import STEP_FIELDS, MetricsLogger, Throughput, peak_memory_gib
+from launcher.train.metrics import STEP_FIELDS, MetricsLogger, Throughput
 from launcher.train.optim import FINAL_LR_FRACTION, lr_factor
 from launcher.train.precision import apply_precision
 

@@ -250,7 +250,6 @@ class FakeTELinear(nn.Linear):
 
 
 def test_te_delayed_scaling_uses_the_scales_te_keeps_and_sees_its_overflows(tmp_path):
-    Format = type("Format", (), {})
     hybrid = type("F", (), {"name": "HYBRID"})()
     DelayedScaling = type("DelayedScaling", (), {"fp8_format": hybrid, "margin": 0})
     model = nn.Sequential(FakeTELinear(16))
