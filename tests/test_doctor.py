@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
 import builtins
+import dataclasses
 import json
 from importlib import metadata
 
 import pytest
 
 from conftest import REPO, run_module
-from launcher.planning.install import INSTALL
 from launcher.commands import doctor
-from launcher.planning.msamp_levels import native_keys
 from launcher.commands.doctor import ROWS, Gpu, Machine, assess, assess_plan, diagnose, gather, synthetic_plan
 from launcher.planning.backends import TE
 from launcher.planning.hardware import supports
+from launcher.planning.install import INSTALL
+from launcher.planning.msamp_levels import native_keys
 from launcher.planning.rules import Facts, check
 
 ALL = {"torchao": "0.18.0", "transformer_engine": "2.20.2", "deepspeed": "0.19.8", "msamp": "0.4.0",

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import REPO, run_module
 from k8s_validate import job_problems, manifest_problems
-
 from launcher.commands import kubectl
-from launcher.targets.kubernetes import JobRef, job_name
 from launcher.commands.plan import plan_one
+from launcher.targets.kubernetes import JobRef, job_name
 from launcher.targets.yaml_text import dump_all
 
 SPECS = sorted(str(p.relative_to(REPO)) for p in (REPO / "specs").glob("*.toml"))
@@ -232,8 +232,8 @@ HOSTILE = [
 @pytest.mark.parametrize("value", HOSTILE)
 def test_hostile_values_arrive_verbatim(spec, tmp_path, api, value):
     from launcher.planning.plan import resolve
-    from launcher.targets.render import render
     from launcher.planning.read import SpecSource, validate
+    from launcher.targets.render import render
 
     source = SpecSource(path=str(tmp_path / "s.toml"), sha256="0", data={
         "version": 1, "name": "hostile", "launch": {"launcher": "kubernetes", "env": {"EVIL": value},
@@ -277,8 +277,8 @@ def test_yaml_emitter_round_trips_everything_it_writes():
 def test_kubectl_reads_the_manifest_as_pyyaml_does(tmp_path):
     """kubectl parses YAML with Go's yaml library; `kubectl kustomize` does so without a cluster."""
     from launcher.planning.plan import resolve
-    from launcher.targets.render import render
     from launcher.planning.read import SpecSource, validate
+    from launcher.targets.render import render
 
     for api in ("trainjob", "pytorchjob"):
         source = SpecSource(path="s.toml", sha256="0", data={"version": 1, "name": "k", "launch": {

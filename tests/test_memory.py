@@ -50,7 +50,7 @@ def test_deepspeed_fp32_has_no_separate_master_and_offload_moves_states():
 
 
 def test_te_fp8_params_and_msamp_levels(msamp_stack):
-    from launcher.planning.models import linear_params, parse_builtin, param_count
+    from launcher.planning.models import linear_params, param_count, parse_builtin
 
     te = rows({"precision": {"mode": "fp8", "backend": "te", "keep_first_last": False, "te": {"fp8_params": True}},
                "distributed": {"procs_per_node": 1}})

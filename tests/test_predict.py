@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from launcher.commands.plan import plan_one
+from launcher.planning.models import SIZES, param_count, parse_builtin
 from launcher.planning.predict import linear_speedup, predict
 from launcher.planning.predict.shapes import model_shape
-from launcher.planning.models import SIZES, param_count, parse_builtin
 
 DATA = Path(__file__).parent / "data"
 POINTS = json.loads((DATA / "published_speedups.json").read_text())
@@ -280,8 +280,7 @@ def test_moe_experts_are_costed_as_grouped_gemms_and_the_router_stays_in_high_pr
 
 
 def test_expert_parallel_adds_the_all_to_all_and_takes_the_experts_out_of_the_fsdp_all_gather(tmp_path):
-    from launcher.planning.predict import all_to_all_s, device
-    from launcher.planning.predict import cost
+    from launcher.planning.predict import all_to_all_s, cost, device
     from launcher.planning.predict.shapes import model_shape
 
     plan = _moe_plan(tmp_path, "distributed.expert_parallel=8")

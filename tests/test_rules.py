@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 
 import pytest
 
-from launcher.targets.render import render
 from launcher.planning.rules import RULES, RULES_BY_ID, Facts, check
+from launcher.targets.render import render
 from tests.support import plan_from
 
 pytestmark = pytest.mark.usefixtures("msamp_stack")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-
 import subprocess
 import sys
 import time
@@ -24,9 +23,8 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import EXIT_PREEMPTED
-from tests.support import free_port
-
 from slurm_cluster import SlurmCluster, slurm_cluster  # noqa: F401  (the session fixture)
+from tests.support import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.xdist_group("slurm")]  # one cluster, one worker
 

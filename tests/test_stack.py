@@ -15,9 +15,8 @@ import textwrap
 
 import pytest
 
-from launcher.planning.stack import msamp_problem, release
-
 from conftest import REPO
+from launcher.planning.stack import msamp_problem, release
 
 
 def _env(versions: dict[str, str | None], present: set[str]):

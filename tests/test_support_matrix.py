@@ -10,10 +10,24 @@ import re
 import pytest
 
 from conftest import REPO
-from launcher.planning.rules import RULES_BY_ID
 from launcher.planning.read import SpecSource, validate
-from launcher.planning.support_matrix import (CPU_BASE, ELSEWHERE, GPU_BASE, GPU_OPTIONS, CPU_OPTIONS, Option, all_pairs, document,
-                                              load, main, pairs_in, rows_text, schema_keys, spec_of)
+from launcher.planning.rules import RULES_BY_ID
+from launcher.planning.support_matrix import (
+    CPU_BASE,
+    CPU_OPTIONS,
+    ELSEWHERE,
+    GPU_BASE,
+    GPU_OPTIONS,
+    Option,
+    all_pairs,
+    document,
+    load,
+    main,
+    pairs_in,
+    rows_text,
+    schema_keys,
+    spec_of,
+)
 
 CPU, GPU = load("cpu"), load("gpu")
 """The committed runs (docs/support-matrix.json); test_the_committed_rows_are_what_the_generator_gives holds them to it."""

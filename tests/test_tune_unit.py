@@ -8,11 +8,11 @@ import tomllib
 
 import pytest
 
-from launcher.errors import LauncherError, UsageError
 from launcher.commands.plan import plan_one
 from launcher.commands.tune import _claim
 from launcher.commands.tune.candidates import candidate_overrides, select
 from launcher.commands.tune.record import loss_gap, tuned_spec
+from launcher.errors import LauncherError, UsageError
 from launcher.targets.toml_text import toml_text
 
 

@@ -11,7 +11,6 @@ import sys
 import pytest
 
 import launcher
-
 from launcher.commands.bench import table
 from tests.e2e.helpers import one_process_fp8_spec
 

@@ -39,8 +39,8 @@ def _documents(seed: int, n: int) -> list[str]:
 
 
 def test_megatron_data_held_out_parquet_tensorboard_export_and_transformers_agree(tmp_path):
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
     import datasets
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     tok, tokenizer = _tokenizer(tmp_path)
     builder = IndexedDatasetBuilder(str(tmp_path / "corpus.bin"), dtype=np.uint16)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from launcher.train.data import SyntheticStream, build_data
 from launcher.errors import InputError
+from launcher.train.data import SyntheticStream, build_data
 
 
 def stream(spec, tmp_path=None, **kw):

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from launcher.errors import EXIT_INVALID, InputError
-from launcher.train.data import formats as data_formats
 from launcher.train.data import build_data
+from launcher.train.data import formats as data_formats
 from launcher.train.data.formats import JoinedCorpus
 from launcher.train.data.tokenizer import load_tokenizer
 

@@ -9,12 +9,11 @@ import math
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
-
-from types import SimpleNamespace
 
 from launcher.train.checkpoint import CheckpointManager
 from launcher.train.engines import wrap

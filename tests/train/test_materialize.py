@@ -3,7 +3,6 @@ builtin, hf: and py:, the py: opt-out, and a resumed run that skips random initi
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import transformers

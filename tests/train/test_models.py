@@ -10,10 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from launcher.errors import BackendMissing, InputError
 from launcher.planning.install import INSTALL
-from launcher.errors import BackendMissing
 from launcher.train.data import build_data
-from launcher.errors import InputError
 from launcher.train.models import build_model, logits_of, transformer_blocks
 from launcher.train.models.llama import SIZES, Llama, LlamaConfig, param_count, parse_builtin
 

@@ -12,12 +12,10 @@ import os
 import signal
 
 import pytest
-
-from launcher.errors import EXIT_PREEMPTED
 import torch
 
-from launcher.train.checkpoint import preempt
-from launcher.train.checkpoint import CheckpointManager
+from launcher.errors import EXIT_PREEMPTED
+from launcher.train.checkpoint import CheckpointManager, preempt
 from launcher.train.data import build_data
 from launcher.train.engines import wrap
 from launcher.train.loop import Trainer, TrainState

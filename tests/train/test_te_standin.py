@@ -42,8 +42,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from .te_2_20 import (DELAYED_STATE_KEYS, EXTRA_STATE_REFUSAL, TE_CALL_ARGS, TE_FORMATS, TE_MODULE_ARGS, TE_OPTIMIZER_ARGS,
-                      TE_RECIPE_FIELDS, UNSAFE_PICKLE_ENV)
+from .te_2_20 import (
+    DELAYED_STATE_KEYS,
+    EXTRA_STATE_REFUSAL,
+    TE_CALL_ARGS,
+    TE_FORMATS,
+    TE_MODULE_ARGS,
+    TE_OPTIMIZER_ARGS,
+    TE_RECIPE_FIELDS,
+    UNSAFE_PICKLE_ENV,
+)
 
 FP8_MAX = {"E4M3": 448.0, "E5M2": 57344.0}
 TORCH_FP8 = {"E4M3": torch.float8_e4m3fn, "E5M2": torch.float8_e5m2}
