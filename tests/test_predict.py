@@ -177,7 +177,8 @@ def test_a_gpu_without_the_precision_gets_no_figure_and_auto_plans_block_formats
     assert pr.fp8_vs_bf16 is None and "does not run fp8 torchao" in pr.reason
     pr = predict(plan_from({"precision": {**fp8, "torchao": {"recipe": "mxfp8"}}, "launch": {"gpu": "h100"}}))
     assert pr.fp8_vs_bf16 is None and pr.reason == "this GPU (compute capability 9.0) does not run fp8 torchao mxfp8"
-    auto = predict(plan_from({"precision": {**fp8, "torchao": {"recipe": "mxfp8"}}, "train": {"model": "builtin:llama3-8b", "seq_len": 8192}}))
+    auto = predict(plan_from({"precision": {**fp8, "torchao": {"recipe": "mxfp8"}},
+                              "train": {"model": "builtin:llama3-8b", "seq_len": 8192}}))
     assert auto.gpu == "b200" and auto.fp8_vs_bf16 > 1.0
     assert predict(plan_from({"precision": fp8, "train": {"model": "builtin:llama3-8b"}})).gpu == "h100"
 

@@ -83,7 +83,8 @@ def env(slurm_cluster: SlurmCluster) -> dict[str, str]:  # noqa: F811 - the sess
     return {**slurm_cluster.env, "PATH": os.pathsep.join(path or ["/usr/bin", "/bin"])}
 
 
-def fp8launch(env: dict[str, str], cwd: Path, *args: str, prefix: tuple[str, ...] = (), timeout: float = JOB_TIMEOUT_S) -> subprocess.CompletedProcess:
+def fp8launch(env: dict[str, str], cwd: Path, *args: str, prefix: tuple[str, ...] = (),
+              timeout: float = JOB_TIMEOUT_S) -> subprocess.CompletedProcess:
     return subprocess.run([*prefix, FP8LAUNCH, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -120,7 +120,8 @@ def test_check_fails_on_a_stale_doc_or_stale_rows(tmp_path, capsys):
     assert main(["--write", "--root", str(tmp_path)]) == 0
     assert (tmp_path / "docs" / "support-matrix.md").read_text().startswith("# Support matrix")
     assert main(["--check", "--root", str(tmp_path)]) == 0
-    (tmp_path / "docs" / "support-matrix.json").write_text((tmp_path / "docs" / "support-matrix.json").read_text().replace('"m01"', '"m00"'))
+    matrix_json = tmp_path / "docs" / "support-matrix.json"
+    matrix_json.write_text(matrix_json.read_text().replace('"m01"', '"m00"'))
     assert main(["--check", "--root", str(tmp_path)]) == 1 and "support-matrix.json is not current" in capsys.readouterr().err
 
 

@@ -220,8 +220,10 @@ def test_keep_and_rule_globs_that_name_no_layer_of_the_built_model_are_reported_
     from launcher.planning.models import parse_builtin
     from launcher.train.models.moe import MoETransformer
 
-    plan = fp8_plan(keep=["attention.wk", "*.feed_forward.w2"], rules=[{"match": "*.mlp.w9", "mode": "bf16"}], torchao={"skip_small": False})
-    assert select.unmatched_rules(TinyLlama(), plan) == {"PRECISION-RULE-UNMATCHED": ["*.mlp.w9"], "PRECISION-KEEP-UNMATCHED": ["attention.wk"]}
+    plan = fp8_plan(keep=["attention.wk", "*.feed_forward.w2"], rules=[{"match": "*.mlp.w9", "mode": "bf16"}],
+                    torchao={"skip_small": False})
+    assert select.unmatched_rules(TinyLlama(), plan) == {"PRECISION-RULE-UNMATCHED": ["*.mlp.w9"],
+                                                         "PRECISION-KEEP-UNMATCHED": ["attention.wk"]}
     moe = MoETransformer(parse_builtin("builtin:moe-debug"))
     plan = fp8_plan(keep=["layers.0.moe.experts"], rules=[{"match": "*.moe.experts", "recipe": "mxfp8"}], torchao={"skip_small": False})
     assert select.unmatched_rules(moe, plan) == {}

@@ -206,7 +206,8 @@ def test_precision_rules_mix_recipes_per_module_and_keep_by_mode_first_match_win
     assert labels == {
         "layers.0.attention.wq": None,  # keep_first_last (no rule matches it)
         "layers.0.attention.wk": "fp8 tensorwise", "layers.0.attention.wv": "fp8 tensorwise", "layers.0.attention.wo": "fp8 tensorwise",
-        "layers.0.feed_forward.w1": "fp8 tensorwise", "layers.0.feed_forward.w2": "fp8 rowwise", "layers.0.feed_forward.w3": "fp8 tensorwise",
+        "layers.0.feed_forward.w1": "fp8 tensorwise", "layers.0.feed_forward.w2": "fp8 rowwise",
+        "layers.0.feed_forward.w3": "fp8 tensorwise",
         "layers.1.attention.wq": None, "layers.1.attention.wk": None, "layers.1.attention.wv": None, "layers.1.attention.wo": None,
         "layers.1.feed_forward.w1": "fp8 mxfp8", "layers.1.feed_forward.w2": "fp8 rowwise",
         "layers.1.feed_forward.w3": "fp8 rowwise_with_gw_hp",

@@ -328,8 +328,10 @@ class TEModule(nn.Module):
         if not recipe.delayed():
             return torch.empty(0, dtype=torch.uint8)
         state = {"recipe": recipe,
-                 "scale_fwd": self.fp8_meta["scaling_fwd"].scale.clone(), "amax_history_fwd": self.fp8_meta["scaling_fwd"].amax_history.clone(),
-                 "scale_bwd": self.fp8_meta["scaling_bwd"].scale.clone(), "amax_history_bwd": self.fp8_meta["scaling_bwd"].amax_history.clone(),
+                 "scale_fwd": self.fp8_meta["scaling_fwd"].scale.clone(),
+                 "amax_history_fwd": self.fp8_meta["scaling_fwd"].amax_history.clone(),
+                 "scale_bwd": self.fp8_meta["scaling_bwd"].scale.clone(),
+                 "amax_history_bwd": self.fp8_meta["scaling_bwd"].amax_history.clone(),
                  "extra_fp8_variables": {k: v for k, v in self.fp8_meta.items() if isinstance(v, (bool, int, float, str, tuple, list))}}
         return torch.frombuffer(bytearray(pickle.dumps(state)), dtype=torch.uint8)
 
