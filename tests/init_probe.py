@@ -10,8 +10,8 @@ import sys
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from launcher.train.parallel import distributed
 from launcher.train.main import build_run
+from launcher.train.parallel import distributed
 
 plan_path, out = sys.argv[1], sys.argv[2]
 trainer, logger = build_run(plan_path)

@@ -31,8 +31,10 @@ CEL = {
     "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')": lambda value, root: bool(DNS1035_LABEL.search(root["metadata"]["name"])),
     "size(self.metadata.name) <= 63": lambda value, root: len(root["metadata"]["name"]) <= 63,
     "self >= 1": lambda value, root: value >= 1,
-    "self == '' || self.matches('^[A-Za-z][A-Za-z0-9+.-]*://.+$')": lambda value, root: value == "" or bool(re.search(r"^[A-Za-z][A-Za-z0-9+.-]*://.+$", value)),
-    "self in ['trainer.kubeflow.org/trainjob-controller', 'kueue.x-k8s.io/multikueue']": lambda value, root: value in ("trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multikueue"),
+    "self == '' || self.matches('^[A-Za-z][A-Za-z0-9+.-]*://.+$')":
+        lambda value, root: value == "" or bool(re.search(r"^[A-Za-z][A-Za-z0-9+.-]*://.+$", value)),
+    "self in ['trainer.kubeflow.org/trainjob-controller', 'kueue.x-k8s.io/multikueue']":
+        lambda value, root: value in ("trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multikueue"),
     "has(self.lastUpdatedTime)": lambda value, root: "lastUpdatedTime" in value,
 }
 

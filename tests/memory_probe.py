@@ -12,11 +12,11 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from launcher.planning.plan import load_plan
-from launcher.train.parallel import distributed
 from launcher.train.compile_ac import prepare_blocks
 from launcher.train.engines import wrap
 from launcher.train.loop import cross_entropy
 from launcher.train.models import build_model
+from launcher.train.parallel import distributed
 from launcher.train.precision import apply_precision
 
 

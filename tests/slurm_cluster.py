@@ -16,8 +16,9 @@ writes /etc/munge/munge.key, which a developer's `pytest` must not do unasked. W
      (munged too, when it started it) and removes the folder. It never kills by name.
 
 Start-up on a 2-core machine: 17-20 s for `apt-get update` + install on a machine without the
-packages (once per machine), then 1-1.5 s until both nodes are idle. The tests talk to this cluster only: `cluster.env` has SLURM_CONF set and
-the inherited SLURM_* variables (of an allocation the developer may be in) removed.
+packages (once per machine), then 1-1.5 s until both nodes are idle. The tests talk to this cluster only:
+`cluster.env` has SLURM_CONF set and the inherited SLURM_* variables (of an allocation the developer may be in)
+removed.
 """
 
 from __future__ import annotations

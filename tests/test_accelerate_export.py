@@ -52,7 +52,8 @@ def test_torchao_fsdp2_reaches_accelerates_ao_recipe(tmp_path, monkeypatch):
 
 def test_te_settings_reach_accelerates_te_recipe(tmp_path, monkeypatch):
     te = {"recipe": "delayed", "fp8_format": "E4M3", "margin": 2, "amax_history_len": 16, "amax_compute_algo": "max"}
-    config, args, env = launch_env(tmp_path, {"precision": {"mode": "fp8", "backend": "te", "te": te}, "distributed": {"strategy": "deepspeed"}})
+    config, args, env = launch_env(tmp_path, {"precision": {"mode": "fp8", "backend": "te", "te": te},
+                                              "distributed": {"strategy": "deepspeed"}})
     assert config.distributed_type == "DEEPSPEED"
     assert config.deepspeed_config["deepspeed_config_file"] == f"{tmp_path}/deepspeed.json"
     assert set(env) <= env_names_accelerate_reads()
@@ -90,14 +91,16 @@ def test_questionnaire_style_keys_would_be_ignored(tmp_path, monkeypatch):
 
 
 def test_cpu_plan_and_recipes_accelerate_cannot_express(cli, spec):
-    path = spec('version = 1\nname = "a"\n[precision]\nmode = "fp8"\n[precision.torchao]\nrecipe = "rowwise"\n[export]\naccelerate = true\n')
+    path = spec('version = 1\nname = "a"\n[precision]\nmode = "fp8"\n'
+                '[precision.torchao]\nrecipe = "rowwise"\n[export]\naccelerate = true\n')
     r = cli("plan", path)
     assert r.exit_code == 2
     assert "error[ACCELERATE-UNSUPPORTED]: accelerate.yaml cannot express precision.torchao.recipe = 'rowwise';" in r.stderr
     kept = spec('version = 1\nname = "k"\n[precision]\nmode = "fp8"\nkeep_last_blocks = 1\n[export]\naccelerate = true\n', name="k.toml")
     r = cli("plan", kept)
     assert r.exit_code == 2 and "accelerate.yaml cannot express precision.keep_first_blocks / keep_last_blocks;" in r.stderr
-    ok = spec('version = 1\nname = "b"\n[launch]\ndevice = "cpu"\n[distributed]\nstrategy = "ddp"\nprocs_per_node = 2\n[export]\naccelerate = true\n', name="b.toml")
+    ok = spec('version = 1\nname = "b"\n[launch]\ndevice = "cpu"\n[distributed]\nstrategy = "ddp"\nprocs_per_node = 2\n'
+              '[export]\naccelerate = true\n', name="b.toml")
     r = cli("plan", ok, "--out", "out")
     assert r.exit_code == 0
     text = open(os.path.join("out", "b", "accelerate.yaml")).read()

@@ -53,7 +53,8 @@ def saved_bytes(plan) -> int:
     {"precision.mode": "bf16", "distributed.strategy": "fsdp2"},
     {**FP8, "distributed.strategy": "fsdp2", "activation_checkpointing.mode": "selective"},
     # compiled: the loss keeps the bf16 logits, not the fp32 log-softmax (checkpointed blocks keep only their inputs)
-    pytest.param({"precision.mode": "bf16", "distributed.strategy": "fsdp2", "activation_checkpointing.mode": "full", "compile.enabled": True},
+    pytest.param({"precision.mode": "bf16", "distributed.strategy": "fsdp2", "activation_checkpointing.mode": "full",
+                  "compile.enabled": True},
                  marks=pytest.mark.slow),  # ~1 min of Inductor on 2 cores
 ], ids=["bf16", "bf16-full", "bf16-selective", "fp32", "fp8", "fp8-full", "fp8-rowwise", "fsdp2-bf16", "fsdp2-fp8-selective",
         "fsdp2-bf16-full-compiled"])

@@ -64,10 +64,12 @@ def test_shell_completion_uses_clicks_mechanism(tmp_path):
     assert exe, "the console script is installed with the package"
     script = subprocess.run([exe], env={**os.environ, "_FP8LAUNCH_COMPLETE": "bash_source"}, capture_output=True, text=True)
     assert "complete -o nosort -F _fp8launch_completion fp8launch" in script.stdout
-    words = subprocess.run([exe], env={**os.environ, "_FP8LAUNCH_COMPLETE": "bash_complete", "COMP_WORDS": "fp8launch pl", "COMP_CWORD": "1"},
+    words = subprocess.run([exe], env={**os.environ, "_FP8LAUNCH_COMPLETE": "bash_complete",
+                                       "COMP_WORDS": "fp8launch pl", "COMP_CWORD": "1"},
                            capture_output=True, text=True)
     assert "plain,plan" in words.stdout.splitlines()
-    opts = subprocess.run([exe], env={**os.environ, "_FP8LAUNCH_COMPLETE": "bash_complete", "COMP_WORDS": "fp8launch plan --ch", "COMP_CWORD": "2"},
+    opts = subprocess.run([exe], env={**os.environ, "_FP8LAUNCH_COMPLETE": "bash_complete",
+                                      "COMP_WORDS": "fp8launch plan --ch", "COMP_CWORD": "2"},
                           capture_output=True, text=True)
     assert "plain,--check" in opts.stdout.splitlines()
 

@@ -149,7 +149,8 @@ def test_set_takes_a_string_key_as_written(cli, spec, tmp_path):
 
 
 def test_nothing_is_written_outside_out_name(cli, spec, tmp_path):
-    path = spec(MINIMAL.replace("[launch]", '[launch]\nenv = {X = "../../../../tmp/evil"}') + '[train]\noutput_dir = "/tmp/elsewhere-{name}"\n')
+    path = spec(MINIMAL.replace("[launch]", '[launch]\nenv = {X = "../../../../tmp/evil"}')
+                + '[train]\noutput_dir = "/tmp/elsewhere-{name}"\n')
     before = set(os.listdir(tmp_path))
     r = cli("plan", path, "--out", "out")
     assert r.exit_code == 0
@@ -223,7 +224,8 @@ def test_plan_says_which_layers_it_keeps_beyond_every_linear_but_the_output_laye
     assert "  fp8 layers  27 of 29, 84% of the layers' GEMM FLOPs\n" in r.stdout
     assert ("kept beyond every Linear but the output layer (torchtitan's, Megatron's default): layers.0.attention.wq "
             "(precision.keep_first_last)\n") in r.stdout
-    big = spec('version = 1\nname = "b"\n[precision]\nmode = "fp8"\nkeep_first_last = false\n[train]\nmodel = "builtin:llama3-8b"\n', name="b.toml")
+    big = spec('version = 1\nname = "b"\n[precision]\nmode = "fp8"\nkeep_first_last = false\n'
+               '[train]\nmodel = "builtin:llama3-8b"\n', name="b.toml")
     r = cli("plan", big, "--out", "out")
     # torchao's size rule keeps the 4096 -> 1024 wk / wv of the 32 blocks; the head runs in FP8 here
     assert "  fp8 layers  161 of 225, " in r.stdout and ": 64 by precision.torchao.skip_small\n" in r.stdout

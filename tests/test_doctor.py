@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
 import builtins
+import dataclasses
 import json
 from importlib import metadata
 
 import pytest
 
 from conftest import REPO, run_module
-from launcher.planning.install import INSTALL
 from launcher.commands import doctor
-from launcher.planning.msamp_levels import native_keys
 from launcher.commands.doctor import ROWS, Gpu, Machine, assess, assess_plan, diagnose, gather, synthetic_plan
 from launcher.planning.backends import TE
 from launcher.planning.hardware import supports
+from launcher.planning.install import INSTALL
+from launcher.planning.msamp_levels import native_keys
 from launcher.planning.rules import Facts, check
 
 ALL = {"torchao": "0.18.0", "transformer_engine": "2.20.2", "deepspeed": "0.19.8", "msamp": "0.4.0",
@@ -73,14 +73,16 @@ def test_a100_runs_no_fp8_even_with_every_package():
     assert len(fp8) == 13 and not any(s.supported for s in fp8)
     assert all(s.rules[0] == "FP8-HARDWARE" for s in fp8)  # the hardware reason comes first
     assert r["fp8 torchao rowwise"].reasons == (
-        'FP8 needs compute capability >= 8.9; this GPU has 8.0; fix: set precision.mode = "bf16", or run on an sm89+ GPU (L4, L40, H100, H200, B200)',)
+        'FP8 needs compute capability >= 8.9; this GPU has 8.0; fix: set precision.mode = "bf16", '
+        'or run on an sm89+ GPU (L4, L40, H100, H200, B200)',)
     assert r["fp8 te block"].rules == ("FP8-HARDWARE", "TE-RECIPE-HARDWARE")
     assert r["bf16"].supported and r["bf16"].device == "cuda"
     # the exit-3 message names only what helps: no package would
     problem = diagnose(A100).problem
     assert problem.splitlines() == [
         "no FP8 backend can run here:",
-        '  - FP8 needs compute capability >= 8.9; this GPU has 8.0; fix: set precision.mode = "bf16", or run on an sm89+ GPU (L4, L40, H100, H200, B200)',
+        '  - FP8 needs compute capability >= 8.9; this GPU has 8.0; fix: set precision.mode = "bf16", '
+        'or run on an sm89+ GPU (L4, L40, H100, H200, B200)',
         '  - bf16 runs here: set precision.mode = "bf16"',
     ]
 

@@ -134,7 +134,8 @@ def test_builtin_fp32_export_is_llama_for_causal_lm_with_our_logits(cli, ddp_run
     assert (theirs - ours).abs().max().item() < FP32_TOLERANCE  # measured 5e-7
     assert ours.abs().max().item() > 0.5  # logits of a size where a wrong layout would show
     # the run's tokenizer (train.tokenizer, a tokenizer.json) rides along and loads
-    assert (out / "tokenizer.json").read_bytes() == Path(json.loads((ddp_run / "plan" / "plan.json").read_text())["train"]["tokenizer"]).read_bytes()
+    plan_tokenizer = json.loads((ddp_run / "plan" / "plan.json").read_text())["train"]["tokenizer"]
+    assert (out / "tokenizer.json").read_bytes() == Path(plan_tokenizer).read_bytes()
     assert transformers.AutoTokenizer.from_pretrained(out)("w1 w7 w89 nope")["input_ids"] == [1, 7, 89, 90]
     # ... and its EOS (the builtin knows no tokens) goes into config.json and generation_config.json
     assert config["eos_token_id"] == 91 and json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 91
@@ -148,7 +149,8 @@ def test_a_q_k_permutation_would_change_the_logits(ddp_run):
     def permute(w, heads):  # transformers/models/llama/convert_llama_weights_to_hf.py
         return w.view(heads, w.shape[0] // heads // 2, 2, w.shape[1]).transpose(1, 2).reshape(w.shape)
 
-    permuted = {k: permute(v, 8) if k.endswith("wq.weight") else permute(v, 4) if k.endswith("wk.weight") else v for k, v in weights.items()}
+    permuted = {k: permute(v, 8) if k.endswith("wq.weight") else permute(v, 4) if k.endswith("wk.weight") else v
+                for k, v in weights.items()}
     assert (our_logits(permuted) - our_logits(weights)).abs().max().item() > 1e-2
 
 
@@ -330,7 +332,8 @@ def test_hf_model_exports_to_its_own_class_with_its_logits(cli, tmp_path, qwen_f
     assert json.loads((out / "fp8launch-export.json").read_text())["dropped"] == ["lm_head.weight"]
     weights = dcp_weights(run, 2)  # the run's own names: the Hugging Face module's
     assert torch.equal(written["model.embed_tokens.weight"], weights["model.embed_tokens.weight"])
-    assert not torch.equal(written["model.embed_tokens.weight"], safetensors_torch.load_file(qwen_folder / "model.safetensors")["model.embed_tokens.weight"])
+    qwen_embedding = safetensors_torch.load_file(qwen_folder / "model.safetensors")["model.embed_tokens.weight"]
+    assert not torch.equal(written["model.embed_tokens.weight"], qwen_embedding)
     config = json.loads((out / "config.json").read_text())
     assert (config["architectures"], config["model_type"], config["tie_word_embeddings"], config["bos_token_id"]) == (
         ["Qwen2ForCausalLM"], "qwen2", True, 91)
@@ -392,9 +395,11 @@ def test_bad_input_exits_2_naming_what_to_change_and_writes_nothing(cli, ddp_run
     assert refused("--step", "7", "--out", str(tmp_path / "x")) == (
         f"error: --step: {ddp_run} has no complete checkpoint of step 7; fix: use one of the complete steps: 1, 2")
     assert not (tmp_path / "x").exists()
-    assert refused(run=tmp_path / "nowhere").startswith(f"error: RUN_DIR: {tmp_path / 'nowhere'} is not a folder; fix: give the train.output_dir")
+    assert refused(run=tmp_path / "nowhere").startswith(
+        f"error: RUN_DIR: {tmp_path / 'nowhere'} is not a folder; fix: give the train.output_dir")
     (tmp_path / "empty").mkdir()
-    assert "plan.json does not exist; fix: give the train.output_dir of a run started with `fp8launch run`" in refused(run=tmp_path / "empty")
+    assert ("plan.json does not exist; fix: give the train.output_dir of a run started with `fp8launch run`"
+            in refused(run=tmp_path / "empty"))
     bare = tmp_path / "no-checkpoints"
     shutil.copytree(ddp_run / "plan", bare / "plan")
     (bare / "checkpoints" / ".tmp-step-3").mkdir(parents=True)  # a save that never finished does not count
@@ -417,14 +422,16 @@ def test_missing_transformers_exits_3_with_the_install_hint(cli, ddp_run, monkey
     out = ddp_run / "export" / "no-transformers"
     r = export(cli, ddp_run, "--out", str(out))
     assert r.exit_code == EXIT_ENVIRONMENT
-    assert r.stderr.strip() == f"error[BACKEND-MISSING]: the transformers package is not importable here; fix: install it: {INSTALL['transformers']}"
+    assert r.stderr.strip() == ("error[BACKEND-MISSING]: the transformers package is not importable here; "
+                                f"fix: install it: {INSTALL['transformers']}")
     assert not out.exists() and (not out.parent.exists() or leftovers(out.parent) == [])
 
 
 def test_help_names_every_option_and_the_exit_codes(cli):
     r = cli("export", "--help")
     text = " ".join(r.stdout.split()).replace("- ", "-")  # Click wraps after hyphens
-    for option in ("--step INTEGER", "--format [hf|torch]", "--dtype [bf16|fp32]", "--out DIR", "--max-shard-size SIZE", "--plan PLAN_JSON"):
+    for option in ("--step INTEGER", "--format [hf|torch]", "--dtype [bf16|fp32]", "--out DIR", "--max-shard-size SIZE",
+                   "--plan PLAN_JSON"):
         assert option in text
     assert "RUN_DIR/export/step-N-FORMAT" in text and "earlier fp8launch export (which is replaced)" in text
     assert "3 this environment cannot run the plan" in text
@@ -436,9 +443,10 @@ def test_help_names_every_option_and_the_exit_codes(cli):
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
 def test_two_process_zero3_and_fsdp2_runs_export_through_the_cli(tmp_path):
     """`fp8launch run` of DeepSpeed ZeRO-3 and of FSDP2 with tensor parallel 2 (each rank holds half of every
-    Linear: DTensor shards), 2 processes each, then `fp8launch export` (a real subprocess); our model loaded from each checkpoint by the engine's own tool (DeepSpeed's zero_to_fp32,
-    torch's dcp_to_torch) gives the exported model's logits. ~55 s on 2 cores (the ZeRO-3 run ~22 s, each
-    export ~5.5 s, most of it imports), once DeepSpeed's CPU ops are built (conftest.py caches them)."""
+    Linear: DTensor shards), 2 processes each, then `fp8launch export` (a real subprocess); our model loaded from each
+    checkpoint by the engine's own tool (DeepSpeed's zero_to_fp32, torch's dcp_to_torch) gives the exported model's
+    logits. ~55 s on 2 cores (the ZeRO-3 run ~22 s, each export ~5.5 s, most of it imports), once DeepSpeed's CPU ops
+    are built (conftest.py caches them)."""
     from tests.e2e.helpers import output_of, run, write_spec
 
     common = dict(train__model=MODEL, train__seq_len=16, train__steps=2, train__log_every=1, precision__mode="bf16")

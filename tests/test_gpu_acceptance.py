@@ -9,8 +9,23 @@ import math
 
 import pytest
 
-from tests.gpu.one_gpu import (MATRIX, SPECS, STEPS, TWIN_FIRST_LOSS_GAP, TWIN_LOSS_GAP, Variant, expected_scaled_mm, fits,
-                               losses_with_bf16_twin, one_gpu_sets, planned, run, scaled_mm_per_step, signature_gaps, variants)
+from tests.gpu.one_gpu import (
+    MATRIX,
+    SPECS,
+    STEPS,
+    TWIN_FIRST_LOSS_GAP,
+    TWIN_LOSS_GAP,
+    Variant,
+    expected_scaled_mm,
+    fits,
+    losses_with_bf16_twin,
+    one_gpu_sets,
+    planned,
+    run,
+    scaled_mm_per_step,
+    signature_gaps,
+    variants,
+)
 
 
 def test_every_committed_spec_has_a_one_gpu_variant_that_plans(tmp_path):

@@ -11,8 +11,8 @@ import importlib.util
 import json
 import math
 import os
-import subprocess
 import re
+import subprocess
 import sys
 import tarfile
 import weakref
@@ -20,11 +20,10 @@ import weakref
 import pytest
 import torch
 
+from conftest import REPO
 from launcher.planning.models import parse_builtin
 from launcher.train.data import SyntheticStream
 from launcher.train.optim import lr_factor
-
-from conftest import REPO
 
 BENCH = REPO / "benchmarks"
 SPECS = BENCH / "specs"

@@ -12,13 +12,13 @@ import tomllib
 import pytest
 
 from conftest import REPO
-from launcher.planning.install import INSTALL
 from launcher.commands import doctor
 from launcher.commands.doctor import gather
-from launcher.targets.toml_text import toml_value
 from launcher.commands.init import Choices, decide, default_name, interview, render_spec, starter_spec
 from launcher.commands.plan import plan_one
+from launcher.planning.install import INSTALL
 from launcher.planning.read import read_spec, validate
+from launcher.targets.toml_text import toml_value
 from test_doctor import A100, ALL, CPU_TORCHAO, H100_TE, NO_TORCH, cpu_machine, gpu_machine
 
 H100X8 = gpu_machine("NVIDIA H100 80GB HBM3", (9, 0), torchao="0.18.0", deepspeed="0.19.8")

@@ -90,7 +90,8 @@ def test_the_wheel_make_dist_builds_installs_and_plans(clone, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     (wheel,) = (repo / "dist").glob("fp8launch-*-py3-none-any.whl")
     bin_ = _venv(tmp_path / "venv")
-    r = subprocess.run([str(bin_ / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([str(bin_ / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     r = subprocess.run([str(bin_ / "fp8launch"), "plan", "--out", str(tmp_path / "gen"), str(REPO / "specs" / "cpu-smoke.toml")],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)

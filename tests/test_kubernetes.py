@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from conftest import REPO, run_module
 from k8s_validate import job_problems, manifest_problems
-
 from launcher.commands import kubectl
-from launcher.targets.kubernetes import JobRef, job_name
 from launcher.commands.plan import plan_one
+from launcher.targets.kubernetes import JobRef, job_name
 from launcher.targets.yaml_text import dump_all
 
 SPECS = sorted(str(p.relative_to(REPO)) for p in (REPO / "specs").glob("*.toml"))
@@ -171,14 +171,29 @@ def test_the_manifest_validation_catches_what_the_api_server_refuses(spec):
     _, _, (_, tj) = planned(k8s_spec(spec))
     _, _, (_, pj) = planned(k8s_spec(spec, api="pytorchjob"))
     broken = []
-    t = json.loads(json.dumps(tj)); t["spec"]["trainer"]["numProcPerNode"] = 0; broken.append((t, "CEL self >= 1"))
-    t = json.loads(json.dumps(tj)); t["metadata"]["name"] = "1-run"; broken.append((t, "CEL self.metadata.name.matches"))
-    t = json.loads(json.dumps(tj)); t["spec"]["trainer"]["numNodes"] = "4"; broken.append((t, "is not of type 'integer'"))
-    t = json.loads(json.dumps(tj)); t["spec"]["trainer"]["workingDir"] = "/x"; broken.append((t, "'workingDir' was unexpected"))
-    t = json.loads(json.dumps(tj)); t["spec"]["trainer"]["env"] = [{"name": "PET_NNODES", "value": "1"}]; broken.append((t, "reserved"))
-    p = json.loads(json.dumps(pj)); p["spec"]["nprocPerNode"] = 8; broken.append((p, "is not of type 'string'"))
-    p = json.loads(json.dumps(pj)); p["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = 2; broken.append((p, "Master replicas must be 1"))
-    p = json.loads(json.dumps(pj)); p["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "x"
+    t = json.loads(json.dumps(tj))
+    t["spec"]["trainer"]["numProcPerNode"] = 0
+    broken.append((t, "CEL self >= 1"))
+    t = json.loads(json.dumps(tj))
+    t["metadata"]["name"] = "1-run"
+    broken.append((t, "CEL self.metadata.name.matches"))
+    t = json.loads(json.dumps(tj))
+    t["spec"]["trainer"]["numNodes"] = "4"
+    broken.append((t, "is not of type 'integer'"))
+    t = json.loads(json.dumps(tj))
+    t["spec"]["trainer"]["workingDir"] = "/x"
+    broken.append((t, "'workingDir' was unexpected"))
+    t = json.loads(json.dumps(tj))
+    t["spec"]["trainer"]["env"] = [{"name": "PET_NNODES", "value": "1"}]
+    broken.append((t, "reserved"))
+    p = json.loads(json.dumps(pj))
+    p["spec"]["nprocPerNode"] = 8
+    broken.append((p, "is not of type 'string'"))
+    p = json.loads(json.dumps(pj))
+    p["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = 2
+    broken.append((p, "Master replicas must be 1"))
+    p = json.loads(json.dumps(pj))
+    p["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "x"
     broken.append((p, "no container named pytorch"))
     for doc, reason in broken:
         problems = job_problems(doc)
@@ -232,8 +247,8 @@ HOSTILE = [
 @pytest.mark.parametrize("value", HOSTILE)
 def test_hostile_values_arrive_verbatim(spec, tmp_path, api, value):
     from launcher.planning.plan import resolve
-    from launcher.targets.render import render
     from launcher.planning.read import SpecSource, validate
+    from launcher.targets.render import render
 
     source = SpecSource(path=str(tmp_path / "s.toml"), sha256="0", data={
         "version": 1, "name": "hostile", "launch": {"launcher": "kubernetes", "env": {"EVIL": value},
@@ -247,7 +262,8 @@ def test_hostile_values_arrive_verbatim(spec, tmp_path, api, value):
     assert json.loads(cm["data"]["plan.json"])["launch"]["env"]["EVIL"] == value
     if api == "trainjob":
         container = job["spec"]["trainer"]
-        volumes = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["volumes"]
+        runtime = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+        volumes = runtime["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["volumes"]
     else:
         container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
         volumes = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["volumes"]
@@ -264,7 +280,8 @@ def test_workdir_and_output_dir_with_dollar_signs_reach_the_process_verbatim(spe
     _, _, (_, job) = planned(path)
     command = [kubelet_expand(a, {"X": "bad", "PET_MASTER_ADDR": "bad"}) for a in job["spec"]["trainer"]["command"]]
     assert command[2] == "/w$(X)" and command[-1] == "/w$(X)/gen/big-run/plan.json"
-    pod = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    runtime = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+    pod = runtime["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert pod["containers"][0]["volumeMounts"][0]["mountPath"] == "/w$(X)/o$(PET_MASTER_ADDR)/big-run"  # mountPath is not expanded
 
 
@@ -277,8 +294,8 @@ def test_yaml_emitter_round_trips_everything_it_writes():
 def test_kubectl_reads_the_manifest_as_pyyaml_does(tmp_path):
     """kubectl parses YAML with Go's yaml library; `kubectl kustomize` does so without a cluster."""
     from launcher.planning.plan import resolve
-    from launcher.targets.render import render
     from launcher.planning.read import SpecSource, validate
+    from launcher.targets.render import render
 
     for api in ("trainjob", "pytorchjob"):
         source = SpecSource(path="s.toml", sha256="0", data={"version": 1, "name": "k", "launch": {
@@ -300,7 +317,8 @@ def test_plan_writes_the_manifest_and_a_bad_spec_writes_nothing(cli, spec, tmp_p
     r = cli("plan", "--out", "gen", path)
     assert r.exit_code == 0, r.stderr
     assert sorted(os.listdir(tmp_path / "gen" / "big-run")) == ["fsdp2.json", "plan.json", "pytorchjob.yaml", "torchrun.sh"]
-    no_image = spec(Path(path).read_text().replace('image = "ghcr.io/acme/fp8launch:1"', 'image = ""').replace("big-run", "other"), "b.toml")
+    no_image_text = Path(path).read_text().replace('image = "ghcr.io/acme/fp8launch:1"', 'image = ""').replace("big-run", "other")
+    no_image = spec(no_image_text, "b.toml")
     r = cli("plan", "--out", "gen", no_image)
     assert r.exit_code == 2 and "error[K8S-IMAGE-MISSING]" in r.stderr and "launch.kubernetes.image" in r.stderr
     assert not (tmp_path / "gen" / "other").exists()
@@ -325,7 +343,8 @@ def fake_kubectl(tmp_path, monkeypatch):
     folder.mkdir()
     bindir.mkdir()
     exe = bindir / "kubectl"
-    exe.write_text(f"#!{sys.executable}\nimport runpy; runpy.run_path({str(Path(__file__).parent / 'fake_kubectl.py')!r}, run_name='__main__')\n")
+    fake = str(Path(__file__).parent / "fake_kubectl.py")
+    exe.write_text(f"#!{sys.executable}\nimport runpy; runpy.run_path({fake!r}, run_name='__main__')\n")
     exe.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}/bin")
     monkeypatch.setenv("FAKE_KUBECTL_DIR", str(folder))
@@ -374,14 +393,16 @@ def test_run_wait_returns_the_failed_training_exit_code(cli, spec, fake_kubectl)
     (fake_kubectl.dir / "pods.json").write_text(pods(0, 4, 1))
     r = cli("run", "--wait", k8s_spec(spec))
     assert r.exit_code == 4
-    assert ["get", "pods", "--namespace", "ml", "--selector", "jobset.sigs.k8s.io/jobset-name=big-run", "--output", "json"] in fake_kubectl.calls()
+    assert ["get", "pods", "--namespace", "ml", "--selector", "jobset.sigs.k8s.io/jobset-name=big-run",
+            "--output", "json"] in fake_kubectl.calls()
 
 
 def test_run_wait_pytorchjob_failed_without_pods_is_1(cli, spec, fake_kubectl):
     fake_kubectl.statuses(["Running"], ["Running", "Failed"])
     r = cli("run", "--wait", k8s_spec(spec, api="pytorchjob"))
     assert r.exit_code == 1
-    assert ["get", "pods", "--namespace", "ml", "--selector", "training.kubeflow.org/job-name=big-run", "--output", "json"] in fake_kubectl.calls()
+    assert ["get", "pods", "--namespace", "ml", "--selector", "training.kubeflow.org/job-name=big-run",
+            "--output", "json"] in fake_kubectl.calls()
     fake_kubectl.statuses(["Succeeded"])
     assert cli("run", "--wait", k8s_spec(spec, api="pytorchjob")).exit_code == 0
 

@@ -50,7 +50,7 @@ def test_deepspeed_fp32_has_no_separate_master_and_offload_moves_states():
 
 
 def test_te_fp8_params_and_msamp_levels(msamp_stack):
-    from launcher.planning.models import linear_params, parse_builtin, param_count
+    from launcher.planning.models import linear_params, param_count, parse_builtin
 
     te = rows({"precision": {"mode": "fp8", "backend": "te", "keep_first_last": False, "te": {"fp8_params": True}},
                "distributed": {"procs_per_node": 1}})
@@ -71,7 +71,8 @@ def test_te_fp8_params_and_msamp_levels(msamp_stack):
     assert ds["params"] == pytest.approx(share * P) and ds["master_weights"] == 4 * P  # the ZeRO optimizer's own copy
     o2 = rows({"precision": {"mode": "fp8", "backend": "msamp"}, "distributed": {"strategy": "ddp", "procs_per_node": 1}})
     assert o2 == {"params": P, "grads": P, "master_weights": 2 * P, "optimizer_states": 3 * P, "total": 7 * P}
-    o1 = rows({"precision": {"mode": "fp8", "backend": "msamp", "msamp": {"opt_level": "O1"}}, "distributed": {"strategy": "ddp", "procs_per_node": 1}})
+    o1 = rows({"precision": {"mode": "fp8", "backend": "msamp", "msamp": {"opt_level": "O1"}},
+               "distributed": {"strategy": "ddp", "procs_per_node": 1}})
     assert o1["total"] == 14 * P
 
 
@@ -95,7 +96,8 @@ def test_plan_prints_the_estimate_and_takes_params(cli, spec):
     r = cli("plan", hf, "--params", "7e9", "--format", "json")
     mem = json.loads(r.stdout)["memory"]
     assert mem["params"] == 7_000_000_000 and mem["model_states_bytes_per_gpu"] == 16 * 7_000_000_000 // 8
-    assert mem["activations_bytes_per_gpu"] is None and mem["peak_bytes_per_gpu"] == mem["total_bytes_per_gpu"] == mem["model_states_bytes_per_gpu"]
+    assert mem["activations_bytes_per_gpu"] is None
+    assert mem["peak_bytes_per_gpu"] == mem["total_bytes_per_gpu"] == mem["model_states_bytes_per_gpu"]
     assert mem["init_peak_bytes_per_rank"] == 4 * 7_000_000_000 // 8  # hf: shapes unknown to planning: the fp32 shard alone
     r = cli("plan", path, "--format", "json")  # the 8B: the JSON total is the text table's total, activations included
     mem = json.loads(r.stdout)["memory"]
@@ -164,7 +166,8 @@ def test_an_hf_model_is_estimated_from_its_config_json_as_the_prediction_reads_i
     from launcher.planning.memory import activations
     from launcher.planning.plan import load_plan  # noqa: F401
 
-    assert mem["activations_bytes_per_gpu"] == int(activations(plan_of({"distributed": {"procs_per_node": 8}, "train": {"seq_len": 4096}}), shape).bytes)
+    plan_4k = plan_of({"distributed": {"procs_per_node": 8}, "train": {"seq_len": 4096}})
+    assert mem["activations_bytes_per_gpu"] == int(activations(plan_4k, shape).bytes)
     assert model_params("hf:llama-3.2-3b") is None  # without the spec's folder the config is not looked for
 
 
@@ -175,7 +178,8 @@ def test_optimizer_states_and_master_weights_set_the_rows(states, per_param):
     ddp = rows({"precision": {"optimizer_states": states}, "distributed": {"strategy": "ddp", "procs_per_node": 2}})
     assert ddp == {"params": 4 * P, "grads": 4 * P, "optimizer_states": per_param * P, "total": (8 + per_param) * P}
     o3 = rows({"precision": {"mode": "fp8", "optimizer_states": states, "master_weights": "bf16"}, "distributed": {"procs_per_node": 8}})
-    assert o3 == pytest.approx({"params": 2 * P / 8, "grads": 2 * P / 8, "optimizer_states": per_param * P / 8, "total": (4 + per_param) * P / 8})
+    assert o3 == pytest.approx({"params": 2 * P / 8, "grads": 2 * P / 8, "optimizer_states": per_param * P / 8,
+                                "total": (4 + per_param) * P / 8})
 
 
 def test_msamp_levels_natively_in_bytes_per_parameter():

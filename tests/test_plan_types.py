@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+
 import pytest
 
 from conftest import REPO

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from launcher.commands.plan import plan_one
+from launcher.planning.models import SIZES, param_count, parse_builtin
 from launcher.planning.predict import linear_speedup, predict
 from launcher.planning.predict.shapes import model_shape
-from launcher.planning.models import SIZES, param_count, parse_builtin
 
 DATA = Path(__file__).parent / "data"
 POINTS = json.loads((DATA / "published_speedups.json").read_text())
@@ -177,7 +177,8 @@ def test_a_gpu_without_the_precision_gets_no_figure_and_auto_plans_block_formats
     assert pr.fp8_vs_bf16 is None and "does not run fp8 torchao" in pr.reason
     pr = predict(plan_from({"precision": {**fp8, "torchao": {"recipe": "mxfp8"}}, "launch": {"gpu": "h100"}}))
     assert pr.fp8_vs_bf16 is None and pr.reason == "this GPU (compute capability 9.0) does not run fp8 torchao mxfp8"
-    auto = predict(plan_from({"precision": {**fp8, "torchao": {"recipe": "mxfp8"}}, "train": {"model": "builtin:llama3-8b", "seq_len": 8192}}))
+    auto = predict(plan_from({"precision": {**fp8, "torchao": {"recipe": "mxfp8"}},
+                              "train": {"model": "builtin:llama3-8b", "seq_len": 8192}}))
     assert auto.gpu == "b200" and auto.fp8_vs_bf16 > 1.0
     assert predict(plan_from({"precision": fp8, "train": {"model": "builtin:llama3-8b"}})).gpu == "h100"
 
@@ -280,8 +281,7 @@ def test_moe_experts_are_costed_as_grouped_gemms_and_the_router_stays_in_high_pr
 
 
 def test_expert_parallel_adds_the_all_to_all_and_takes_the_experts_out_of_the_fsdp_all_gather(tmp_path):
-    from launcher.planning.predict import all_to_all_s, device
-    from launcher.planning.predict import cost
+    from launcher.planning.predict import all_to_all_s, cost, device
     from launcher.planning.predict.shapes import model_shape
 
     plan = _moe_plan(tmp_path, "distributed.expert_parallel=8")

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from launcher.planning.install import INSTALL
 from launcher.commands.preflight import gpu_present
+from launcher.planning.install import INSTALL
 
 CPU_SPEC = """\
 version = 1

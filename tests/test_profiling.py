@@ -66,14 +66,19 @@ H100_KERNELS = [
     ((*STEP, "CompiledFunction", "cudaLaunchKernel"), "triton_red_fused__to_copy_abs_amax_clamp_mul_reciprocal_0", "fp8_cast"),
     ((*STEP, "CompiledFunction", "cudaLaunchKernel"), "triton_poi_fused__to_copy_clamp_mul_view_1", "fp8_cast"),
     ((*STEP, "CompiledFunction", "cudaLaunchKernel"), "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_2", "other"),
-    ((*STEP, "aten::_scaled_dot_product_flash_attention", "cudaLaunchKernel"), "pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>", "attention"),
-    ((*STEP, "FSDP::all_gather", "nccl:_all_gather_base", "cudaLaunchKernel"), "ncclDevKernel_AllGather_RING_LL(ncclDevComm*)", "communication"),
+    ((*STEP, "aten::_scaled_dot_product_flash_attention", "cudaLaunchKernel"),
+     "pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>", "attention"),
+    ((*STEP, "FSDP::all_gather", "nccl:_all_gather_base", "cudaLaunchKernel"),
+     "ncclDevKernel_AllGather_RING_LL(ncclDevComm*)", "communication"),
     ((*STEP, "fp8launch.loss", "aten::cross_entropy_loss", "cudaLaunchKernel"), "void at::native::cunn_SoftMaxForward<4>", "loss"),
-    ((*STEP, "autograd::engine::evaluate_function: NllLossBackward0", "cudaLaunchKernel"), "void at::native::nll_loss_backward_reduce_cuda_kernel_2d", "loss"),
-    ((*STEP, "fp8launch.optimizer", "Optimizer.step#AdamW.step", "cudaLaunchKernel"), "void multi_tensor_apply_kernel<TensorListMetadata<5>, FusedAdamMathFunctor>", "optimizer"),
+    ((*STEP, "autograd::engine::evaluate_function: NllLossBackward0", "cudaLaunchKernel"),
+     "void at::native::nll_loss_backward_reduce_cuda_kernel_2d", "loss"),
+    ((*STEP, "fp8launch.optimizer", "Optimizer.step#AdamW.step", "cudaLaunchKernel"),
+     "void multi_tensor_apply_kernel<TensorListMetadata<5>, FusedAdamMathFunctor>", "optimizer"),
     ((*STEP, "fp8launch.fp8_scales", "cudaLaunchKernel"), "void at::native::reduce_kernel<512, 1>", "fp8_cast"),
     ((*STEP, "fp8launch.data", "aten::copy_", "cudaMemcpyAsync"), "Memcpy HtoD (Pageable -> Device)", "idle"),
-    ((*STEP, "matmul_with_hp_or_float8_args", "aten::abs", "cudaLaunchKernel"), "void at::native::vectorized_elementwise_kernel<4, AbsFunctor>", "fp8_cast"),
+    ((*STEP, "matmul_with_hp_or_float8_args", "aten::abs", "cudaLaunchKernel"),
+     "void at::native::vectorized_elementwise_kernel<4, AbsFunctor>", "fp8_cast"),
 ]
 
 
@@ -90,7 +95,8 @@ def test_on_a_cpu_the_ops_inside_an_fp8_gemm_are_the_fp8_gemm_and_its_neighbours
     assert part_of(Work(_chain("mx_mmBackward", "aten::mm"))) == "gemm_fp8"  # torchao's emulated MXFP8: bf16 mm on dequantized blocks
     assert part_of(Work(_chain("aten::linear", "aten::addmm"))) == "gemm_high_precision"
     assert part_of(Work(_chain("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu"))) == "attention"
-    assert part_of(Work(_chain("## Call CompiledFxGraph f6t ##", "graph_0_cpp_fused__scaled_mm__to_copy_abs_clamp_max_mul_reciprocal_t_0"))) == "fp8_cast"
+    assert part_of(Work(_chain("## Call CompiledFxGraph f6t ##",
+                               "graph_0_cpp_fused__scaled_mm__to_copy_abs_clamp_max_mul_reciprocal_t_0"))) == "fp8_cast"
 
 
 def test_a_gemm_names_its_layer_by_shape_and_precision():

@@ -40,7 +40,7 @@ def parse_with_deepspeed(paths: list[str], world: int) -> list[dict]:
     r = subprocess.run([sys.executable, os.path.join(HERE, "ds_config_check.py"), str(world), *paths],
                        capture_output=True, text=True, env=env, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
-    return [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
 
 
 def test_every_deepspeed_json_is_accepted_by_deepspeeds_parser(tmp_path):
@@ -58,13 +58,15 @@ def test_every_deepspeed_json_is_accepted_by_deepspeeds_parser(tmp_path):
     assert len(parsed) == len(paths)
     for path, plan in plans.items():
         got = parsed[path]
-        assert got["train_batch_size"] == plan.distributed.global_batch_size == plan.train.micro_batch_size * plan.train.grad_accum_steps * 8
+        assert got["train_batch_size"] == plan.distributed.global_batch_size == (
+            plan.train.micro_batch_size * plan.train.grad_accum_steps * 8)
         assert (got["micro"], got["accum"]) == (plan.train.micro_batch_size, plan.train.grad_accum_steps)
         assert got["zero_stage"] == plan.distributed.deepspeed.zero_stage
         assert got["bf16"] == (plan.precision.compute_dtype == "bf16")
         assert got["fp16"] == (plan.precision.compute_dtype == "fp16")
         assert got["clip"] == plan.train.max_grad_norm
-        assert got["offload_optimizer"].endswith(plan.distributed.deepspeed.offload_optimizer) or plan.distributed.deepspeed.offload_optimizer == "none"
+        offload_optimizer = plan.distributed.deepspeed.offload_optimizer
+        assert got["offload_optimizer"].endswith(offload_optimizer) or offload_optimizer == "none"
         ds = plan.distributed.deepspeed
         assert (got["overlap_comm"], got["contiguous_gradients"], got["reduce_bucket_size"]) == (
             ds.overlap_comm, ds.contiguous_gradients, ds.reduce_bucket_size)
@@ -78,13 +80,15 @@ def test_deepspeed_parser_rejects_a_batch_that_does_not_fit_the_world(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text(render(ds_plan({}))["deepspeed.json"])
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_PORT": str(29500 + os.getpid() % 190)}
-    r = subprocess.run([sys.executable, os.path.join(HERE, "ds_config_check.py"), "3", str(path)], capture_output=True, text=True, env=env, timeout=180)
+    r = subprocess.run([sys.executable, os.path.join(HERE, "ds_config_check.py"), "3", str(path)],
+                       capture_output=True, text=True, env=env, timeout=180)
     assert r.returncode != 0 and "train_batch_size" in r.stderr
 
 
 def test_fsdp2_json_carries_what_fully_shard_needs():
     plan = plan_of({"precision": {"mode": "fp8", "high_precision": "bf16", "torchao": {"fsdp_float8_all_gather": True}},
-                    "distributed": {"nodes": 2, "procs_per_node": 4, "fsdp2": {"reshard_after_forward": False, "reduce_dtype": "bf16", "cpu_offload": True}}})
+                    "distributed": {"nodes": 2, "procs_per_node": 4,
+                                    "fsdp2": {"reshard_after_forward": False, "reduce_dtype": "bf16", "cpu_offload": True}}})
     cfg = json.loads(render(plan)["fsdp2.json"])
     assert cfg == {
         "mesh": {"shape": [8], "dim_names": ["dp_shard"]},
@@ -141,10 +145,12 @@ def test_generated_scripts_pass_bash_n(spec_name, tmp_path):
 
 
 def test_slurm_script_fields():
-    plan = plan_of({"distributed": {"nodes": 3, "procs_per_node": 4}, "launch": {"launcher": "slurm", "rdzv_endpoint": "h:29511", "max_restarts": 2,
-                    "slurm": {"partition": "gpu", "account": "proj", "time": "1-00:00:00", "extra_sbatch": ["--exclusive", "--mem=0"], "cpus_per_task": 32}}})
+    plan = plan_of({"distributed": {"nodes": 3, "procs_per_node": 4},
+                    "launch": {"launcher": "slurm", "rdzv_endpoint": "h:29511", "max_restarts": 2,
+                               "slurm": {"partition": "gpu", "account": "proj", "time": "1-00:00:00",
+                                         "extra_sbatch": ["--exclusive", "--mem=0"], "cpus_per_task": 32}}})
     text = render(plan, plan_dir="gen/t")["slurm.sbatch"]
-    sbatch = [l for l in text.splitlines() if l.startswith("#SBATCH")]
+    sbatch = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     assert sbatch == ["#SBATCH --job-name=t", "#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4",
                       "#SBATCH --cpus-per-task=32", "#SBATCH --time=1-00:00:00", "#SBATCH --partition=gpu", "#SBATCH --account=proj",
                       "#SBATCH --output=runs/t/slurm-%j.out", "#SBATCH --error=runs/t/slurm-%j.err", "#SBATCH --signal=TERM@120",

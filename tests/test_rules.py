@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 
 import pytest
 
-from launcher.targets.render import render
 from launcher.planning.rules import RULES, RULES_BY_ID, Facts, check
+from launcher.targets.render import render
 from tests.support import plan_from
 
 pytestmark = pytest.mark.usefixtures("msamp_stack")
@@ -98,7 +97,8 @@ PLAN_CASES.update({
                        {"precision": TE, "train": {"seq_len": 2048, "micro_batch_size": 1}}),
     "TE-FP8-PARAMS-DEEPSPEED": ({"precision": {**TE, "te": {"fp8_params": True}}, "distributed": DS},
                                 {"precision": {**TE, "te": {"fp8_params": False}}, "distributed": DS}),
-    "FP8-PRECOMPUTE-OFFLOAD": ({"precision": {**TAO, "torchao": {"fsdp_float8_all_gather": True}}, "distributed": {"fsdp2": {"cpu_offload": True}}},
+    "FP8-PRECOMPUTE-OFFLOAD": ({"precision": {**TAO, "torchao": {"fsdp_float8_all_gather": True}},
+                                "distributed": {"fsdp2": {"cpu_offload": True}}},
                                {"precision": {**TAO, "torchao": {"fsdp_float8_all_gather": True, "precompute_scale": False}},
                                 "distributed": {"fsdp2": {"cpu_offload": True}}}),
     "MONITOR-NO-FP8": ({"precision": {"mode": "bf16"}, **MONITORED}, {"precision": TAO, **MONITORED}),
@@ -121,8 +121,9 @@ def test_none_selected_names_each_key_that_keeps_layers_and_fixes_only_those():
     # 2 blocks x 7 Linears + output = 15: the second block by keep, the first wq and output by keep_first_last, the rest by skip_small
     assert "all 15 stay in bf16 (7 by precision.keep 'layers.1.*', 6 by precision.torchao.skip_small, 2 by precision.keep_first_last)" \
         in finding.message, finding.message
-    assert finding.fix == ("remove 'layers.1.*' from precision.keep; or set precision.torchao.skip_small = false (torchao's H100 size rule; "
-                           "off for a CPU smoke run); or set precision.keep_first_last = false; or set precision.mode = \"bf16\"")
+    assert finding.fix == ("remove 'layers.1.*' from precision.keep; or set precision.torchao.skip_small = false "
+                           "(torchao's H100 size rule; off for a CPU smoke run); or set precision.keep_first_last = false; "
+                           "or set precision.mode = \"bf16\"")
     assert finding.text.endswith("fix: " + finding.fix)
 
 
@@ -130,7 +131,8 @@ def test_a_keep_glob_or_rule_naming_only_grouped_experts_is_matched():
     moe = {"train": {"model": "builtin:moe-debug"}}
     assert "PRECISION-RULE-UNMATCHED" not in fired({"precision": {**TAO, "torchao": {"recipe": "mxfp8"},
                                                                   "rules": [{"match": "*.moe.experts", "recipe": "mxfp8"}]}, **moe})
-    assert "PRECISION-KEEP-UNMATCHED" not in fired({"precision": {**TAO, "torchao": {"recipe": "mxfp8"}, "keep": ["layers.0.moe.experts"]}, **moe})
+    assert "PRECISION-KEEP-UNMATCHED" not in fired({"precision": {**TAO, "torchao": {"recipe": "mxfp8"},
+                                                                  "keep": ["layers.0.moe.experts"]}, **moe})
     assert "PRECISION-KEEP-UNMATCHED" in fired({"precision": {**TAO, "keep": ["*.moe.expert"]}, **moe})
 
 
@@ -140,7 +142,8 @@ def test_moe_rowwise_cpu_fix_names_the_rule_that_asked_for_rowwise():
                     "launch": {"device": "cpu"}})
     (finding,) = [f for f in check(Facts(plan=plan), "plan") if f.rule.id == "MOE-ROWWISE-CPU"]
     assert finding.fix.startswith("set the recipe of the precision.rules entry '*.moe.experts' to \"mxfp8\"")
-    plan = plan_of({"precision": {**TAO, "torchao": {"recipe": "rowwise"}}, "train": {"model": "builtin:moe-debug"}, "launch": {"device": "cpu"}})
+    plan = plan_of({"precision": {**TAO, "torchao": {"recipe": "rowwise"}}, "train": {"model": "builtin:moe-debug"},
+                    "launch": {"device": "cpu"}})
     (finding,) = [f for f in check(Facts(plan=plan), "plan") if f.rule.id == "MOE-ROWWISE-CPU"]
     assert finding.fix.startswith('set precision.torchao.recipe = "mxfp8"')
 
@@ -167,7 +170,8 @@ def test_nvme_path_rule_names_the_offload_keys():
 
 RUN_CASES = {
     "FP8-HARDWARE": ({"precision": TAO}, {"device": "cuda", "capability": (8, 0)}, {"device": "cuda", "capability": (8, 9)}),
-    "TE-RECIPE-HARDWARE": ({"precision": {**TE, "te": {"recipe": "mxfp8"}}}, {"device": "cuda", "capability": (9, 0)}, {"device": "cuda", "capability": (10, 0)}),
+    "TE-RECIPE-HARDWARE": ({"precision": {**TE, "te": {"recipe": "mxfp8"}}}, {"device": "cuda", "capability": (9, 0)},
+                           {"device": "cuda", "capability": (10, 0)}),
     "FP8-NOT-APPLIED": ({"precision": TAO}, {"device": "cpu", "fp8_layers": 0}, {"device": "cpu", "fp8_layers": 3}),
     "BACKEND-MISSING": ({"precision": TAO}, {"device": "cpu", "missing_package": "torchao"}, {"device": "cpu"}),
 }
@@ -178,7 +182,8 @@ RUN_CASES.update({
                     {"libaio": False}, {"libaio": True}),
     "MSAMP-STACK": ({"precision": MSAMP, "distributed": {"strategy": "ddp"}},
                     {"msamp_stack": "MS-AMP 0.4.0 is installed but cannot run here: ..."}, {"msamp_stack": None}),
-    "EFFECT-MISSING": ({"compile": {"enabled": True}}, {"missing_effects": ("compile.enabled needs compiled_blocks = 4, and this run has 0",)},
+    "EFFECT-MISSING": ({"compile": {"enabled": True}},
+                       {"missing_effects": ("compile.enabled needs compiled_blocks = 4, and this run has 0",)},
                        {"missing_effects": ()}),
 })
 
@@ -198,7 +203,8 @@ PLAN_CASES.update({
 RUN_CASES.update({
     "TORCHAO-BLOCK-HARDWARE": ({"precision": NVFP4}, {"device": "cuda", "capability": (9, 0)}, {"device": "cuda", "capability": (10, 0)}),
     "TORCHAO-NVFP4-CPU": ({"precision": NVFP4}, {"device": "cpu"}, {"device": "cuda", "capability": (10, 0)}),
-    "TORCHAO-MX-TORCH": ({"precision": MX}, {"device": "cpu", "torchao_mx_supported": False}, {"device": "cpu", "torchao_mx_supported": True}),
+    "TORCHAO-MX-TORCH": ({"precision": MX}, {"device": "cpu", "torchao_mx_supported": False},
+                         {"device": "cpu", "torchao_mx_supported": True}),
 })
 
 
@@ -218,7 +224,8 @@ def test_launch_gpu_precision_names_what_the_gpu_lacks_and_auto_never_fires():
 
     plan = plan_of({"precision": {**TE, "te": {"recipe": "nvfp4"}}, "launch": {"device": "cuda", "gpu": "a100"}})
     (finding,) = [f for f in check(Facts(plan=plan, rendered=render(plan)), "plan") if f.rule.id == "LAUNCH-GPU-PRECISION"]
-    assert finding.message == "launch.gpu = 'a100' cannot run this spec's precision: fp8 te nvfp4 needs compute capability >= 10.0; the A100 has 8.0."
+    assert finding.message == ("launch.gpu = 'a100' cannot run this spec's precision: fp8 te nvfp4 needs compute capability >= 10.0; "
+                               "the A100 has 8.0.")
     assert RULES_BY_ID["LAUNCH-GPU-PRECISION"].severity == "error"
     assert "LAUNCH-GPU-PRECISION" not in fired({"precision": MX, "launch": {"device": "cuda", "gpu": "auto"}})
     assert "LAUNCH-GPU-PRECISION" not in fired({"precision": MX, "launch": {"device": "cuda", "gpu": "mi300x"}})
@@ -265,7 +272,8 @@ def test_schedule_moves_layers_between_fp8_recipes_and_high_precision_but_not_th
     assert not fired_for([{"at_step": 4, "rules": []}], rules=[{"match": "*.w2", "mode": "bf16"}])  # w2 back into FP8
     assert fired_for([{"at_step": 4, "mode": "fp32"}])  # not this run's high precision
     assert fired_for([{"at_step": 4, "rules": []}], rules=[{"match": "*.w2", "mode": "fp32"}])  # a layer's own dtype
-    assert not fired({"precision": {"mode": "bf16", "schedule": [{"at_step": 4, "mode": "fp8"}]}}) & {"SCHEDULE-DIRECTION", "SCHEDULE-SUPPORT"}
+    bf16_to_fp8 = {"precision": {"mode": "bf16", "schedule": [{"at_step": 4, "mode": "fp8"}]}}
+    assert not fired(bf16_to_fp8) & {"SCHEDULE-DIRECTION", "SCHEDULE-SUPPORT"}
 
 
 def test_a_later_phase_is_held_to_the_error_rules_of_its_own_precision():
@@ -279,13 +287,15 @@ def test_a_later_phase_is_held_to_the_error_rules_of_its_own_precision():
     assert any(s.startswith("error[FP8-DDP-COMPILE]: in the precision phase from step 4: ") for s in texts)
 
 
-PLAN_CASES["MONITOR-BLOCK"] = ({"precision": NVFP4, "monitor": {"fp8_stats_every": 10}}, {"precision": MX, "monitor": {"fp8_stats_every": 10}})
+PLAN_CASES["MONITOR-BLOCK"] = ({"precision": NVFP4, "monitor": {"fp8_stats_every": 10}},
+                               {"precision": MX, "monitor": {"fp8_stats_every": 10}})
 
 # -- expert parallel (issue 21): each rule on its bad combination and on its fixed twin ----------
 EP2 = {"strategy": "fsdp2", "procs_per_node": 2, "expert_parallel": 2}
 MOE = {"model": "builtin:moe-debug"}  # 8 experts
 PLAN_CASES.update({
-    "EP-DIVIDES-WORLD": ({"distributed": {**EP2, "procs_per_node": 3}, "train": MOE}, {"distributed": {**EP2, "procs_per_node": 4}, "train": MOE}),
+    "EP-DIVIDES-WORLD": ({"distributed": {**EP2, "procs_per_node": 3}, "train": MOE},
+                         {"distributed": {**EP2, "procs_per_node": 4}, "train": MOE}),
     "EP-DIVIDES-EXPERTS": ({"distributed": {**EP2, "procs_per_node": 3, "expert_parallel": 3}, "train": MOE},
                            {"distributed": {**EP2, "procs_per_node": 4, "expert_parallel": 4}, "train": MOE}),
     "EP-DENSE-MODEL": ({"distributed": EP2, "train": {"model": "builtin:llama-debug"}}, {"distributed": EP2, "train": MOE}),
@@ -302,7 +312,8 @@ PLAN_CASES.update({
     "MOE-ROWWISE-CPU": ({"precision": MOE_ROW, "train": MOE, "launch": {"device": "cpu"}},
                         {"precision": MOE_MX, "train": MOE, "launch": {"device": "cpu"}}),
     "MOE-EXPERTS-HP": ({"precision": TAO, "train": MOE}, {"precision": MOE_MX, "train": MOE}),
-    "MOE-ALLGATHER-EXPERTS": ({"precision": {**TAO, "torchao": {"fsdp_float8_all_gather": True}}, "distributed": {"strategy": "fsdp2"}, "train": MOE},
+    "MOE-ALLGATHER-EXPERTS": ({"precision": {**TAO, "torchao": {"fsdp_float8_all_gather": True}},
+                               "distributed": {"strategy": "fsdp2"}, "train": MOE},
                               {"precision": TAO, "distributed": {"strategy": "fsdp2"}, "train": MOE}),
 })
 RUN_CASES["MOE-ROWWISE-HARDWARE"] = ({"precision": MOE_ROW, "train": MOE, "launch": {"device": "cuda"}},
@@ -425,7 +436,8 @@ def test_warning_prints_and_strict_makes_it_an_error(cli, spec, tmp_path):
 
 
 def test_removed_te_key_is_named(cli, spec):
-    path = spec('version = 1\nname = "te"\n[precision]\nmode = "fp8"\nbackend = "te"\n[precision.te]\noverride_linear_precision = [false, false, true]\n')
+    path = spec('version = 1\nname = "te"\n[precision]\nmode = "fp8"\nbackend = "te"\n'
+                '[precision.te]\noverride_linear_precision = [false, false, true]\n')
     r = cli("plan", path)
     assert r.exit_code == 2
     assert "error[TE-REMOVED-KEY]: precision.te.override_linear_precision was removed in Transformer Engine 2.2" in r.stderr
@@ -449,7 +461,8 @@ def test_tp_rules_cover_each_case_of_their_condition():
     assert "TP-STRATEGY" in fired({"distributed": {**TP2, "strategy": "deepspeed"}})
     assert "TP-MODEL" in fired({"distributed": TP2, "train": {"model": "py:my_model:build"}})
     assert "TP-HEADS" not in fired({"distributed": {"procs_per_node": 8, "tensor_parallel": 4}})
-    msg = next(f.message for f in check(Facts(plan=plan_of({"distributed": {"procs_per_node": 8, "tensor_parallel": 8}}))) if f.rule.id == "TP-HEADS")
+    tp8 = plan_of({"distributed": {"procs_per_node": 8, "tensor_parallel": 8}})
+    msg = next(f.message for f in check(Facts(plan=tp8)) if f.rule.id == "TP-HEADS")
     assert msg == "distributed.tensor_parallel = 8 does not divide builtin:llama-debug's 4 KV heads."
     msg = next(f.message for f in check(Facts(plan=plan_of({"distributed": {"procs_per_node": 16, "tensor_parallel": 16},
                                                               "train": {"model": "builtin:llama-debug"}}))) if f.rule.id == "TP-HEADS")
@@ -464,8 +477,9 @@ def test_tp_global_batch_counts_data_parallel_ranks_only():
     assert plan.distributed.global_batch_size == 3 * 2 * 2
     assert "BATCH-MISMATCH" not in fired({"distributed": {"procs_per_node": 8, "tensor_parallel": 4, "global_batch_size": 12},
                                           "train": {"micro_batch_size": 3, "grad_accum_steps": 2}})
-    msg = next(f.message for f in check(Facts(plan=plan_of({"distributed": {"procs_per_node": 8, "tensor_parallel": 4, "global_batch_size": 48},
-                                                              "train": {"micro_batch_size": 3, "grad_accum_steps": 2}}))) if f.rule.id == "BATCH-MISMATCH")
+    mismatched = plan_of({"distributed": {"procs_per_node": 8, "tensor_parallel": 4, "global_batch_size": 48},
+                          "train": {"micro_batch_size": 3, "grad_accum_steps": 2}})
+    msg = next(f.message for f in check(Facts(plan=mismatched)) if f.rule.id == "BATCH-MISMATCH")
     assert "data-parallel ranks 2 (world size 8 / tensor_parallel 4) = 12" in msg
 
 
@@ -516,7 +530,8 @@ PREDICTION_CASES = {
 def test_ac_compile_slow_is_said_only_where_the_prediction_says_the_recompute_loses():
     """torchtitan's and Axolotl's recommended setups (Llama-3-8B at seq 8192, full checkpointing, compile, FSDP2) gain:
     no warning there, where it fired for every such spec; where it fires, FP8-NO-GAIN leaves it the word."""
-    titan = {"precision": TAO, **COMPILED, "activation_checkpointing": {"mode": "full"}, "train": {"model": "builtin:llama3-8b", "seq_len": 8192}}
+    titan = {"precision": TAO, **COMPILED, "activation_checkpointing": {"mode": "full"},
+             "train": {"model": "builtin:llama3-8b", "seq_len": 8192}}
     assert not fired_with_prediction(titan) & {"FP8-AC-COMPILE-SLOW", "FP8-NO-GAIN"}
     bad, _ = PREDICTION_CASES["FP8-AC-COMPILE-SLOW"]
     from launcher.planning.predict import predict
@@ -595,8 +610,10 @@ TE_CASES = {
     "TE-FP8-MHA": ({"precision": {**TE, "te": {"fp8_mha": True}}}, {"precision": {**TE, "te": {"fp8_dpa": True}}}),
     "TE-FP8-PARAMS-OPTIMIZER": ({"precision": TE_PARAMS, "train": {"optimizer": "sgd"}},
                                 {"precision": TE_PARAMS, "train": {"optimizer": "adamw"}}),
-    "TE-FP8-PARAMS-FSDP2-BLOCK": ({"precision": {**TE, "te": {"recipe": "block", "fp8_params": True}}, "distributed": {"strategy": "fsdp2"}},
-                                  {"precision": {**TE, "te": {"recipe": "current", "fp8_params": True}}, "distributed": {"strategy": "fsdp2"}}),
+    "TE-FP8-PARAMS-FSDP2-BLOCK": ({"precision": {**TE, "te": {"recipe": "block", "fp8_params": True}},
+                                   "distributed": {"strategy": "fsdp2"}},
+                                  {"precision": {**TE, "te": {"recipe": "current", "fp8_params": True}},
+                                   "distributed": {"strategy": "fsdp2"}}),
     "TE-FP8-PARAMS-DEEPSPEED-FP32": ({"precision": {**TE_PARAMS, "high_precision": "fp32"}, "distributed": DS},
                                      {"precision": {**TE_PARAMS, "high_precision": "fp32"}, "distributed": {"strategy": "ddp"}}),
 }
@@ -704,7 +721,8 @@ def test_memory_exceeds_gpu_names_the_figures_and_only_fires_for_gpu_plans():
     plan = plan_of({**_8B_SEQ_8192, "launch": {"device": "auto", "gpu": "h100"}})
     [finding] = [f for f in check(Facts(plan=plan)) if f.rule.id == "MEMORY-EXCEEDS-GPU"]
     assert finding.message.startswith("the estimate is ") and "but a H100 has 74.5 GiB" in finding.message
-    assert 'activation_checkpointing.mode = "full"' in finding.rule.fix and "procs_per_node" in finding.rule.fix and "offload" in finding.rule.fix
+    assert 'activation_checkpointing.mode = "full"' in finding.rule.fix
+    assert "procs_per_node" in finding.rule.fix and "offload" in finding.rule.fix
     assert "MEMORY-EXCEEDS-GPU" not in fired({**_8B_SEQ_8192, "launch": {"device": "cpu"}})
     # a bigger GPU holds it
     assert "MEMORY-EXCEEDS-GPU" not in fired({**_8B_SEQ_8192, "launch": {"device": "cuda", "gpu": "b200"}})
@@ -748,8 +766,10 @@ PLAN_CASES.update({
                          {"precision": {**DDP_BF16, "optimizer_states": "int8"}, "distributed": {"strategy": "fsdp2"}}),
     "GRAD-REDUCE-DEEPSPEED": ({"precision": {**DDP_BF16, "grad_reduce": "fp8"}, "distributed": DS},
                               {"precision": {**DDP_BF16, "grad_reduce": "auto"}, "distributed": DS}),
-    "GRAD-REDUCE-FSDP2-FP32": ({"precision": {**DDP_BF16, "grad_reduce": "fp32"}, "distributed": {"strategy": "fsdp2", "fsdp2": {"reduce_dtype": "bf16"}}},
-                               {"precision": {**DDP_BF16, "grad_reduce": "fp32"}, "distributed": {"strategy": "fsdp2", "fsdp2": {"reduce_dtype": "fp32"}}}),
+    "GRAD-REDUCE-FSDP2-FP32": ({"precision": {**DDP_BF16, "grad_reduce": "fp32"},
+                                "distributed": {"strategy": "fsdp2", "fsdp2": {"reduce_dtype": "bf16"}}},
+                               {"precision": {**DDP_BF16, "grad_reduce": "fp32"},
+                                "distributed": {"strategy": "fsdp2", "fsdp2": {"reduce_dtype": "fp32"}}}),
     "LEVELS-BACKEND": ({"precision": {**MSAMP, "optimizer_states": "fp8"}, "distributed": {"strategy": "ddp"}},
                        {"precision": {**TAO, "optimizer_states": "fp8"}, "distributed": {"strategy": "ddp"}}),
 })

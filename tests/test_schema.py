@@ -82,7 +82,8 @@ def test_docs_spec_reference_is_generated_from_the_schema(cli):
     r = cli("schema", "--format", "markdown")
     assert r.exit_code == 0
     assert (REPO / "docs" / "spec-reference.md").read_text() == r.stdout
-    assert "| `recipe` | \"tensorwise\" \\| \"rowwise\" \\| \"rowwise_with_gw_hp\" \\| \"mxfp8\" \\| \"nvfp4\" | `\"tensorwise\"` |" in r.stdout
+    assert ("| `recipe` | \"tensorwise\" \\| \"rowwise\" \\| \"rowwise_with_gw_hp\" \\| \"mxfp8\" \\| \"nvfp4\" | "
+            "`\"tensorwise\"` |") in r.stdout
 
 
 def test_readme_lists_every_rule():

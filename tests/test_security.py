@@ -30,7 +30,8 @@ if name == "srun" and "hostname" in sys.argv:
 if name == "scontrol":
     print("node1\\nnode2"); sys.exit(0)
 with open(os.environ["RECORD"], "a") as f:
-    f.write(json.dumps({"cmd": name, "argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in os.environ.get("WATCH", "").split(",") if k}}) + "\\n")
+    env = {k: os.environ.get(k) for k in os.environ.get("WATCH", "").split(",") if k}
+    f.write(json.dumps({"cmd": name, "argv": sys.argv[1:], "env": env}) + "\\n")
 """
 
 
@@ -72,7 +73,7 @@ def _run(script, tmp_path, recorders, extra_env=None):
            "HOME": str(tmp_path), **(extra_env or {})}
     r = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    return [json.loads(l) for l in record.read_text().splitlines()]
+    return [json.loads(line) for line in record.read_text().splitlines()]
 
 
 def _no_pwned(tmp_path):
@@ -119,7 +120,7 @@ def test_slurm_script_passes_values_through_verbatim(tmp_path, recorders):
     assert argv[argv.index("--rdzv-endpoint") + 1] == "127.0.0.1:29500"
     assert argv[argv.index("--rdzv-id") + 1] == "77"
     assert argv[-1] == f"{plan_dir}/inj/plan.json"
-    sbatch_lines = [l for l in planned.files["slurm.sbatch"].splitlines() if l.startswith("#SBATCH")]
+    sbatch_lines = [line for line in planned.files["slurm.sbatch"].splitlines() if line.startswith("#SBATCH")]
     assert '#SBATCH --output="runs/$(touch PWNED-outdir) `x` ; y/slurm-%j.out"' in sbatch_lines
 
 
@@ -161,10 +162,12 @@ def test_slurm_job_exits_with_the_code_the_training_reported(tmp_path, recorders
 
 
 def test_line_breaks_cannot_add_sbatch_options(cli, spec):
-    path = spec('version = 1\nname = "s"\n[launch]\nlauncher = "slurm"\n[launch.slurm]\nextra_sbatch = ["--x\\n#SBATCH --uid=0"]\npartition = "a\\nb"\n')
+    path = spec('version = 1\nname = "s"\n[launch]\nlauncher = "slurm"\n[launch.slurm]\n'
+                'extra_sbatch = ["--x\\n#SBATCH --uid=0"]\npartition = "a\\nb"\n')
     r = cli("plan", path)
     assert r.exit_code == 2
-    assert f'{path}:6: error: $.launch.slurm.extra_sbatch[0]: "--x\\n#SBATCH --uid=0" has the wrong form: One sbatch option on one line' in r.stderr
+    assert (f'{path}:6: error: $.launch.slurm.extra_sbatch[0]: "--x\\n#SBATCH --uid=0" has the wrong form: '
+            'One sbatch option on one line') in r.stderr
     assert f'{path}:7: error: $.launch.slurm.partition: "a\\nb" has the wrong form: Partition' in r.stderr
 
 

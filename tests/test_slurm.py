@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-
 import subprocess
 import sys
 import time
@@ -24,9 +23,8 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import EXIT_PREEMPTED
-from tests.support import free_port
-
 from slurm_cluster import SlurmCluster, slurm_cluster  # noqa: F401  (the session fixture)
+from tests.support import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.xdist_group("slurm")]  # one cluster, one worker
 
@@ -79,13 +77,14 @@ log_every = 1
 
 
 @pytest.fixture
-def env(slurm_cluster: SlurmCluster) -> dict[str, str]:
+def env(slurm_cluster: SlurmCluster) -> dict[str, str]:  # noqa: F811 - the session fixture imported above
     """The cluster's environment with the venv's bin taken off PATH (fp8launch is called by its path)."""
     path = [p for p in slurm_cluster.env["PATH"].split(os.pathsep) if p and Path(p).resolve() != VENV_BIN.resolve()]
     return {**slurm_cluster.env, "PATH": os.pathsep.join(path or ["/usr/bin", "/bin"])}
 
 
-def fp8launch(env: dict[str, str], cwd: Path, *args: str, prefix: tuple[str, ...] = (), timeout: float = JOB_TIMEOUT_S) -> subprocess.CompletedProcess:
+def fp8launch(env: dict[str, str], cwd: Path, *args: str, prefix: tuple[str, ...] = (),
+              timeout: float = JOB_TIMEOUT_S) -> subprocess.CompletedProcess:
     return subprocess.run([*prefix, FP8LAUNCH, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -127,7 +126,7 @@ def assert_trained_on_both_nodes(cluster: SlurmCluster, job_id: str, output_dir:
     assert launches["n1"] & launches["n2"], launches
 
 
-def test_sbatch_wait_trains_fp8_fsdp2_across_two_nodes(slurm_cluster, env, tmp_path):
+def test_sbatch_wait_trains_fp8_fsdp2_across_two_nodes(slurm_cluster, env, tmp_path):  # noqa: F811 - the session fixture imported above
     spec = write_spec(tmp_path)
     t0 = time.monotonic()
     r = fp8launch(env, tmp_path, "run", str(spec), "--wait")
@@ -144,7 +143,7 @@ def test_sbatch_wait_trains_fp8_fsdp2_across_two_nodes(slurm_cluster, env, tmp_p
     assert elapsed < 120, f"a 6-step job took {elapsed:.0f} s"
 
 
-def test_failing_job_returns_its_exit_code_through_wait(slurm_cluster, env, tmp_path):
+def test_failing_job_returns_its_exit_code_through_wait(slurm_cluster, env, tmp_path):  # noqa: F811 - the session fixture imported above
     spec = write_spec(tmp_path)
     r = fp8launch(env, tmp_path, "run", str(spec), "--wait", "--set", "train.model=py:nonexistent_module_xyz:build")
     job_id = job_id_of(r)
@@ -165,7 +164,7 @@ SIGTERM_STEPS = 30
 enough that the resumed run finishes the rest quickly."""
 
 
-def test_scancel_signal_term_reaches_the_training(slurm_cluster, env, tmp_path):
+def test_scancel_signal_term_reaches_the_training(slurm_cluster, env, tmp_path):  # noqa: F811 - the session fixture imported above
     spec = write_spec(tmp_path, steps=SIGTERM_STEPS)
     r = fp8launch(env, tmp_path, "run", str(spec))
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
@@ -197,7 +196,7 @@ def test_scancel_signal_term_reaches_the_training(slurm_cluster, env, tmp_path):
     assert recs[-1]["event"] == "end" and recs[-1]["final_step"] == SIGTERM_STEPS
 
 
-def test_inside_salloc_run_uses_srun_and_torchrun_itself(slurm_cluster, env, tmp_path):
+def test_inside_salloc_run_uses_srun_and_torchrun_itself(slurm_cluster, env, tmp_path):  # noqa: F811 - the session fixture imported above
     spec = write_spec(tmp_path)
     r = fp8launch(env, tmp_path, "run", str(spec), prefix=("salloc", "--nodes=2", "--job-name=alloc"))
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{slurm_cluster.logs()}"
@@ -210,7 +209,7 @@ def test_inside_salloc_run_uses_srun_and_torchrun_itself(slurm_cluster, env, tmp
     assert_trained_on_both_nodes(slurm_cluster, job_id, tmp_path / "runs" / NAME, steps=6)
 
 
-def test_nodes_option_overrides_the_spec_for_sbatch(slurm_cluster, env, tmp_path):
+def test_nodes_option_overrides_the_spec_for_sbatch(slurm_cluster, env, tmp_path):  # noqa: F811 - the session fixture imported above
     spec = write_spec(tmp_path, nodes=1)
     r = fp8launch(env, tmp_path, "run", str(spec), "--nodes", "2", "--wait")
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n{slurm_cluster.logs()}"
@@ -220,7 +219,7 @@ def test_nodes_option_overrides_the_spec_for_sbatch(slurm_cluster, env, tmp_path
     assert_trained_on_both_nodes(slurm_cluster, job_id, tmp_path / "runs" / NAME, steps=6)
 
 
-def test_sbatch_of_a_plan_for_another_node_count_fails_at_once(slurm_cluster, env, tmp_path):
+def test_sbatch_of_a_plan_for_another_node_count_fails_at_once(slurm_cluster, env, tmp_path):  # noqa: F811 - the session fixture imported above
     spec = write_spec(tmp_path, nodes=1)
     subprocess.run([FP8LAUNCH, "plan", str(spec), "--out", "gen"], cwd=tmp_path, env=env, check=True, capture_output=True)
     (tmp_path / "runs" / NAME).mkdir(parents=True)  # sbatch opens --output there

@@ -33,10 +33,11 @@ def test_reports_every_problem_with_lines_and_suggestions(cli, spec, tmp_path):
     )
     r = cli("plan", path, "--out", "out")
     assert r.exit_code == 2
-    lines = [l for l in r.stderr.splitlines() if ": error" in l]
+    lines = [line for line in r.stderr.splitlines() if ": error" in line]
     assert lines == [
         f'{path}:6: error: $.precision.backend: "torchoa" is not one of "torchao", "te", "msamp" (did you mean "torchao"?)',
-        f'{path}:9: error: $.precision.te.recipe: "delayd" is not one of "delayed", "current", "block", "mxfp8", "nvfp4" (did you mean "delayed"?)',
+        f'{path}:9: error: $.precision.te.recipe: "delayd" is not one of "delayed", "current", "block", "mxfp8", "nvfp4" '
+        '(did you mean "delayed"?)',
         f"{path}:13: error: $.distributed.procs_per_nod: unknown key 'procs_per_nod' (did you mean 'procs_per_node'?)",
         f"{path}:14: error: $.distributed.nodes: must be >= 1, got 0",
         f'{path}:17: error: $.train.steps: expected an integer, got string "ten"',
@@ -153,4 +154,5 @@ def test_unknown_builtin_model_is_caught_when_planning(cli, spec):
     path = spec('version = 1\nname = "m"\n[train]\nmodel = "builtin:llama3-8bb?layers=2"\n')
     r = cli("plan", path)
     assert r.exit_code == 2
-    assert r.stderr.startswith(f"{path}:4: error: $.train.model: unknown builtin model 'llama3-8bb' (did you mean 'llama3-8b'?); fix: use one of: builtin:llama-debug,")
+    assert r.stderr.startswith(f"{path}:4: error: $.train.model: unknown builtin model 'llama3-8bb' (did you mean 'llama3-8b'?); "
+                               "fix: use one of: builtin:llama-debug,")

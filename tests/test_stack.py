@@ -15,9 +15,8 @@ import textwrap
 
 import pytest
 
-from launcher.planning.stack import msamp_problem, release
-
 from conftest import REPO
+from launcher.planning.stack import msamp_problem, release
 
 
 def _env(versions: dict[str, str | None], present: set[str]):
@@ -78,7 +77,7 @@ def test_doctor_says_installed_but_cannot_run_with_versions(broken_msamp, tmp_pa
     rows = {s["label"]: s for s in report["support"]}
     for level in ("O1", "O2"):  # under DDP: its native levels, which run on this CPU
         row = rows[f"fp8 msamp {level}"]
-        assert row["supported"] and f"its native levels: precision.backend = \"torchao\"" in row["note"], row
+        assert row["supported"] and "its native levels: precision.backend = \"torchao\"" in row["note"], row
     o3 = rows["fp8 msamp O3"]  # through DeepSpeed, which the native levels cannot express: MS-AMP's, which cannot run here
     assert not o3["supported"] and "MSAMP-STACK" in o3["rules"] and "BACKEND-MISSING" not in o3["rules"]
     assert any("MS-AMP 0.4.0 is installed but cannot run here: it imports transformer_engine_extensions" in reason

@@ -10,10 +10,24 @@ import re
 import pytest
 
 from conftest import REPO
-from launcher.planning.rules import RULES_BY_ID
 from launcher.planning.read import SpecSource, validate
-from launcher.planning.support_matrix import (CPU_BASE, ELSEWHERE, GPU_BASE, GPU_OPTIONS, CPU_OPTIONS, Option, all_pairs, document,
-                                              load, main, pairs_in, rows_text, schema_keys, spec_of)
+from launcher.planning.rules import RULES_BY_ID
+from launcher.planning.support_matrix import (
+    CPU_BASE,
+    CPU_OPTIONS,
+    ELSEWHERE,
+    GPU_BASE,
+    GPU_OPTIONS,
+    Option,
+    all_pairs,
+    document,
+    load,
+    main,
+    pairs_in,
+    rows_text,
+    schema_keys,
+    spec_of,
+)
 
 CPU, GPU = load("cpu"), load("gpu")
 """The committed runs (docs/support-matrix.json); test_the_committed_rows_are_what_the_generator_gives holds them to it."""
@@ -106,7 +120,8 @@ def test_check_fails_on_a_stale_doc_or_stale_rows(tmp_path, capsys):
     assert main(["--write", "--root", str(tmp_path)]) == 0
     assert (tmp_path / "docs" / "support-matrix.md").read_text().startswith("# Support matrix")
     assert main(["--check", "--root", str(tmp_path)]) == 0
-    (tmp_path / "docs" / "support-matrix.json").write_text((tmp_path / "docs" / "support-matrix.json").read_text().replace('"m01"', '"m00"'))
+    matrix_json = tmp_path / "docs" / "support-matrix.json"
+    matrix_json.write_text(matrix_json.read_text().replace('"m01"', '"m00"'))
     assert main(["--check", "--root", str(tmp_path)]) == 1 and "support-matrix.json is not current" in capsys.readouterr().err
 
 

@@ -19,7 +19,8 @@ TP4 = {"procs_per_node": 8, "tensor_parallel": 4}
 def test_fsdp2_json_has_the_2d_mesh_only_with_tp():
     cfg = json.loads(render(plan_of({"distributed": {"nodes": 2, **TP4}}))["fsdp2.json"])
     assert cfg["mesh"] == {"shape": [4, 4], "dim_names": ["dp_shard", "tp"]}
-    assert json.loads(render(plan_of({"distributed": {"procs_per_node": 8}}))["fsdp2.json"])["mesh"] == {"shape": [8], "dim_names": ["dp_shard"]}
+    one_d = json.loads(render(plan_of({"distributed": {"procs_per_node": 8}}))["fsdp2.json"])
+    assert one_d["mesh"] == {"shape": [8], "dim_names": ["dp_shard"]}
 
 
 def test_global_batch_and_tokens_count_data_parallel_ranks():
@@ -47,7 +48,8 @@ def test_precision_table_names_the_tp_collectives_dtype():
     assert "reduce-scatters and the logits all-gather in bf16" in tensorwise["tp_comm"]
     rowwise = precision_table(plan_of({"precision": {**TAO, "torchao": {"recipe": "rowwise"}}, "distributed": TP4}))
     assert rowwise["tp_comm"].startswith("bf16 all-gathers and reduce-scatters (torchao has float8 TP for tensorwise only")
-    assert precision_table(plan_of({"precision": {"mode": "fp16"}, "distributed": TP4}))["tp_comm"] == "fp16 all-gathers and reduce-scatters"
+    fp16 = precision_table(plan_of({"precision": {"mode": "fp16"}, "distributed": TP4}))
+    assert fp16["tp_comm"] == "fp16 all-gathers and reduce-scatters"
     assert "tp_comm" not in precision_table(plan_of({"distributed": {"procs_per_node": 8}}))
     assert [k for k, _ in ROWS][-1] == "tp_comm"
 

@@ -8,11 +8,11 @@ import tomllib
 
 import pytest
 
-from launcher.errors import LauncherError, UsageError
 from launcher.commands.plan import plan_one
 from launcher.commands.tune import _claim
 from launcher.commands.tune.candidates import candidate_overrides, select
 from launcher.commands.tune.record import loss_gap, tuned_spec
+from launcher.errors import LauncherError, UsageError
 from launcher.targets.toml_text import toml_text
 
 
@@ -50,7 +50,8 @@ def test_candidates_option_picks_by_name_and_refuses_unknown_ones():
     available = [("torchao-tensorwise", ["a"]), ("torchao-rowwise", ["b"])]
     assert select(available, []) == available and select(available, ["compile"]) == available
     assert select(available, ["torchao-rowwise"]) == [("torchao-rowwise", ["b"])]
-    with pytest.raises(UsageError, match="te-current is not a candidate here; candidates that run on this machine: torchao-tensorwise, torchao-rowwise"):
+    with pytest.raises(UsageError, match="te-current is not a candidate here; "
+                                         "candidates that run on this machine: torchao-tensorwise, torchao-rowwise"):
         select(available, ["te-current"])
 
 
@@ -79,7 +80,8 @@ def test_tuned_spec_applies_the_winner_drops_unread_sections_and_says_why(tmp_pa
                              {**row("torchao-tensorwise", 130.0, "rejected", []), "note": "loss gap +3.00% > 2.00%"}]}
     text = tuned_spec(str(spec), ["train.seq_len=64"], record)
     assert text.startswith("# Chosen by `fp8launch tune s.toml` on cpu x 1: torchao-rowwise at 120 tokens/s (1.200x bf16)")
-    assert "#   bf16: 100 tokens/s, 16.7% slower (1.000x bf16)" in text and "#   torchao-tensorwise: rejected: loss gap +3.00% > 2.00%" in text
+    assert "#   bf16: 100 tokens/s, 16.7% slower (1.000x bf16)" in text
+    assert "#   torchao-tensorwise: rejected: loss gap +3.00% > 2.00%" in text
     data = tomllib.loads(text)
     assert data["name"] == "s-tuned" and data["precision"] == {"mode": "fp8", "backend": "torchao", "torchao": {"recipe": "rowwise"}}
     assert data["train"] == {"steps": 9, "model": "builtin:llama3-1b", "seq_len": 64}
@@ -130,8 +132,8 @@ def test_tune_where_no_fp8_recipe_runs_exits_3_before_any_run(tmp_path):
     from launcher.errors import EXIT_ENVIRONMENT
 
     spec = tmp_path / "s.toml"
-    spec.write_text(f'version = 1\nname = "c"\n[precision]\nmode = "fp8"\n[precision.torchao]\nskip_small = false\n[launch]\ndevice = "cpu"\n'
-                    f'[train]\noutput_dir = "{tmp_path / "runs"}"\n')
+    spec.write_text('version = 1\nname = "c"\n[precision]\nmode = "fp8"\n[precision.torchao]\nskip_small = false\n'
+                    f'[launch]\ndevice = "cpu"\n[train]\noutput_dir = "{tmp_path / "runs"}"\n')
     with pytest.raises(LauncherError) as e:
         run_tune(str(spec), out_dir=str(tmp_path / "t"), runs_here=lambda sets: False, echo=lambda line: None)
     assert e.value.exit_code == EXIT_ENVIRONMENT == 3 and "no FP8 recipe runs on this machine" in str(e.value)

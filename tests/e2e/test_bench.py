@@ -11,7 +11,6 @@ import sys
 import pytest
 
 import launcher
-
 from launcher.commands.bench import table
 from tests.e2e.helpers import one_process_fp8_spec
 
@@ -26,11 +25,11 @@ def test_bench_runs_both_variants_alternately_and_reports_ratios(tmp_path):
     r = subprocess.run([exe, "bench", str(spec), "--repeats", "2", "--warmup", "1", "--out", str(tmp_path / "b"), "--max-loss-gap", "0.25"],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    order = [l.split(":")[1].strip() for l in r.stderr.splitlines() if l.startswith("bench: ")]
+    order = [line.split(":")[1].strip() for line in r.stderr.splitlines() if line.startswith("bench: ")]
     assert order == ["spec run 1/2", "bf16 run 1/2", "spec run 2/2", "bf16 run 2/2"]
-    progress = [l.strip() for l in r.stderr.splitlines() if l.startswith("  ") and " step " in l]
+    progress = [line.strip() for line in r.stderr.splitlines() if line.startswith("  ") and " step " in line]
     for label in ("spec run 1", "bf16 run 1", "spec run 2", "bf16 run 2"):  # each run shows its last step at least
-        assert any(l.startswith(f"{label}: step 5/5, ") and l.endswith(", 0 s left") for l in progress), (label, progress)
+        assert any(line.startswith(f"{label}: step 5/5, ") and line.endswith(", 0 s left") for line in progress), (label, progress)
 
     record = json.loads((tmp_path / "b" / "bench.json").read_text())
     spec_side, base = record["spec"], record["baseline"]
@@ -64,7 +63,8 @@ def test_bench_runs_both_variants_alternately_and_reports_ratios(tmp_path):
     import torchao
 
     assert record["environment"] == {"device_name": "cpu", "world_size": 1, "torch": torch.__version__, "torchao": torchao.__version__,
-                                     "deepspeed": record["environment"]["deepspeed"], "transformer_engine": None, "fp8launch": launcher.__version__,
+                                     "deepspeed": record["environment"]["deepspeed"], "transformer_engine": None,
+                                     "fp8launch": launcher.__version__,
                                      "mfu_peak": "bf16 dense", "peak_tflops": None}  # a CPU has no known peak
 
     printed = r.stdout
@@ -98,7 +98,8 @@ def test_bench_profile_says_where_each_step_goes_and_what_holds_fp8_back(tmp_pat
         assert run["step_time_s"] == pytest.approx(sum(measured) / 3)
         assert abs(sum(run["parts"].values()) / run["step_time_s"] - 1) < 0.25
     assert base["parts"]["gemm_fp8"] == 0 and base["fp8_gemm_flop_share"] == 0 and base["ceiling"] == 1.0
-    assert spec_run["parts"]["gemm_fp8"] > 0 and spec_run["fp8_gemm_flop_share"] == pytest.approx(bench["spec"]["runs"][0]["start"]["fp8_flop_share"], abs=0.01)
+    assert spec_run["parts"]["gemm_fp8"] > 0
+    assert spec_run["fp8_gemm_flop_share"] == pytest.approx(bench["spec"]["runs"][0]["start"]["fp8_flop_share"], abs=0.01)
     assert spec_run["ceiling"] > 1 and "cpu has no FP8 peak" in profile["ceiling_basis"]
     assert profile["prediction"]["gpu"] == "h100" and not profile["prediction"]["compared"]
     assert "FP8 GEMM FLOP share" in r.stdout and "ceiling (Amdahl)" in r.stdout and "holds it back: " in r.stdout

@@ -21,7 +21,7 @@ def test_custom_model_example_trains_in_fp8(tmp_path):
     r = subprocess.run([exe, "run", "examples/custom-model.toml", "--set", f"train.output_dir={tmp_path}/run"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    records = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     start = next(x for x in records if x["event"] == "start")
     # 2 blocks x (attention out_proj + 2 MLP Linears) + head = 7 Linears. out_proj's weight is used
     # functionally by nn.MultiheadAttention, so it cannot run in FP8; first and last real ones are kept.

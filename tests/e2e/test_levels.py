@@ -92,8 +92,8 @@ def _plain_model_and_optimizer():
     """The run's model and optimizer in this process, unsharded: llama-debug with 2 blocks, bf16 master weights,
     torchao's AdamWFp8 with its states created (what DCP loads into)."""
     from launcher.train import optim_lowbit
-    from launcher.train.precision.master_weights import cast_master_weights
     from launcher.train.models import build_model
+    from launcher.train.precision.master_weights import cast_master_weights
     from tests.train._precision import make_plan
 
     model = build_model(MODEL, ".")

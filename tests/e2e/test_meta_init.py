@@ -33,7 +33,8 @@ def test_gathered_initial_weights_are_equal_at_world_1_and_2_for_fsdp2_and_ddp(t
     ddp = initial_weights(tmp_path, "ddp2", 2, **{"distributed.strategy": "ddp", "precision.mode": "fp8",
                                                   "precision.torchao.skip_small": False})
     fp8_gather = initial_weights(tmp_path, "ag2", 2, **{"distributed.strategy": "fsdp2", "precision.mode": "fp8",
-                                                        "precision.torchao.skip_small": False, "precision.torchao.fsdp_float8_all_gather": True})
+                                                        "precision.torchao.skip_small": False,
+                                                        "precision.torchao.fsdp_float8_all_gather": True})
     assert len(one) == 4 * 9 + 3 and set(one) == set(two) == set(ddp) == set(fp8_gather)
     for name in one:
         assert torch.equal(one[name], two[name]), name

@@ -24,8 +24,8 @@ def _tokenizer(folder):
     """A WordLevel tokenizer over WORDS with an EOS (<|endoftext|>) the data readers and the export recognise."""
     import tokenizers
 
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab={"[UNK]": 0, "<|endoftext|>": 1, **{w: i + 2 for i, w in enumerate(WORDS)}},
-                                                           unk_token="[UNK]"))
+    vocab = {"[UNK]": 0, "<|endoftext|>": 1, **{w: i + 2 for i, w in enumerate(WORDS)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     tok.add_special_tokens(["<|endoftext|>"])
     path = folder / "tokenizer.json"
@@ -39,8 +39,8 @@ def _documents(seed: int, n: int) -> list[str]:
 
 
 def test_megatron_data_held_out_parquet_tensorboard_export_and_transformers_agree(tmp_path):
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
     import datasets
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     tok, tokenizer = _tokenizer(tmp_path)
     builder = IndexedDatasetBuilder(str(tmp_path / "corpus.bin"), dtype=np.uint16)
@@ -82,7 +82,8 @@ def test_megatron_data_held_out_parquet_tensorboard_export_and_transformers_agre
 
     (folder,) = sorted((out / "wandb").glob("offline-run-*"))  # `wandb = true` and WANDB_MODE=offline: offline, not a failed login
     run_id, config, history = wandb_run(folder)
-    assert history[2]["eval_loss"] == pytest.approx(evals[1]["eval_loss"], rel=1e-6) and records[0]["trackers"]["wandb"].startswith("offline run")
+    assert history[2]["eval_loss"] == pytest.approx(evals[1]["eval_loss"], rel=1e-6)
+    assert records[0]["trackers"]["wandb"].startswith("offline run")
 
     r, _ = run(tmp_path, "export", str(out), "--dtype", "fp32", "--out", str(tmp_path / "hf"))
     assert r.returncode == 0, r.stderr[-3000:]

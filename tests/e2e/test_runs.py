@@ -133,8 +133,9 @@ def test_cuda_without_a_gpu_exits_3_with_one_line(tmp_path):
         '`nvidia-smi -L`, or CUDA_VISIBLE_DEVICES hides them); fix: run on a GPU machine, or set launch.device = "cpu" (or "auto")']
     # the generated script started by hand: the workers find it, and say it once
     assert run(tmp_path, "run", str(spec), "--dry-run")[0].returncode == 0
-    r = subprocess.run(["bash", str(tmp_path / "runs" / "no-gpu" / "plan" / "torchrun.sh")], cwd=tmp_path, env={**env(), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"},
-                       capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    search_path = f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    r = subprocess.run(["bash", str(tmp_path / "runs" / "no-gpu" / "plan" / "torchrun.sh")], cwd=tmp_path,
+                       env={**env(), "PATH": search_path}, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert r.returncode != 0, output_of(r)
     assert r.stderr.count('error: launch.device = "cuda" but torch sees no CUDA GPU here') == 1
     assert not (tmp_path / "runs" / "no-gpu" / "metrics.jsonl").exists()

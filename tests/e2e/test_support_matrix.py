@@ -104,7 +104,8 @@ def test_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
     get = lambda key: _value(matrix_run.config, key)  # noqa: E731
     dp = 2 // get("distributed.tensor_parallel")  # the ranks of a TP group read the same batches
     assert start["tokens_per_step"] == 1 * get("train.grad_accum_steps") * dp * 32  # micro 1 x accum x dp x seq 32
-    assert ("float8 all-gather" in start["precision"]) == bool(get("precision.mode") == "fp8" and get("precision.torchao.fsdp_float8_all_gather"))
+    fp8_all_gather = bool(get("precision.mode") == "fp8" and get("precision.torchao.fsdp_float8_all_gather"))
+    assert ("float8 all-gather" in start["precision"]) == fp8_all_gather
     mode = _value(matrix_run.config, "precision.mode")
     fp8_layers = start["fp8_layers"]
     assert (fp8_layers > 0) == (mode == "fp8")

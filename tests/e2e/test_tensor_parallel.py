@@ -23,7 +23,7 @@ import pytest
 
 from launcher.train.checkpoint import read_marker
 
-from .helpers import FP8, FP8_LAYERS, TOTAL_LINEAR, output_of, records, run, write_spec
+from .helpers import FP8, output_of, records, run, write_spec
 from .test_resume import assert_same_dcp_checkpoint, losses, metrics
 
 pytestmark = pytest.mark.slow

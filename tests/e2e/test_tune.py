@@ -80,7 +80,8 @@ def test_tune_measures_every_candidate_ranks_them_and_writes_a_winner_that_plans
     for name in rows:
         if name != winner["name"]:
             assert f"#   {name}: " in text
-    p = subprocess.run([EXE, "plan", str(tuned), "--out", str(tmp_path / "gen"), "--format", "json"], capture_output=True, text=True, cwd=tmp_path)
+    p = subprocess.run([EXE, "plan", str(tuned), "--out", str(tmp_path / "gen"), "--format", "json"],
+                       capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     plan = json.loads(p.stdout)["plan"]
     assert plan["name"] == "tune-cpu-tuned"
@@ -89,7 +90,8 @@ def test_tune_measures_every_candidate_ranks_them_and_writes_a_winner_that_plans
     else:
         assert plan["precision"]["mode"] == "fp8" and plan["precision"]["torchao"]["recipe"] == winner["name"].split("-", 1)[1]
 
-    again = subprocess.run([EXE, "tune", str(spec), "--out", str(out), "--candidates", "torchao-nope"], capture_output=True, text=True, cwd=tmp_path)
+    again = subprocess.run([EXE, "tune", str(spec), "--out", str(out), "--candidates", "torchao-nope"],
+                           capture_output=True, text=True, cwd=tmp_path)
     assert again.returncode == 2 and "torchao-nope is not a candidate here" in again.stderr
 
 

@@ -37,9 +37,9 @@ def _train(model, precision, steps=STEPS):
 
 
 def _pair(recipe):
+    from launcher.planning.models import parse_builtin
     from launcher.train.effects import layer_precisions
     from launcher.train.models.moe import MoETransformer
-    from launcher.planning.models import parse_builtin
     from launcher.train.precision import apply_precision
     from tests.train._precision import fp8_plan, make_plan
 

@@ -33,10 +33,10 @@ def _plan(opt_level):
 @pytest.mark.parametrize("opt_level", ["O1", "O2"])
 def test_the_installed_optimizer_takes_fp8launchs_arguments(opt_level):
     import msamp
-    from one_gpu import signature_gaps
-    from train.test_te_msamp_standin import MSAMP_OPTIMIZER_ARGS
 
     from launcher.train.precision.msamp import msamp_optimizer_args
+    from one_gpu import signature_gaps
+    from train.test_te_msamp_standin import MSAMP_OPTIMIZER_ARGS
 
     name, kwargs = msamp_optimizer_args(_plan(opt_level))
     cls = getattr(msamp.optim, name)
@@ -47,9 +47,9 @@ def test_the_installed_optimizer_takes_fp8launchs_arguments(opt_level):
 @pytest.mark.parametrize("opt_level", ["O1", "O2"])
 def test_msamp_trains_in_fp8(opt_level):
     from msamp.nn import ScalingParameter
-    from train._precision import TinyLlama, lm_loss
 
     from launcher.train.precision import apply_precision
+    from train._precision import TinyLlama, lm_loss
 
     device = torch.device("cuda")
     torch.manual_seed(0)

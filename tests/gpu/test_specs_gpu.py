@@ -15,8 +15,20 @@ import math
 import pytest
 import torch
 
-from tests.gpu.one_gpu import (STEPS, TWIN_FIRST_LOSS_GAP, TWIN_LOSS_GAP, expected_scaled_mm, fits, losses_with_bf16_twin, planned,
-                               recipe_field_gaps, run, scaled_mm_per_step, signature_gaps, variants)
+from tests.gpu.one_gpu import (
+    STEPS,
+    TWIN_FIRST_LOSS_GAP,
+    TWIN_LOSS_GAP,
+    expected_scaled_mm,
+    fits,
+    losses_with_bf16_twin,
+    planned,
+    recipe_field_gaps,
+    run,
+    scaled_mm_per_step,
+    signature_gaps,
+    variants,
+)
 
 CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA GPU")]
@@ -100,10 +112,8 @@ def test_te_argument_tables_match_the_installed_library():
 def test_msamp_initialize_arguments_match_the_installed_library():
     import msamp
 
-    from launcher.train.precision.msamp import msamp_init_args
+    from launcher.train.precision.msamp import msamp_init_args, msamp_optimizer_args
     from tests.train._precision import make_plan
-
-    from launcher.train.precision.msamp import msamp_optimizer_args
 
     for level in ("O1", "O2"):
         args = msamp_init_args(make_plan(precision={"mode": "fp8", "backend": "msamp", "msamp": {"opt_level": level}}))

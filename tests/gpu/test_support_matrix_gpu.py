@@ -29,10 +29,10 @@ import torch
 from launcher.planning.backends import BACKENDS, TORCHAO
 from launcher.planning.hardware import capability_text, requirement, supports
 from launcher.planning.rules import Facts, check
-from launcher.train.precision.torchao_fp8 import mx_torch_supported
 from launcher.planning.support_matrix import GPU_BASE, _default, config_key, load, spec_of
-from tests.support import plan_from
+from launcher.train.precision.torchao_fp8 import mx_torch_supported
 from tests.gpu.one_gpu import expected_scaled_mm, fp8_kernels, scaled_mm_per_step
+from tests.support import plan_from
 
 CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA GPU")]
@@ -82,7 +82,8 @@ def test_gpu_row_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
         facts = Facts(plan=plan, device="cuda", capability=torch.cuda.get_device_capability())
         rule = next(f.rule.id for f in check(facts, "run") if f.is_error)  # FP8-HARDWARE, TE-RECIPE-HARDWARE, ...
         assert r.returncode == 3 and f"error[{rule}]" in r.stderr, r.stderr[-3000:]
-        _record(matrix_run.config, f"refused: {rule} (GPU {capability_text(torch.cuda.get_device_capability())}; needs {requirement('fp8', b.name, recipe)})")
+        gpu = capability_text(torch.cuda.get_device_capability())
+        _record(matrix_run.config, f"refused: {rule} (GPU {gpu}; needs {requirement('fp8', b.name, recipe)})")
         return
     if b is TORCHAO and recipe == "mxfp8" and "error[TORCHAO-MX-TORCH]" in r.stderr:
         assert r.returncode == 3 and not mx_torch_supported(), r.stderr[-3000:]

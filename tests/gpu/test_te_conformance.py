@@ -24,17 +24,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train._precision import TinyLlama, make_plan  # noqa: E402
-from train.te_2_20 import EXTRA_STATE_REFUSAL, TE_MODULE_STATE_METHODS, UNSAFE_PICKLE_ENV  # noqa: E402
-from train import test_te_standin as standin  # noqa: E402
-from train.test_te_standin import META_DO, META_DP, META_O, META_QKV, META_S, fake_te  # noqa: E402
-
 from launcher.planning.rules.te_attention import NO_BACKEND, refusal  # noqa: E402
 from launcher.train.models.llama import CoreAttention  # noqa: E402
 from launcher.train.precision import te_state  # noqa: E402
 from launcher.train.precision.te import build_recipe, is_quantized_weight, quantized_init, swap_modules, te_autocast  # noqa: E402
 from launcher.train.precision.te_recipe import RECIPE_CLASS, fused_adam_args  # noqa: E402
 from launcher.train.precision.te_swap import swap_plan  # noqa: E402
+from train import test_te_standin as standin  # noqa: E402
+from train._precision import TinyLlama, make_plan  # noqa: E402
+from train.te_2_20 import EXTRA_STATE_REFUSAL, TE_MODULE_STATE_METHODS, UNSAFE_PICKLE_ENV  # noqa: E402
+from train.test_te_standin import META_DO, META_DP, META_O, META_QKV, META_S, fake_te  # noqa: E402
 
 
 def _real_te_missing() -> str:

@@ -70,7 +70,8 @@ def _run(tmp_path, name, **keys):
 
     out = tmp_path / name
     _, plan_dir = make_plan(tmp_path / f"plan-{name}", **{
-        "launch.device": "cuda", "distributed.procs_per_node": 1, "distributed.strategy": "ddp", "train.model": "builtin:llama-debug?layers=2",
+        "launch.device": "cuda", "distributed.procs_per_node": 1, "distributed.strategy": "ddp",
+        "train.model": "builtin:llama-debug?layers=2",
         "train.seq_len": 64, "train.micro_batch_size": 4, "train.steps": 8, "train.checkpoint_every": 4, "train.lr": 3e-3,
         "precision.mode": "fp8", "precision.backend": "te", "precision.keep_first_last": False, "train.output_dir": str(out), **keys})
     train_in_process(f"{plan_dir}/plan.json", stream=io.StringIO())

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from launcher.targets.files import write
 from launcher.commands.plan import plan_one
+from launcher.targets.files import write
 from launcher.train.parallel.distributed import DistEnv, exit_now
 from tests.support import free_port, write_toml_spec
 
@@ -116,8 +116,8 @@ def token_batches(n: int, *, batch: int = 2, seq_len: int = 16, vocab: int = 204
 def train_in_process(plan_json: str, *, stream=None):
     """What `fp8launch run` does for one process, in this one: a world of one (the environment torchrun gives),
     build_run, train, close the logger, leave the process group. Returns the Trainer."""
-    from launcher.train.parallel import distributed
     from launcher.train.main import build_run
+    from launcher.train.parallel import distributed
 
     with torchrun_env():
         try:

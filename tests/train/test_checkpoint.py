@@ -320,7 +320,8 @@ def test_load_refuses_another_format_and_warns_on_another_world_size(tmp_path, w
 def test_load_into_another_model_names_train_resume(tmp_path, world):
     m = manager(tmp_path)
     path = m.save(2, model=nn.Linear(4, 4))
-    with pytest.raises(LauncherError, match=r"train.resume: .* does not fit this run's model and optimizer .*fix: resume with the train.model"):
+    with pytest.raises(LauncherError,
+                       match=r"train.resume: .* does not fit this run's model and optimizer .*fix: resume with the train.model"):
         m.load(path, model=nn.Linear(4, 8))
 
 

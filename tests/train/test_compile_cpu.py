@@ -9,6 +9,7 @@ from torch import nn
 
 from launcher.train.compile_ac import CPU_SIMD_BITS, cpu_vector_width
 
+
 class TwoLinears(nn.Module):
     """Two FP8 Linears in a row: the first one's output is the second one's FP8 input, cast and stored
     transposed for the second one's weight gradient (the tile AVX-512 gets wrong)."""

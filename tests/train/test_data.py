@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from launcher.train.data import SyntheticStream, build_data
 from launcher.errors import InputError
+from launcher.train.data import SyntheticStream, build_data
 
 
 def stream(spec, tmp_path=None, **kw):
@@ -155,7 +155,8 @@ def test_text_with_a_tokenizer_json_beside_it(tmp_path):
 
 
 def test_token_ids_beyond_the_vocabulary_name_both_keys(counting_corpus):
-    with pytest.raises(InputError, match=r"train\.data: .* holds token id 160, but the model \(train\.model\) has only 100 ids; fix: use a model whose vocabulary has at least 161 ids"):
+    with pytest.raises(InputError, match=r"train\.data: .* holds token id 160, but the model \(train\.model\) has only 100 ids; "
+                                         r"fix: use a model whose vocabulary has at least 161 ids"):
         stream(counting_corpus, vocab_size=100)
 
 
@@ -168,11 +169,13 @@ def test_byte_level_text_needs_256_ids(tmp_path):
 @pytest.mark.parametrize(
     "setup, spec, pattern",
     [
-        (None, "tokens:missing.npy", r"train\.data: 'missing\.npy' does not exist \(tried .*missing\.npy, .*missing\.npy\); fix: give an absolute path"),
+        (None, "tokens:missing.npy",
+         r"train\.data: 'missing\.npy' does not exist \(tried .*missing\.npy, .*missing\.npy\); fix: give an absolute path"),
         ("empty.bin", "tokens:empty.bin", r"train\.data: .*empty\.bin is empty"),
         ("ids.csv", "tokens:ids.csv", r"train\.data: cannot tell the format of .*ids\.csv.*fix: name it \*\.npy"),
         ("odd.bin", "tokens:odd.bin", r"train\.data: .*odd\.bin has 3 bytes, not a whole number of uint16 ids"),
-        ("small.npy", "tokens:small.npy", r"train\.data: .*small\.npy has 10 tokens: 1 windows of seq_len \+ 1 = 9 tokens, fewer than the 2 ranks need"),
+        ("small.npy", "tokens:small.npy",
+         r"train\.data: .*small\.npy has 10 tokens: 1 windows of seq_len \+ 1 = 9 tokens, fewer than the 2 ranks need"),
         ("floats.npy", "tokens:floats.npy", r"train\.data: .*floats\.npy holds float64 values, not integer token ids"),
         (None, "json:x", r"train\.data: 'json:x' is not a data source"),
     ],

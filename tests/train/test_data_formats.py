@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from launcher.errors import EXIT_INVALID, InputError
-from launcher.train.data import formats as data_formats
 from launcher.train.data import build_data
+from launcher.train.data import formats as data_formats
 from launcher.train.data.formats import JoinedCorpus
 from launcher.train.data.tokenizer import load_tokenizer
 
@@ -186,20 +186,32 @@ def megatron_error_setups(tmp_path, builder_class):
 @pytest.mark.parametrize(
     "spec, kw, key, pattern",
     [
-        ("megatron:missing?eos=1", {}, "train.data", r"megatron:missing needs missing\.idx, which does not exist \(tried .*missing\.idx.*\); fix: give the path prefix"),
-        ("megatron:good.bin?eos=1", {}, "train.data", r"needs good\.bin\.idx, .*; fix: name the prefix without its extension: megatron:good$"),
-        ("megatron:bad?eos=1", {}, "train.data", r"bad\.idx is not a Megatron-Core index: it does not start with the bytes b'MMIDIDX\\x00\\x00'; fix: point megatron: at"),
-        ("megatron:good", {}, "train.data", r"neither \?eos=ID nor train\.tokenizer gives one; fix: add \?eos=ID .* or set train\.tokenizer"),
-        ("megatron:good", {"tokenizer": "no-eos"}, "train.data", r"train\.tokenizer \(.*no-eos/tokenizer\.json\) has no EOS token; fix: add \?eos=ID"),
+        ("megatron:missing?eos=1", {}, "train.data",
+         r"megatron:missing needs missing\.idx, which does not exist \(tried .*missing\.idx.*\); fix: give the path prefix"),
+        ("megatron:good.bin?eos=1", {}, "train.data",
+         r"needs good\.bin\.idx, .*; fix: name the prefix without its extension: megatron:good$"),
+        ("megatron:bad?eos=1", {}, "train.data",
+         r"bad\.idx is not a Megatron-Core index: it does not start with the bytes b'MMIDIDX\\x00\\x00'; fix: point megatron: at"),
+        ("megatron:good", {}, "train.data",
+         r"neither \?eos=ID nor train\.tokenizer gives one; fix: add \?eos=ID .* or set train\.tokenizer"),
+        ("megatron:good", {"tokenizer": "no-eos"}, "train.data",
+         r"train\.tokenizer \(.*no-eos/tokenizer\.json\) has no EOS token; fix: add \?eos=ID"),
         ("megatron:good", {"key": "eval.data"}, "eval.data", r"^error: eval\.data: megatron:good joins its documents with an EOS id"),
         ("megatron:good?eos=x", {}, "train.data", r"\?eos=x in megatron:good\?eos=x is not a token id; fix: write \?eos=ID"),
-        ("megatron:good?eso=1", {}, "train.data", r"'eso=1' in megatron:good\?eso=1 is not an option of megatron: \(did you mean 'eos'\?\); fix: write megatron:PATH with the options \?eos="),
-        ("megatron:short?eos=1", {}, "train.data", r"short\.bin has \d+ bytes; .*short\.idx describes \d+; fix: use the \.bin and \.idx that were written together"),
-        ("megatron:trunc?eos=1", {}, "train.data", r"trunc\.idx has \d+ bytes and 31 sequences in 31 documents; its header needs \d+ bytes .*truncated or empty"),
-        ("megatron:gap?eos=1", {}, "train.data", r"gap\.idx's sequences are not stored back to back in the \.bin \(sequence 1 does not start where the one before it ends\)"),
+        ("megatron:good?eso=1", {}, "train.data",
+         r"'eso=1' in megatron:good\?eso=1 is not an option of megatron: \(did you mean 'eos'\?\); "
+         r"fix: write megatron:PATH with the options \?eos="),
+        ("megatron:short?eos=1", {}, "train.data",
+         r"short\.bin has \d+ bytes; .*short\.idx describes \d+; fix: use the \.bin and \.idx that were written together"),
+        ("megatron:trunc?eos=1", {}, "train.data",
+         r"trunc\.idx has \d+ bytes and 31 sequences in 31 documents; its header needs \d+ bytes .*truncated or empty"),
+        ("megatron:gap?eos=1", {}, "train.data",
+         r"gap\.idx's sequences are not stored back to back in the \.bin \(sequence 1 does not start where the one before it ends\)"),
         ("megatron:mm?eos=1", {}, "train.data", r"mm\.idx is a multimodal Megatron-Core index .*; fix: write a text-only dataset"),
-        ("megatron:good?eos=5000", {"vocab_size": 200}, "train.data", r"its EOS holds token id 5000, but the model \(train\.model\) has only 200 ids"),
-        ("megatron:good?eos=1", {"vocab_size": 50}, "train.data", r"megatron:.*good \(uint16.* holds token id 99, but the model \(train\.model\) has only 50 ids; fix: use a model"),
+        ("megatron:good?eos=5000", {"vocab_size": 200}, "train.data",
+         r"its EOS holds token id 5000, but the model \(train\.model\) has only 200 ids"),
+        ("megatron:good?eos=1", {"vocab_size": 50}, "train.data",
+         r"megatron:.*good \(uint16.* holds token id 99, but the model \(train\.model\) has only 50 ids; fix: use a model"),
         ("megatron:good", {"tokenizer": "nothing-here"}, "train.tokenizer", r"^error: train\.tokenizer: 'nothing-here' does not exist"),
     ],
 )
@@ -288,19 +300,26 @@ def test_hf_dataset_joins_documents_with_nothing_when_the_tokenizer_has_no_eos(h
     "spec, kw, key, pattern",
     [
         ("hf-dataset:texts.jsonl?column=body", {}, "train.data",
-         r"texts\.jsonl has no column 'body'; its columns: text, other, n; fix: name the text column: hf-dataset:texts\.jsonl\?column=NAME"),
+         r"texts\.jsonl has no column 'body'; its columns: text, other, n; "
+         r"fix: name the text column: hf-dataset:texts\.jsonl\?column=NAME"),
         ("hf-dataset:saved?column=txt", {"key": "eval.data"}, "eval.data",
          r"^error: eval\.data: .*saved has no column 'txt' \(did you mean 'text'\?\); its columns: text, other, n"),
         ("hf-dataset:texts.parquet?column=n", {}, "train.data", r"column 'n' of .* holds Value\('int64'\), not text"),
         ("hf-dataset:texts.parquet", {"tokenizer": ""}, "train.tokenizer",
-         r"^error: train\.tokenizer: train\.data = hf-dataset:texts\.parquet is text, and train\.tokenizer is not set .*; fix: set train\.tokenizer"),
-        ("hf-dataset:texts.parquet", {"tokenizer": "tok/missing.json"}, "train.tokenizer", r"^error: train\.tokenizer: 'tok/missing\.json' does not exist"),
+         r"^error: train\.tokenizer: train\.data = hf-dataset:texts\.parquet is text, and train\.tokenizer is not set .*; "
+         r"fix: set train\.tokenizer"),
+        ("hf-dataset:texts.parquet", {"tokenizer": "tok/missing.json"}, "train.tokenizer",
+         r"^error: train\.tokenizer: 'tok/missing\.json' does not exist"),
         ("hf-dataset:texts.parquet", {"tokenizer": "empty-folder"}, "train.tokenizer", r"empty-folder holds no tokenizer\.json"),
         ("hf-dataset:texts.parquet", {"tokenizer": "broken.json"}, "train.tokenizer", r"cannot read .*broken\.json as a tokenizer\.json"),
-        ("hf-dataset:notes.txt", {}, "train.data", r"cannot tell the format of .*notes\.txt from its name; fix: point hf-dataset: at a folder"),
-        ("hf-dataset:tok", {}, "train.data", r"the folder .*tok holds no \.parquet, \.jsonl, \.json or \.arrow file and is not one Dataset\.save_to_disk wrote"),
-        ("hf-dataset:hub?split=test", {}, "train.data", r"the folder .*hub has no 'test' files; its splits: train, validation; fix: pick one with hf-dataset:hub\?split=NAME"),
-        ("hf-dataset:texts.parquet", {"vocab_size": 10}, "train.data", r"hf-dataset:.* holds token id \d+, but the model \(train\.model\) has only 10 ids"),
+        ("hf-dataset:notes.txt", {}, "train.data",
+         r"cannot tell the format of .*notes\.txt from its name; fix: point hf-dataset: at a folder"),
+        ("hf-dataset:tok", {}, "train.data",
+         r"the folder .*tok holds no \.parquet, \.jsonl, \.json or \.arrow file and is not one Dataset\.save_to_disk wrote"),
+        ("hf-dataset:hub?split=test", {}, "train.data",
+         r"the folder .*hub has no 'test' files; its splits: train, validation; fix: pick one with hf-dataset:hub\?split=NAME"),
+        ("hf-dataset:texts.parquet", {"vocab_size": 10}, "train.data",
+         r"hf-dataset:.* holds token id \d+, but the model \(train\.model\) has only 10 ids"),
     ],
 )
 def test_hf_dataset_errors_name_the_key_and_exit_2(hf_files, tok_dir, spec, kw, key, pattern):
@@ -353,7 +372,7 @@ def test_ranks_never_share_a_window_within_an_epoch(tmp_path, source):
 
 def test_a_rebuilt_stream_resumes_with_exactly_the_next_batches(tmp_path, source):
     spec, kw = source
-    build = lambda: stream(spec, tmp_path, micro_batch_size=3, rank=1, world_size=2, seed=8, **kw)
+    build = lambda: stream(spec, tmp_path, micro_batch_size=3, rank=1, world_size=2, seed=8, **kw)  # noqa: E731
     s = build()
     take(s, s.per_rank // 3 + 1)  # past the first epoch's end
     state = json.loads(json.dumps(s.state_dict()))

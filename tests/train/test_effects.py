@@ -190,7 +190,8 @@ def test_what_did_not_take_effect_is_named_by_its_spec_key(tmp_path):
     assert lines == ("distributed.deepspeed.offload_optimizer needs optimizer = DeepSpeedCPUAdam, and this run has 'AdamW'",
                      "distributed.deepspeed.offload_optimizer needs offload.optimizer_states = cpu, and this run has 'device'")
     plan = _plan(tmp_path / "c", precision__mode="fp8", precision__torchao__skip_small=False, monitor__fp8_stats_every=1)
-    assert effects.missing(plan, _measured(monitor_hooks=0), 4) == ("monitor.fp8_stats_every needs monitor_hooks = at least 1, and this run has 0",)
+    assert effects.missing(plan, _measured(monitor_hooks=0), 4) == (
+        "monitor.fp8_stats_every needs monitor_hooks = at least 1, and this run has 0",)
     assert effects.missing(plan, _measured(monitor_hooks=27), 4) == ()
 
 

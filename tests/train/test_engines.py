@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from launcher.errors import EXIT_ENVIRONMENT, EnvironmentProblem, LauncherError
-from launcher.train.parallel import distributed
 from launcher.train.compile_ac import prepare_blocks
 from launcher.train.engines import read_config, wrap
 from launcher.train.loop import cross_entropy
 from launcher.train.models import transformer_blocks
+from launcher.train.parallel import distributed
 from launcher.train.precision import apply_precision
 
 from ._engine_setup import CPU, make_plan, tiny_model, token_batches, world_of_one

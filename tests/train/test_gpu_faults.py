@@ -8,17 +8,15 @@ import types
 
 import pytest
 import torch
-
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from launcher.planning.memory import estimate
 from launcher.planning.precision_table import precision_table
-from launcher.train.parallel import distributed
 from launcher.train.compile_ac import checkpoint_fn, prepare_blocks
+from launcher.train.parallel import distributed
 from launcher.train.parallel.distributed import holds_cpu_tensors, process_group_backend
 
 from ._precision import TinyLlama, lm_loss, make_plan
-
 
 # --- FSDP2 cpu_offload on CUDA: a CPU backend beside NCCL -------------------------------------
 

@@ -14,9 +14,15 @@ from torch import nn
 
 from launcher.planning.levels import REDUCE_BLOCK
 from launcher.train import effects, optim_lowbit
+from launcher.train.parallel.grad_reduce import (
+    CommMeter,
+    dequantize_rows,
+    fp8_all_reduce,
+    fp8_reduce_scatter,
+    quantize_rows,
+    reduce_scatter_class,
+)
 from launcher.train.precision.master_weights import cast_master_weights
-from launcher.train.parallel.grad_reduce import (CommMeter, dequantize_rows, fp8_all_reduce, fp8_reduce_scatter, quantize_rows,
-                                        reduce_scatter_class)
 
 from ._engine_setup import gloo_world, make_plan, spawn_ranks, tiny_model, world_of_one
 

@@ -9,12 +9,11 @@ import math
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
-
-from types import SimpleNamespace
 
 from launcher.train.checkpoint import CheckpointManager
 from launcher.train.engines import wrap
@@ -28,7 +27,7 @@ from launcher.train.loop import (
     likely_causes,
     loss_function,
 )
-from launcher.train.metrics import STEP_FIELDS, MetricsLogger, Throughput, peak_memory_gib
+from launcher.train.metrics import STEP_FIELDS, MetricsLogger, Throughput
 from launcher.train.optim import FINAL_LR_FRACTION, lr_factor
 from launcher.train.precision import apply_precision
 
@@ -119,7 +118,8 @@ def test_a_run_logs_every_record_with_the_contract_fields(world, tmp_path):
     plan, plan_dir = make_plan(tmp_path, distributed__strategy="ddp", train__steps=5, train__log_every=2, train__warmup_steps=1)
     stream = io.StringIO()
     seen = []
-    trainer, logger = _trainer(tmp_path, plan, plan_dir, token_batches(5), log_every_stream=stream, callbacks=[lambda s: seen.append(s.step)])
+    trainer, logger = _trainer(tmp_path, plan, plan_dir, token_batches(5), log_every_stream=stream,
+                               callbacks=[lambda s: seen.append(s.step)])
     summary = trainer.run()
     logger.close()
     records = _records(tmp_path)
@@ -181,7 +181,8 @@ def test_the_divergence_message_names_the_last_complete_checkpoint(world, tmp_pa
 
 
 @pytest.mark.parametrize(("mode", "backend", "recipe", "expected"), [
-    ("fp8", "torchao", "tensorwise", ['overflow in FP8 e4m3 with tensorwise scaling', 'precision.torchao.recipe = "rowwise"', "lower train.lr"]),
+    ("fp8", "torchao", "tensorwise",
+     ['overflow in FP8 e4m3 with tensorwise scaling', 'precision.torchao.recipe = "rowwise"', "lower train.lr"]),
     ("fp8", "torchao", "rowwise", ["rowwise-scaled GEMM", "precision.keep", "lower train.lr"]),
     ("fp8", "te", "delayed", ["amax history of earlier steps", 'precision.te.recipe = "current"']),
     ("fp8", "te", "mxfp8", ["Transformer Engine's mxfp8 scaling"]),

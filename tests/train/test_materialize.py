@@ -3,7 +3,6 @@ builtin, hf: and py:, the py: opt-out, and a resumed run that skips random initi
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import transformers
@@ -112,7 +111,8 @@ def test_the_entrypoint_skips_initialisation_when_it_resumes(tmp_path, monkeypat
     from launcher.train.parallel import distributed
     from tests.support import free_port
 
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1",
+                       "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(key, value)  # a world of one on a free port, restored after the test
     monkeypatch.setattr(Llama, "init_module", no_random_init)
     try:
@@ -142,7 +142,8 @@ def test_hf_tied_embeddings_stay_tied_through_meta_initialisation(tmp_path, part
     assert model.lm_head.weight is model.model.embed_tokens.weight
     mat.materialize(model, "cpu", init, seed=0, partition=(lambda m, ps: None) if partitioned else None)
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in build_model(_tiny_hf(tmp_path, tied=True), ".").parameters())
+    twin = build_model(_tiny_hf(tmp_path, tied=True), ".")
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in twin.parameters())
     assert model.model.embed_tokens.weight.std().item() == pytest.approx(0.05, rel=0.05)
 
 

@@ -10,10 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from launcher.errors import BackendMissing, InputError
 from launcher.planning.install import INSTALL
-from launcher.errors import BackendMissing
 from launcher.train.data import build_data
-from launcher.errors import InputError
 from launcher.train.models import build_model, logits_of, transformer_blocks
 from launcher.train.models.llama import SIZES, Llama, LlamaConfig, param_count, parse_builtin
 
@@ -135,7 +134,8 @@ def test_debug_learns_synthetic_data_in_30_adamw_steps():
 
 
 def test_named_sizes_have_the_published_shapes():
-    assert {n: c.ffn_dim for n, c in SIZES.items() if n.startswith("llama3")} == {"llama3-1b": 8192, "llama3-8b": 14336, "llama3-70b": 28672}
+    llama3_ffn = {n: c.ffn_dim for n, c in SIZES.items() if n.startswith("llama3")}
+    assert llama3_ffn == {"llama3-1b": 8192, "llama3-8b": 14336, "llama3-70b": 28672}
     assert SIZES["llama-debug"].ffn_dim == 768
     assert param_count(SIZES["llama3-8b"]) == 8_030_261_248  # Llama 3 8B's published count
     assert param_count(SIZES["llama3-70b"]) == 70_553_706_496
@@ -272,13 +272,15 @@ def test_user_factory_errors_name_the_key(tmp_path, isolated_imports, ref, patte
 
 def test_user_factory_with_a_missing_dependency_names_it(tmp_path, isolated_imports):
     (tmp_path / "user_model_c.py").write_text("import not_installed_pkg_zz\ndef build():\n    pass\n")
-    with pytest.raises(InputError, match=r"module 'user_model_c' was found but importing it failed.*fix: install the package 'not_installed_pkg_zz'"):
+    with pytest.raises(InputError, match=r"module 'user_model_c' was found but importing it failed.*"
+                                         r"fix: install the package 'not_installed_pkg_zz'"):
         build_model("py:user_model_c:build", str(tmp_path))
 
 
 def test_user_factory_that_fails_to_import_says_where(tmp_path, isolated_imports):
     (tmp_path / "user_model_e.py").write_text("x = 1\nraise RuntimeError('no GPU here')\n")
-    with pytest.raises(InputError, match=r"train\.model: importing module 'user_model_e' raised RuntimeError at .*user_model_e\.py:2: no GPU here"):
+    with pytest.raises(InputError,
+                       match=r"train\.model: importing module 'user_model_e' raised RuntimeError at .*user_model_e\.py:2: no GPU here"):
         build_model("py:user_model_e:build", str(tmp_path))
 
 

@@ -14,8 +14,8 @@ from torch import nn
 from launcher.train.monitor import STATS_FILE, FP8Monitor, build_monitor
 from launcher.train.monitor.alerts import WARN_EVERY_SAMPLES
 from launcher.train.monitor.hooks import te_targets
-from launcher.train.precision.torchao_fp8 import torchao_targets
 from launcher.train.monitor.stats import Scaling, cast_stats, saturation_threshold, torchao_scale
+from launcher.train.precision.torchao_fp8 import torchao_targets
 
 torchao = pytest.importorskip("torchao")
 from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: E402
@@ -250,7 +250,6 @@ class FakeTELinear(nn.Linear):
 
 
 def test_te_delayed_scaling_uses_the_scales_te_keeps_and_sees_its_overflows(tmp_path):
-    Format = type("Format", (), {})
     hybrid = type("F", (), {"name": "HYBRID"})()
     DelayedScaling = type("DelayedScaling", (), {"fp8_format": hybrid, "margin": 0})
     model = nn.Sequential(FakeTELinear(16))

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from launcher.train.precision import select
 from launcher.planning.selection import DIMS, KEEP_FIRST_LAST, SMALL, too_small
+from launcher.train.precision import select
 from launcher.train.precision.select import classify, fp8_filter
 
 from ._precision import TinyLlama, fp8_plan
@@ -217,11 +217,13 @@ def test_kept_blocks_on_a_model_without_blocks_stop_instead_of_converting_them()
 
 def test_keep_and_rule_globs_that_name_no_layer_of_the_built_model_are_reported_grouped_experts_included():
     """For py: models (planning cannot see their names) the run reports both kinds; an MoE's expert groups count as layers."""
-    from launcher.train.models.moe import MoETransformer
     from launcher.planning.models import parse_builtin
+    from launcher.train.models.moe import MoETransformer
 
-    plan = fp8_plan(keep=["attention.wk", "*.feed_forward.w2"], rules=[{"match": "*.mlp.w9", "mode": "bf16"}], torchao={"skip_small": False})
-    assert select.unmatched_rules(TinyLlama(), plan) == {"PRECISION-RULE-UNMATCHED": ["*.mlp.w9"], "PRECISION-KEEP-UNMATCHED": ["attention.wk"]}
+    plan = fp8_plan(keep=["attention.wk", "*.feed_forward.w2"], rules=[{"match": "*.mlp.w9", "mode": "bf16"}],
+                    torchao={"skip_small": False})
+    assert select.unmatched_rules(TinyLlama(), plan) == {"PRECISION-RULE-UNMATCHED": ["*.mlp.w9"],
+                                                         "PRECISION-KEEP-UNMATCHED": ["attention.wk"]}
     moe = MoETransformer(parse_builtin("builtin:moe-debug"))
     plan = fp8_plan(keep=["layers.0.moe.experts"], rules=[{"match": "*.moe.experts", "recipe": "mxfp8"}], torchao={"skip_small": False})
     assert select.unmatched_rules(moe, plan) == {}

@@ -12,18 +12,17 @@ import pytest
 import torch
 from torch import nn
 
-from launcher.planning.install import INSTALL
 from launcher.errors import BackendMissing, EnvironmentProblem, LauncherError
+from launcher.planning.install import INSTALL
 from launcher.planning.read import defaults
 from launcher.train.precision import apply_precision
 from launcher.train.precision import te as te_backend
 from launcher.train.precision.te_recipe import RECIPE_CLASS, recipe_kwargs, unread_fields
 from launcher.train.precision.te_swap import swap_plan
 
+from ._precision import TinyLlama, fp8_plan, make_plan
 from .te_2_20 import TE_FORMATS, TE_MODULE_ARGS, TE_RECIPE_FIELDS
 from .test_te_standin import fake_te  # noqa: F401 - test_precision_msamp imports it from here
-
-from ._precision import TinyLlama, fp8_plan, make_plan
 
 CPU = torch.device("cpu")
 TE_DEFAULTS = defaults()["precision"]["te"]

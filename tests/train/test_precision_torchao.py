@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-from launcher.planning.install import INSTALL
 import launcher.train.precision as precision_pkg
 from launcher.errors import BackendMissing, EnvironmentProblem
+from launcher.planning.install import INSTALL
 from launcher.train.precision import apply_precision
 from launcher.train.precision.torchao_fp8 import float8_config, float8_config_kwargs
 
@@ -185,8 +185,8 @@ def test_torchao_drops_a_precomputed_scale_when_fsdp2_copies_an_offloaded_shard(
     rebuilds itself on aten._to_copy without `_precomputed_scale` (torchao/float8/fsdp_utils.py), so every weight
     all-reduces its own amax again. If this starts to fail, torchao keeps the scale and the rule can go."""
     from torchao.float8.float8_linear import Float8LinearConfig
-    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
     from torchao.float8.float8_training_tensor import LinearMMConfig
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
     w = WeightWithDynamicFloat8CastTensor(torch.randn(8, 8), LinearMMConfig(), Float8LinearConfig().cast_config_weight.target_dtype,
                                           torch.tensor(3.0))
@@ -206,7 +206,8 @@ def test_precision_rules_mix_recipes_per_module_and_keep_by_mode_first_match_win
     assert labels == {
         "layers.0.attention.wq": None,  # keep_first_last (no rule matches it)
         "layers.0.attention.wk": "fp8 tensorwise", "layers.0.attention.wv": "fp8 tensorwise", "layers.0.attention.wo": "fp8 tensorwise",
-        "layers.0.feed_forward.w1": "fp8 tensorwise", "layers.0.feed_forward.w2": "fp8 rowwise", "layers.0.feed_forward.w3": "fp8 tensorwise",
+        "layers.0.feed_forward.w1": "fp8 tensorwise", "layers.0.feed_forward.w2": "fp8 rowwise",
+        "layers.0.feed_forward.w3": "fp8 tensorwise",
         "layers.1.attention.wq": None, "layers.1.attention.wk": None, "layers.1.attention.wv": None, "layers.1.attention.wo": None,
         "layers.1.feed_forward.w1": "fp8 mxfp8", "layers.1.feed_forward.w2": "fp8 rowwise",
         "layers.1.feed_forward.w3": "fp8 rowwise_with_gw_hp",

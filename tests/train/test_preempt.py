@@ -12,12 +12,10 @@ import os
 import signal
 
 import pytest
-
-from launcher.errors import EXIT_PREEMPTED
 import torch
 
-from launcher.train.checkpoint import preempt
-from launcher.train.checkpoint import CheckpointManager
+from launcher.errors import EXIT_PREEMPTED
+from launcher.train.checkpoint import CheckpointManager, preempt
 from launcher.train.data import build_data
 from launcher.train.engines import wrap
 from launcher.train.loop import Trainer, TrainState
@@ -113,7 +111,8 @@ def test_a_stop_finishes_the_step_in_progress_checkpoints_it_and_resumes_exactly
 def test_a_signal_during_start_up_stops_before_the_first_step(world, tmp_path):
     trainer, logger, ckpt = _trainer(*_plan(tmp_path))
     preempt.request()
-    with pytest.raises(preempt.Preempted, match=r"^preempted: SIGTERM before the first step of this run \(at step 0 of 6\); nothing new to save;"):
+    with pytest.raises(preempt.Preempted,
+                       match=r"^preempted: SIGTERM before the first step of this run \(at step 0 of 6\); nothing new to save;"):
         trainer.run()
     logger.close()
     assert trainer.state.step == 0 and ckpt.complete() == []
@@ -154,7 +153,7 @@ def _two_rank_worker(rank: int, world_size: int, port: int, folder: str) -> None
         plan, plan_dir = make_plan(Path(folder) / f"plan-{rank}", distributed__strategy="fsdp2", distributed__procs_per_node=2,
                                    train__steps=6, train__output_dir=os.path.join(folder, "out"))
         env = DistEnv(rank=rank, local_rank=rank, world_size=world_size, device=torch.device("cpu"), backend="gloo")
-        only_rank_1 = (lambda state: preempt.request() if rank == 1 and state.step == 2 else None)
+        only_rank_1 = (lambda state: preempt.request() if rank == 1 and state.step == 2 else None)  # noqa: E731
         trainer, logger, ckpt = _trainer(plan, plan_dir, env=env, callbacks=[only_rank_1])
         try:
             trainer.run()

@@ -36,7 +36,7 @@ def train(tmp_path, name, **keys):
 
 # --- precision.te.fp8_dpa -----------------------------------------------------------------------------------------
 
-def test_fp8_dpa_puts_te_attention_in_the_builtin_models_and_runs_it_in_fp8(tmp_path, blackwell_standin):
+def test_fp8_dpa_puts_te_attention_in_the_builtin_models_and_runs_it_in_fp8(tmp_path, blackwell_standin):  # noqa: F811 - the fixture imported above
     """On a B200 (llama-debug's head_dim 32 has no FP8 attention backend on an H100: rule TE-FP8-DPA-GPU)."""
     records, trainer = train(tmp_path, "dpa", **{"precision.te.recipe": "delayed", "precision.te.fp8_dpa": True})
     start = records[0]
@@ -53,13 +53,13 @@ def test_fp8_dpa_puts_te_attention_in_the_builtin_models_and_runs_it_in_fp8(tmp_
         assert (bwd.scale[[META_DO, META_DP]] != 1).all()
 
 
-def test_fp8_dpa_of_head_dim_32_has_no_backend_on_an_h100(tmp_path, standin):
+def test_fp8_dpa_of_head_dim_32_has_no_backend_on_an_h100(tmp_path, standin):  # noqa: F811 - the fixture imported above
     """What rule TE-FP8-DPA-GPU refuses at plan time: the stand-in on an H100 fails at the first step with TE's error."""
     with pytest.raises(ValueError, match=NO_BACKEND.split(" for ")[0]):
         train(tmp_path, "dpa-h100", **{"precision.te.recipe": "delayed", "precision.te.fp8_dpa": True, "train.steps": 1})
 
 
-def test_without_fp8_dpa_the_attention_stays_ours(tmp_path, standin):
+def test_without_fp8_dpa_the_attention_stays_ours(tmp_path, standin):  # noqa: F811 - the fixture imported above
     records, trainer = train(tmp_path, "plain", **{"precision.te.recipe": "current", "train.steps": 2})
     assert "layers.0.attention.core" not in records[0]["layers"]
     assert not any(isinstance(m, DotProductAttention) for m in trainer.state.engine.module.modules())
@@ -106,7 +106,7 @@ seed 0, this test's: it fails); never written back: +36% to +41%."""
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_fp8_weights_train_with_an_fp32_master_copy(tmp_path, standin, strategy):
+def test_fp8_weights_train_with_an_fp32_master_copy(tmp_path, standin, strategy):  # noqa: F811 - the fixture imported above
     keys = {"precision.te.recipe": "current", "distributed.strategy": strategy, **FP8_WEIGHTS_RUN}
     records, trainer = train(tmp_path, "fp8w", **keys, **{"precision.te.fp8_params": True})
     effects = records[0]["effects"]
@@ -128,7 +128,7 @@ def test_fp8_weights_train_with_an_fp32_master_copy(tmp_path, standin, strategy)
     assert abs(fmean(got) - fmean(twin_losses)) / fmean(twin_losses) < TWIN_GAP, (got, twin_losses)
 
 
-def test_the_master_copy_starts_from_the_high_precision_initial_weights(standin):
+def test_the_master_copy_starts_from_the_high_precision_initial_weights(standin):  # noqa: F811 - the fixture imported above
     """Not from their FP8 rounding: TE keeps the initial value (preserve_high_precision_init_val) for it."""
     from ._precision import TinyLlama, make_plan
 
@@ -209,7 +209,7 @@ def _bytes(t: torch.Tensor) -> int:
 
 
 @pytest.mark.parametrize("keep_first_last", [False, True])
-def test_the_memory_estimate_is_the_bytes_fused_adam_and_the_fp8_weights_take(standin, monkeypatch, keep_first_last):
+def test_the_memory_estimate_is_the_bytes_fused_adam_and_the_fp8_weights_take(standin, monkeypatch, keep_first_last):  # noqa: F811 - the fixture imported above
     """precision.te.fp8_params: the estimate's rows against what the stand-in (TE 2.20.2's FusedAdam: initialize_state
     gives every parameter an fp32 master copy) really allocates for a builtin model after a step: FP8 weights at 1 byte,
     the other parameters at 4, a master copy of the FP8 weights only (fp8launch makes none for the fp32 parameters, whose

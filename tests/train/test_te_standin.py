@@ -42,8 +42,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from .te_2_20 import (DELAYED_STATE_KEYS, EXTRA_STATE_REFUSAL, TE_CALL_ARGS, TE_FORMATS, TE_MODULE_ARGS, TE_OPTIMIZER_ARGS,
-                      TE_RECIPE_FIELDS, UNSAFE_PICKLE_ENV)
+from .te_2_20 import (
+    DELAYED_STATE_KEYS,
+    EXTRA_STATE_REFUSAL,
+    TE_CALL_ARGS,
+    TE_FORMATS,
+    TE_MODULE_ARGS,
+    TE_OPTIMIZER_ARGS,
+    TE_RECIPE_FIELDS,
+    UNSAFE_PICKLE_ENV,
+)
 
 FP8_MAX = {"E4M3": 448.0, "E5M2": 57344.0}
 TORCH_FP8 = {"E4M3": torch.float8_e4m3fn, "E5M2": torch.float8_e5m2}
@@ -320,8 +328,10 @@ class TEModule(nn.Module):
         if not recipe.delayed():
             return torch.empty(0, dtype=torch.uint8)
         state = {"recipe": recipe,
-                 "scale_fwd": self.fp8_meta["scaling_fwd"].scale.clone(), "amax_history_fwd": self.fp8_meta["scaling_fwd"].amax_history.clone(),
-                 "scale_bwd": self.fp8_meta["scaling_bwd"].scale.clone(), "amax_history_bwd": self.fp8_meta["scaling_bwd"].amax_history.clone(),
+                 "scale_fwd": self.fp8_meta["scaling_fwd"].scale.clone(),
+                 "amax_history_fwd": self.fp8_meta["scaling_fwd"].amax_history.clone(),
+                 "scale_bwd": self.fp8_meta["scaling_bwd"].scale.clone(),
+                 "amax_history_bwd": self.fp8_meta["scaling_bwd"].amax_history.clone(),
                  "extra_fp8_variables": {k: v for k, v in self.fp8_meta.items() if isinstance(v, (bool, int, float, str, tuple, list))}}
         return torch.frombuffer(bytearray(pickle.dumps(state)), dtype=torch.uint8)
 

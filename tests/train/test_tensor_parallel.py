@@ -155,8 +155,8 @@ def test_tp_computes_the_unsharded_models_logits_and_gradients(tmp_path):
 def _fp8_worker(rank: int, world_size: int, port: int, out: str, plan) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from launcher.train.precision import apply_precision
     from launcher.train.parallel.tensor_parallel import tp_styles_used
+    from launcher.train.precision import apply_precision
 
     torch.set_num_threads(1)
     tokens = torch.randint(0, 2048, (2, 17), generator=torch.Generator().manual_seed(0))

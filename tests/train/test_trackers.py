@@ -22,8 +22,8 @@ import torch
 from launcher.errors import EnvironmentProblem
 from launcher.planning.install import INSTALL
 from launcher.train.metrics import METRICS_FILE, MetricsLogger, Throughput, step_record
-from launcher.train.monitor.records import sample_summary
 from launcher.train.metrics.trackers import TRACKED_STEP_FIELDS, build_trackers, metrics_of
+from launcher.train.monitor.records import sample_summary
 from tests.support import plan_from
 
 pytest.importorskip("tensorboard")
