@@ -43,6 +43,7 @@ def parse_with_deepspeed(paths: list[str], world: int) -> list[dict]:
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow  # in-process, but 5-18 s: the slow tier keeps `make test-fast` under 2 minutes
 def test_every_deepspeed_json_is_accepted_by_deepspeeds_parser(tmp_path):
     paths, plans = [], {}
     for name, variant in DS_VARIANTS.items():
@@ -75,6 +76,7 @@ def test_every_deepspeed_json_is_accepted_by_deepspeeds_parser(tmp_path):
         assert got["train_batch_size"] % 8 == 0
 
 
+@pytest.mark.slow  # in-process, but 5-18 s: the slow tier keeps `make test-fast` under 2 minutes
 def test_deepspeed_parser_rejects_a_batch_that_does_not_fit_the_world(tmp_path):
     """The parser really checks the batch rule: the same file read for the wrong world size fails."""
     path = tmp_path / "ds.json"

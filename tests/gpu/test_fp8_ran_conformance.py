@@ -46,6 +46,7 @@ def test_torchao_runs_every_converted_gemm_as_scaled_mm(device_name):
     assert scaled_mm_calls(step) == 3 * t.precision.report.fp8_layers
 
 
+@pytest.mark.slow  # in-process, but 5-18 s: the slow tier keeps `make test-fast` under 2 minutes
 @pytest.mark.parametrize("device_name", DEVICES)
 def test_torchao_output_differs_from_its_high_precision_twin_and_trains(device_name):
     from tests.train._fp8_twin import train_losses

@@ -30,6 +30,7 @@ def _profiled(tmp_path, monkeypatch, name, **keys):
     return json.loads((out / "profile.json").read_text())["run"], records[0], steps, out
 
 
+@pytest.mark.slow  # in-process, but 5-18 s: the slow tier keeps `make test-fast` under 2 minutes
 def test_an_fp8_run_profiles_its_steps_after_the_warm_up_into_parts_that_add_up(tmp_path, monkeypatch):
     run, start, steps, out = _profiled(tmp_path, monkeypatch, "fp8", **FP8)
     trace = read_trace(str(out / run["trace"]))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = """
 import enum, logging, sys
 if sys.argv[1] == "quiet":
@@ -41,6 +43,7 @@ def _stderr(*modes: str) -> list[str]:
     return errs
 
 
+@pytest.mark.slow  # in-process, but 5-18 s: the slow tier keeps `make test-fast` under 2 minutes
 def test_harmless_messages_are_dropped_and_real_ones_get_through():
     noisy, quiet = _stderr("noisy", "quiet")
     assert "torchao/_C_mxfp8" in noisy and "<enum 'KernelPreference'> is an Enum subclass" in noisy  # what a worker would print

@@ -105,6 +105,7 @@ stepped from its own FP8 value, losing the updates below FP8's resolution): +2.2
 seed 0, this test's: it fails); never written back: +36% to +41%."""
 
 
+@pytest.mark.slow  # in-process, but 5-18 s: the slow tier keeps `make test-fast` under 2 minutes
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_fp8_weights_train_with_an_fp32_master_copy(tmp_path, standin, strategy):  # noqa: F811 - the fixture imported above
     keys = {"precision.te.recipe": "current", "distributed.strategy": strategy, **FP8_WEIGHTS_RUN}
@@ -208,6 +209,7 @@ def _bytes(t: torch.Tensor) -> int:
     return t._data.numel() * t._data.element_size() if isinstance(t, Float8Tensor) else t.numel() * t.element_size()
 
 
+@pytest.mark.slow  # in-process, but 5-18 s: the slow tier keeps `make test-fast` under 2 minutes
 @pytest.mark.parametrize("keep_first_last", [False, True])
 def test_the_memory_estimate_is_the_bytes_fused_adam_and_the_fp8_weights_take(standin, monkeypatch, keep_first_last):  # noqa: F811 - the fixture imported above
     """precision.te.fp8_params: the estimate's rows against what the stand-in (TE 2.20.2's FusedAdam: initialize_state

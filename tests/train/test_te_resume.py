@@ -77,6 +77,7 @@ def losses(records: list[dict]) -> dict[int, float]:
     return out
 
 
+@pytest.mark.slow  # in-process, but 5-18 s: the slow tier keeps `make test-fast` under 2 minutes
 @pytest.mark.parametrize("strategy", ["fsdp2", "deepspeed"])
 def test_a_resumed_delayed_scaling_run_continues_as_the_uninterrupted_one(tmp_path, standin, strategy):
     """FSDP2 (DCP: the modules' _extra_state in the rank file, empty) and DeepSpeed (its own checkpoint, written with
