@@ -27,37 +27,5 @@ t0=$(date +%s)
 rc=$?
 total=$(( $(date +%s) - t0 ))
 echo "ci_time: .ci/run exited $rc after $total s (log $work/ci.log)"
-python3 - "$times" "$total" "$rc" "$commit" "$repo/benchmarks/results" <<'EOF'
-import json, os, platform, sys
-times, total, rc, commit, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-phases = [json.loads(line) for line in open(times) if line.strip()]
-flags = []
-try:
-    flags = next(l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags"))
-except (OSError, StopIteration):
-    pass
-record = {
-    "what": ".ci/run on a fresh clone with empty pip, Inductor (TORCHINDUCTOR_CACHE_DIR) and torch-extension "
-            "(TORCH_EXTENSIONS_DIR) caches: benchmarks/ci_time.sh",
-    "commit": commit, "exit": rc, "total_s": total, "total_min": round(total / 60, 1),
-    "phases": phases, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                  "amx": any(f.startswith("amx") for f in flags), "avx512": "avx512f" in flags},
-}
-os.makedirs(out, exist_ok=True)
-with open(os.path.join(out, "ci_time.json"), "w") as f:
-    json.dump(record, f, indent=1)
-    f.write("\n")
-lines = ["# CI time from a cold machine", "",
-         f"`bash benchmarks/ci_time.sh` at {commit}: `.ci/run` on a fresh clone, empty pip / Inductor / torch-extension caches,",
-         f"{record['machine']['cpus']} CPUs (AMX: {record['machine']['amx']}). Exit {rc}, **{record['total_min']} min** in all "
-         "(CI's limit is 90, the budget 35).", "", "| phase | minutes | exit |", "|---|---:|---:|"]
-lines += [f"| {p['phase']} | {p['seconds'] / 60:.1f} | {p['exit']} |" for p in phases]
-lines += ["", "Phases: setup (venv and packages from nothing), lint (`ruff check`), fast (`make test-fast`), slow (the "
-          "multi-process tests but the support matrix, the SLURM cluster's install included), matrix "
-          "(tests/e2e/test_support_matrix.py's runs), plan-check and matrix-check (the committed configs and support matrix "
-          "are current).", ""]
-with open(os.path.join(out, "ci_time.md"), "w") as f:
-    f.write("\n".join(lines))
-print("\n".join(lines))
-EOF
+python3 "$repo/benchmarks/ci_time_record.py" "$times" "$work/ci.log" "$total" "$rc" "$commit" "$repo/benchmarks/results"
 exit $rc

@@ -1,0 +1,79 @@
+"""benchmarks/results/ci_time.{json,md} from one `.ci/run` that benchmarks/ci_time.sh timed: its phases (the JSON lines
+.ci/phase appended to CI_TIMES) and the slowest tests each pytest phase printed (`--durations`) in its log.
+
+    python benchmarks/ci_time_record.py PHASES.jsonl CI.log TOTAL_S EXIT COMMIT OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import sys
+
+PHASE_LINE = re.compile(r"^ci-phase: (\S+) ([\d.]+) s exit (\d+)$")
+DURATION = re.compile(r"^([\d.]+)s (call|setup|teardown)\s+(\S+)$")
+TOP = 8
+
+
+def phases_of(log: str) -> list[dict]:
+    """The phases in the order CI ran them, from the log's `ci-phase:` lines: only .ci/run's own (a test that runs
+    `.ci/phase` in a subprocess prints into its captured output, not the log's lines)."""
+    return [{"phase": m[1], "seconds": float(m[2]), "exit": int(m[3])} for m in map(PHASE_LINE.match, log.splitlines()) if m]
+
+
+def slowest(log: str) -> dict[str, list[dict]]:
+    """Per pytest phase, its slowest tests: the `--durations` block printed before that phase's `ci-phase:` line."""
+    out, block = {}, []
+    for line in log.splitlines():
+        if m := DURATION.match(line):
+            block.append({"seconds": float(m[1]), "when": m[2], "test": m[3]})
+        elif m := PHASE_LINE.match(line):
+            if block:
+                out[m[1]] = block[:TOP]
+            block = []
+    return out
+
+
+def main(phases_path: str, log_path: str, total: str, rc: str, commit: str, out: str) -> None:
+    log = open(log_path, encoding="utf-8", errors="replace").read()
+    phases = phases_of(log) or [json.loads(line) for line in open(phases_path) if line.strip()]
+    flags = []
+    try:
+        flags = next(line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
+    except (OSError, StopIteration):
+        pass
+    total_s = int(total)
+    record = {
+        "what": ".ci/run on a fresh clone with empty pip, Inductor (TORCHINDUCTOR_CACHE_DIR) and torch-extension "
+                "(TORCH_EXTENSIONS_DIR) caches: benchmarks/ci_time.sh",
+        "commit": commit, "exit": int(rc), "total_s": total_s, "total_min": round(total_s / 60, 1),
+        "phases": phases, "slowest": slowest(log),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "amx": any(f.startswith("amx") for f in flags), "avx512": "avx512f" in flags},
+    }
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "ci_time.json"), "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+    lines = ["# CI time from a cold machine", "",
+             f"`bash benchmarks/ci_time.sh` at {commit}: `.ci/run` on a fresh clone, empty pip / Inductor / torch-extension "
+             f"caches, {record['machine']['cpus']} CPUs (AMX: {record['machine']['amx']}). Exit {rc}, **{record['total_min']} min** "
+             "in all (CI's limit is 90, the budget 35).", "", "| phase | minutes | exit |", "|---|---:|---:|"]
+    lines += [f"| {p['phase']} | {p['seconds'] / 60:.1f} | {p['exit']} |" for p in phases]
+    lines += ["", "Phases: setup (venv and packages from nothing), lint (`ruff check`), fast (`make test-fast`), slow (the "
+              "multi-process tests but the support matrix, the SLURM cluster's install included), matrix "
+              "(tests/e2e/test_support_matrix.py's runs), plan-check and matrix-check (the committed configs and support matrix "
+              "are current). fast, slow and matrix run two tests at a time (`-n 2`).", ""]
+    for phase, tests in record["slowest"].items():
+        lines += [f"Slowest in {phase}:", "", "| seconds | test |", "|---:|---|"]
+        lines += [f"| {t['seconds']:.0f} | `{t['test']}`{' (setup)' if t['when'] == 'setup' else ''} |" for t in tests]
+        lines.append("")
+    with open(os.path.join(out, "ci_time.md"), "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
