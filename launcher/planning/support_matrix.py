@@ -429,7 +429,8 @@ CANDIDATES = 16
 WEIGHT = 0.5
 """How much a candidate's cost counts against the pairs it covers while covering the compiled pairs."""
 WEIGHT_EAGER = 0.5
-"""The same for the rest (measured on this generator: 0.5 for both gives the cheapest matrix, ~48 runs, 7 graphs)."""
+"""The same for the rest (0.5 for both gave the cheapest matrix when it was tuned; today's: 53 trained CPU runs, 21 of them
+compiled, 10 graph keys)."""
 
 
 def graph_key(config: dict[str, Any]) -> tuple | None:
@@ -446,8 +447,10 @@ def graph_key(config: dict[str, Any]) -> tuple | None:
 
 
 def cost(config: dict[str, Any], built: set) -> float:
-    """The wall time of a run in units of an eager run (~4.5 s on 2 cores): a compiled run ~8 s with
-    inductor's cache warm, ~16 s building a new high-precision graph, ~30 s a new FP8 one."""
+    """The wall time of a run in units of an eager run, as first measured (~4.5 s on 2 cores; a compiled run ~8 s with
+    inductor's cache warm, ~16 s building a new high-precision graph, ~30 s a new FP8 one). CI from a cold machine
+    (benchmarks/results/ci_time.md, two rows at a time) measured eager rows at ~10-20 s and compiled ones at 40-215 s
+    (m01: the first DeepSpeed row, its CPU ops built and its graphs compiled); the ratios here were not re-fitted to them."""
     key = graph_key(config)
     if key is None:
         return 1.0
