@@ -72,8 +72,9 @@ def _avx512_picked() -> bool:
 
 @pytest.mark.skipif(not _avx512_picked(), reason="Inductor picks AVX-512 only where the CPU has it")
 def test_torch_2_13_avx512_kernels_still_break_the_weight_gradient(simdlen):
-    """Why the width is held: Inductor's own choice (AVX-512 here) gives NaN weight gradients. When this
-    fails after a torch upgrade, Inductor writes the tile right again and cpu_vector_width can go."""
+    """Why the width is held: Inductor's own choice (AVX-512 here) gives NaN weight gradients. Measured with each
+    of Inductor's x86 ISAs forced on this Sapphire Rapids: AVX-512 with AMX tiles NaN, AVX-512 alone NaN, AVX2
+    finite. When this fails after a torch upgrade, Inductor writes the tile right again and cpu_vector_width can go."""
     simdlen.simdlen = None
     compiled = _weight_grads(True)
     assert not torch.isfinite(compiled["wo.weight"]).all()
