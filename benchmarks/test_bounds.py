@@ -154,6 +154,7 @@ def torchao_step(args) -> None:
     import torch
 
     from launcher.train.precision import apply_precision
+    from tests.train._fp8_twin import train_losses
     from tests.train._precision import TinyLlama, fp8_plan, lm_loss
 
     cpu = torch.device("cpu")
@@ -168,18 +169,8 @@ def torchao_step(args) -> None:
             ref_loss = lm_loss(ref, tokens).item()
         model = TinyLlama(seed=seed)
         prec = apply_precision(model, fp8_plan(torchao={"skip_small": False}), cpu)
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        model, opt = prec.wrap_optimizer(model, opt)
         tokens = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(seed))
-        losses = []
-        for _ in range(6):
-            with prec.autocast():
-                step_loss = lm_loss(model, tokens)
-            step_loss.backward()
-            opt.step()
-            opt.zero_grad()
-            prec.after_optimizer_step(model)
-            losses.append(step_loss.item())
+        losses = train_losses(model, prec, tokens, 6)  # the training test's own loop (lr 3e-3)
         print(json.dumps({"case": "torchao-step", "seed": seed, "isa": isa(), "fp8_loss": loss, "bf16_loss": ref_loss,
                           "losses": losses}), flush=True)
 
@@ -198,26 +189,10 @@ def moe_steps(args) -> None:
 
 def debug_learns(args) -> None:
     """tests/train/test_models.py::test_debug_learns_synthetic_data_in_30_adamw_steps with the seed varied."""
-    import torch
-    import torch.nn.functional as F
-
-    from launcher.train.data import build_data
-    from launcher.train.models import build_model
+    from tests.train.test_models import debug_losses
 
     for seed in seeds(args.seeds):
-        torch.manual_seed(seed)
-        model = build_model("builtin:llama-debug", ".")
-        data = build_data("synthetic", seq_len=64, micro_batch_size=4, vocab_size=model.vocab_size, rank=0, world_size=1,
-                          seed=seed, spec_dir=".")
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-        losses = []
-        for _ in range(30):
-            batch = next(data)
-            loss = F.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten())
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        losses = debug_losses(seed)
         print(json.dumps({"case": "debug-learns", "seed": seed, "isa": isa(), "losses": losses}), flush=True)
 
 
