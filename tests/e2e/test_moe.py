@@ -19,7 +19,8 @@ import pytest
 from .helpers import output_of, records, run, write_spec
 from .test_resume import assert_same_dcp_checkpoint, losses, metrics, starts
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("moe_runs")]
+"""Every test reads the module's `runs`: one worker (pytest -n, --dist loadgroup) builds them once."""
 
 STEPS, CHECKPOINT = 12, 6
 COMMON = dict(train__model="builtin:moe-debug", train__seq_len=32, train__micro_batch_size=2, train__lr=3e-3,

@@ -26,7 +26,8 @@ from launcher.train.checkpoint import read_marker
 from .helpers import FP8, output_of, records, run, write_spec
 from .test_resume import assert_same_dcp_checkpoint, losses, metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tensor_parallel_runs")]
+"""Every test reads the module's `runs`: one worker (pytest -n, --dist loadgroup) builds them once."""
 
 MODEL = "builtin:llama-debug?layers=2"
 FP8_LAYERS_2 = 13  # llama-debug with 2 layers: 7 Linear per layer, minus layers.0.attention.wq and the output head (keep_first_last)
