@@ -21,6 +21,13 @@ REPO = Path(__file__).resolve().parent.parent
 # once per CI run (~30 s each on 2 cores), not once per kind of test (tests/e2e/helpers.env keeps it for runs).
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser(
     f"~/.cache/torch_extensions/fp8launch-{__import__('hashlib').sha256(sys.prefix.encode()).hexdigest()[:8]}"))
+# ...and one ninja builds them: this Python's bin folder first on PATH, as `fp8launch run` puts it for the processes it
+# starts (launcher/commands/run.py). Otherwise the in-process tests found the system's ninja (1.11 here) and the runs
+# the environment's (1.13): the two hash a build command differently, so each took the other's build for stale and
+# rebuilt it (measured: the first DeepSpeed matrix row after an in-process DeepSpeed test 64 s, the next 10 s).
+_BIN = os.path.dirname(sys.executable)
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
+    os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", os.defpath)
 CASES = Path(__file__).resolve().parent / "cases"
 
 
