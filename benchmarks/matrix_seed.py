@@ -1,12 +1,13 @@
 """Which SEED gives the CPU support matrix that costs CI least, by the generator's own cost model.
 
-    python benchmarks/matrix_seed.py [FIRST:LAST]     (default 0:80, ~12 s a seed on 2 cores; the JSON only for the default)
+    python benchmarks/matrix_seed.py [FIRST:LAST]     (default 0:80, ~6 s a seed on 2 cores; the JSON only for the default)
 
-For each seed of launcher/planning/support_matrix.py's generator: the CPU and MoE matrices' trained runs, compiled
-runs, distinct graph keys (each one compiles from an empty cache in CI) and modelled CPU seconds
+For each seed of launcher/planning/support_matrix.py's generator (SEED shapes the CPU matrix only; the MoE and GPU
+matrices keep 0): the CPU matrix's trained runs, compiled runs, distinct graph keys (each one compiles from an empty
+cache in CI) and modelled CPU seconds
 (Matrix.modelled_cpu_s: EAGER_CPU_S / WARM_CPU_S / NEW_GRAPH_CPU_S as measured). Every matrix covers every pair: the
 seed only changes how cheaply. A seed is eligible only where the CPU matrix keeps a compiled FP8 run with the monitor's
-hooks (tests/test_support_matrix.py::test_the_cpu_matrix_trains_the_monitor_inside_compiled_fp8_blocks). Prints a table,
+hooks (Matrix.trains_the_monitor_in_compiled_fp8, which tests/test_support_matrix.py holds the committed matrix to). Prints a table,
 eligible and cheapest first, and writes benchmarks/results/matrix_seed.json.
 """
 
@@ -24,17 +25,11 @@ RESULTS = Path(__file__).resolve().parent / "results" / "matrix_seed.json"
 def measure(seed: int) -> dict:
     sm.SEED = seed
     sm._generate.cache_clear()
-    row = {"seed": seed}
-    for kind, matrix in (("cpu", sm.generate()), ("moe", sm.generate(sm.MOE_OPTIONS, sm.MOE_BASE, "e"))):
-        assert matrix.covered() == set(matrix.pairs)
-        compiled = [r for r in matrix.trained if sm.graph_key(r.config) is not None]
-        row[kind] = {"trained": len(matrix.trained), "compiled": len(compiled), "graph_keys": len(matrix.graph_keys()),
-                     "modelled_cpu_s": round(matrix.modelled_cpu_s())}
-        if kind == "cpu":
-            row["eligible"] = any(r.config.get("compile.enabled") and r.config.get("monitor.fp8_stats_every")
-                                  and r.config.get("precision.mode") == "fp8" for r in matrix.trained)
-    row["modelled_cpu_s"] = row["cpu"]["modelled_cpu_s"] + row["moe"]["modelled_cpu_s"]
-    return row
+    matrix = sm.generate()
+    assert matrix.covered() == set(matrix.pairs)
+    return {"seed": seed, "trained": len(matrix.trained), "compiled": sum(sm.graph_key(r.config) is not None for r in matrix.trained),
+            "graph_keys": len(matrix.graph_keys()), "modelled_cpu_s": round(matrix.modelled_cpu_s()),
+            "eligible": matrix.trains_the_monitor_in_compiled_fp8()}
 
 
 def main(argv: list[str]) -> int:
@@ -45,13 +40,12 @@ def main(argv: list[str]) -> int:
         rows.append(measure(seed))
         print(f"seed {seed}: {rows[-1]['modelled_cpu_s']} CPU s", file=sys.stderr, flush=True)
     rows.sort(key=lambda r: (not r["eligible"], r["modelled_cpu_s"], r["seed"]))
-    print("| seed | eligible | CPU runs (compiled, graph keys) | MoE runs (compiled, graph keys) | modelled CPU s |")
-    print("|---:|---|---|---|---:|")
+    print("| seed | eligible | CPU runs (compiled, graph keys) | modelled CPU s |")
+    print("|---:|---|---|---:|")
     for r in rows[:15]:
-        c, m = r["cpu"], r["moe"]
         mark = " (committed)" if r["seed"] == committed else ""
-        cells = [f"{r['seed']}{mark}", "yes" if r["eligible"] else "no", f"{c['trained']} ({c['compiled']}, {c['graph_keys']})",
-                 f"{m['trained']} ({m['compiled']}, {m['graph_keys']})", str(r["modelled_cpu_s"])]
+        cells = [f"{r['seed']}{mark}", "yes" if r["eligible"] else "no", f"{r['trained']} ({r['compiled']}, {r['graph_keys']})",
+                 str(r["modelled_cpu_s"])]
         print("| " + " | ".join(cells) + " |")
     if argv:
         return 0

@@ -128,8 +128,7 @@ def test_check_fails_on_a_stale_doc_or_stale_rows(tmp_path, capsys):
 def test_the_cpu_matrix_trains_the_monitor_inside_compiled_fp8_blocks():
     """tests/e2e/test_support_matrix.py checks the FP8 stats of such a run (hooks running eagerly inside
     compiled blocks, layers named as built): the generator must keep one."""
-    assert any(r.config.get("compile.enabled") and r.config.get("monitor.fp8_stats_every") and r.config.get("precision.mode") == "fp8"
-               for r in CPU.trained)
+    assert CPU.trains_the_monitor_in_compiled_fp8()
 
 
 @GENERATES

@@ -364,6 +364,12 @@ class Matrix:
     def graph_keys(self) -> set:
         return {graph_key(r.config) for r in self.trained} - {None}
 
+    def trains_the_monitor_in_compiled_fp8(self) -> bool:
+        """Whether a trained run has the FP8 monitor's hooks inside compiled FP8 blocks (tests/e2e/test_support_matrix.py
+        checks such a run's stats: the CPU matrix must keep one)."""
+        return any(r.config.get("compile.enabled") and r.config.get("monitor.fp8_stats_every")
+                   and r.config.get("precision.mode") == "fp8" for r in self.trained)
+
     def coverage_line(self) -> str:
         return (f"{len(self.runs)} runs cover all {len(self.pairs)} pairs: {len(self.trained)} train and cover "
                 f"{len(self.pairs) - len(self.refused_pairs)}, {len(self.refused)} stop before training with the rule that "
