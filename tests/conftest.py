@@ -38,6 +38,13 @@ class CliResult:
     stderr: str
 
 
+def pytest_collection_modifyitems(items):
+    """Tests marked `compiles` first, the rest in their order (a stable sort). pytest-xdist's loadgroup hands out its
+    groups first (the largest first), then one test at a time in this order: a graph build (40-130 s from a cold
+    cache) dispatched last runs while the other worker has nothing left to do."""
+    items.sort(key=lambda item: item.get_closest_marker("compiles") is None)
+
+
 @pytest.fixture
 def cli(tmp_path, monkeypatch):
     """Run `fp8launch ARGS` in-process with tmp_path as the working directory."""

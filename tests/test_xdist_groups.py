@@ -36,3 +36,17 @@ def test_an_xdist_group_runs_on_one_worker_and_builds_its_module_fixture_once(tm
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(set(workers.read_text().split())) == 1, workers.read_text()  # one worker ran the group
     assert len(setups.read_text().split()) == 1  # and built the module's runs once
+
+
+def test_tests_that_compile_are_handed_out_first_and_the_rest_keep_their_order():
+    """tests/conftest.py's ordering: a compiled support-matrix run collected after eager ones still goes first."""
+    import types
+
+    import conftest
+
+    def item(name, compiles):
+        return types.SimpleNamespace(name=name, get_closest_marker=lambda m: object() if compiles and m == "compiles" else None)
+
+    items = [item("e1", False), item("c1", True), item("e2", False), item("c2", True), item("e3", False)]
+    conftest.pytest_collection_modifyitems(items)
+    assert [i.name for i in items] == ["c1", "c2", "e1", "e2", "e3"]

@@ -364,6 +364,17 @@ class Matrix:
     def graph_keys(self) -> set:
         return {graph_key(r.config) for r in self.trained} - {None}
 
+    def graph_groups(self) -> dict[str, str]:
+        """Run name -> the xdist group of the trained runs that share a graph key with another (tests/e2e/
+        test_support_matrix.py marks them so): one worker runs them one after another, so every run after the first
+        finds the first's graphs in inductor's cache. Two workers building the same graphs side by side both pay for
+        them (CI from a cold machine: m01 and m02, 62 s each)."""
+        by_key: dict[tuple, list[str]] = {}
+        for r in self.trained:
+            if (key := graph_key(r.config)) is not None:
+                by_key.setdefault(key, []).append(r.name)
+        return {name: f"graphs-{names[0]}" for names in by_key.values() if len(names) > 1 for name in names}
+
     def trains_the_monitor_in_compiled_fp8(self) -> bool:
         """Whether a trained run has the FP8 monitor's hooks inside compiled FP8 blocks (tests/e2e/test_support_matrix.py
         checks such a run's stats: the CPU matrix must keep one)."""

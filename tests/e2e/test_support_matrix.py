@@ -85,8 +85,20 @@ def expected_effects(config: dict, fp8_layers: int) -> dict:
     }
 
 
+def _params(matrix) -> list:
+    """The trained runs: the compiled ones marked `compiles` (they run first), those sharing compiled graphs with one
+    xdist group (Matrix.graph_groups: one worker, one after another)."""
+    groups = matrix.graph_groups()
+
+    def marks(r):
+        return ([pytest.mark.compiles] if r.config.get("compile.enabled") else []) + (
+            [pytest.mark.xdist_group(groups[r.name])] if r.name in groups else [])
+
+    return [pytest.param(r, id=r.name, marks=marks(r)) for r in matrix.trained]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("matrix_run", MATRIX.trained, ids=[r.name for r in MATRIX.trained])
+@pytest.mark.parametrize("matrix_run", _params(MATRIX))
 def test_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
     spec = spec_of(matrix_run.config, matrix_run.name)
     path = tmp_path / f"{matrix_run.name}.json"
@@ -180,7 +192,7 @@ def test_the_moe_matrix_covers_every_pair():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("matrix_run", MOE_MATRIX.trained, ids=[r.name for r in MOE_MATRIX.trained])
+@pytest.mark.parametrize("matrix_run", _params(MOE_MATRIX))
 def test_moe_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
     spec = spec_of(matrix_run.config, matrix_run.name, MOE_BASE)
     path = tmp_path / f"{matrix_run.name}.json"

@@ -3,6 +3,7 @@ process (a gloo world of one). The multi-process runs are in tests/e2e."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -189,6 +190,9 @@ def test_deepspeed_zero2_trains_with_sgd(world, tmp_path):
     """deepspeed.json allows torch.optim.SGD under ZeRO (DeepSpeed calls it "untested" and refuses it otherwise)."""
     plan, model, engine = _wrapped(tmp_path, distributed__strategy="deepspeed", precision__mode="fp32", train__optimizer="sgd")
     assert type(engine.optimizer.optimizer).__name__ == "SGD"
+    from deepspeed.comm import comm
+
+    assert comm.cdb.shm_comm_op is None  # DeepSpeed's CPU backend without its inference-only shared-memory op
     before = engine.module.output.weight.detach().clone()
     batch = token_batches(1)[0]
     engine.backward(cross_entropy(engine.forward(batch[:, :-1]), batch[:, 1:]), True)
@@ -292,3 +296,41 @@ def test_device_resolution():
 def test_a_job_of_another_size_than_the_plan_is_refused():
     with pytest.raises(EnvironmentProblem, match="the plan is for world size 4 .* but 1 processes were started"):
         distributed.check_world(4, CPU)
+
+
+def test_deepspeed_imports_without_mlflow_and_mlflow_still_imports_after(tmp_path):
+    """A fresh process: import_deepspeed leaves mlflow unimported (DeepSpeed's autotuner, the only user, goes without
+    it), and `import mlflow` afterwards, as a run logging to MLflow does, gives the real module."""
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("deepspeed") is None or importlib.util.find_spec("mlflow") is None:
+        pytest.skip("needs deepspeed and mlflow")
+    code = ("import sys, torch\n"
+            "from launcher.train.engines.deepspeed_engine import import_deepspeed\n"
+            "ds = import_deepspeed(torch.device('cpu'))\n"
+            "import deepspeed.autotuning.autotuner as tuner\n"
+            "print(ds.__name__, 'mlflow' in sys.modules, tuner.has_mlflow)\n"
+            "import mlflow\n"
+            "print(mlflow.__name__, callable(mlflow.log_metric))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["deepspeed", "False", "False", "mlflow", "True"], done.stdout
+
+
+def test_mlflow_imported_before_deepspeed_stays(monkeypatch):
+    """Where the process already imported mlflow, DeepSpeed sees it as it would have (nothing is hidden or removed)."""
+    import sys
+
+    from launcher.train.engines.deepspeed_engine import without_mlflow
+
+    sentinel = object()
+    monkeypatch.setitem(sys.modules, "mlflow", sentinel)
+    with without_mlflow():
+        assert sys.modules["mlflow"] is sentinel
+    assert sys.modules["mlflow"] is sentinel
+    monkeypatch.delitem(sys.modules, "mlflow")
+    with without_mlflow():
+        with pytest.raises(ImportError):
+            import mlflow  # noqa: F401
+    assert "mlflow" not in sys.modules

@@ -9,8 +9,10 @@ On CPU it runs with DS_ACCELERATOR=cpu over the gloo process group already joine
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 import typing
 
 import torch
@@ -74,11 +76,39 @@ def import_deepspeed(device: torch.device, precision: Precision | None = None):
     own = precision.deepspeed() if precision is not None else None
     if own is None:
         try:
-            import deepspeed as own
+            with without_mlflow():
+                import deepspeed as own
         except ImportError as e:
             raise BackendMissing("deepspeed", INSTALL["deepspeed"]) from e
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     return own
+
+
+@contextlib.contextmanager
+def without_mlflow():
+    """`import deepspeed` imports mlflow where it is installed (deepspeed/autotuning/autotuner.py, for the
+    `deepspeed --autotuning` launcher, which a training process never runs), and mlflow-skinny brings pandas and
+    fastapi: 2.3 s of every DeepSpeed rank's start on the 2-core CPU machine (0.4 s without it). Hidden while
+    deepspeed imports, unless something here already imported it; a run that logs to MLflow imports it after."""
+    if "mlflow" in sys.modules:
+        yield
+        return
+    sys.modules["mlflow"] = None  # `import mlflow` raises ImportError: DeepSpeed's autotuner goes without
+    try:
+        yield
+    finally:
+        if sys.modules.get("mlflow", 0) is None:
+            del sys.modules["mlflow"]
+
+
+def without_shm_comm() -> None:
+    """Keep DeepSpeed's CPU backend from JIT-building and loading its shared-memory op (deepspeed/comm/torch.py,
+    `build_shm_op`): only `inference_all_reduce` calls it, never training, and it costs a g++ build on a new machine
+    (~35 CPU-s) and ~0.5 s of every rank's start after. `deepspeed.ops.__compatible_ops__` is the table
+    `build_shm_op` reads, probed once per process and kept (DeepSpeed 0.19.8's deepspeed/ops/__init__.py)."""
+    import deepspeed.ops  # the real one, also under MS-AMP's wrapper
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def param_dtype(config: dict) -> torch.dtype:
@@ -140,6 +170,8 @@ def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: d
     if env.device.type == "cpu" and config.get("fp16", {}).get("enabled"):
         raise rule_error("DS-FP16-CPU", Facts(plan=plan))  # planning refuses launch.device = "cpu"; "auto" finds it here
     deepspeed = import_deepspeed(env.device, precision)
+    if env.device.type == "cpu":
+        without_shm_comm()
     deepspeed.init_distributed(dist_backend=env.backend)
     if pending is not None:
         zero3 = plan.distributed.deepspeed.zero_stage == 3 and not pending.whole_model_init

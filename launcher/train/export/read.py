@@ -154,8 +154,11 @@ class DeepSpeedWeights(Weights):
 
     def __init__(self, ds_dir: str):
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+        from launcher.train.engines.deepspeed_engine import without_mlflow
+
         try:
-            from deepspeed.utils import zero_to_fp32
+            with without_mlflow():
+                from deepspeed.utils import zero_to_fp32
         except ImportError as e:
             raise BackendMissing("deepspeed", INSTALL["deepspeed"]) from e
         tag = _ds_tag(ds_dir)
