@@ -16,7 +16,7 @@ from launcher.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 
-# DeepSpeed JIT-builds its CPU ops (CPU Adam, async_io; not the shared-memory comm op, which runs skip) into TORCH_EXTENSIONS_DIR, once per
+# DeepSpeed JIT-builds its CPU ops (CPU Adam, async_io; runs skip its shared-memory op) into TORCH_EXTENSIONS_DIR, once per
 # Python environment: the in-process tests and every process a test starts share one folder, so each op is built
 # once per CI run (~30 s each on 2 cores), not once per kind of test (tests/e2e/helpers.env keeps it for runs).
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser(

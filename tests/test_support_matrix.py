@@ -133,21 +133,22 @@ def test_the_cpu_matrix_trains_the_monitor_inside_compiled_fp8_blocks():
 
 @pytest.mark.parametrize("name", ["cpu", "moe"])
 def test_runs_that_share_compiled_graphs_share_one_xdist_group(name):
-    """Matrix.graph_groups: one group per graph key that two or more runs have, holding exactly those runs; a run
-    whose graphs no other run has, and an eager run, stay ungrouped (either worker may take it)."""
+    """Matrix.graph_groups: two trained runs are in one group exactly when they have the same graph key, and no group
+    holds a run alone (a run whose graphs no other run has, and an eager run, stay ungrouped: either worker may take it)."""
+    import itertools
+
     from launcher.planning.support_matrix import graph_key
 
     matrix = load(name)
     groups = matrix.graph_groups()
-    keys: dict[tuple, set] = {}
-    for r in matrix.trained:
-        if graph_key(r.config) is not None:
-            keys.setdefault(graph_key(r.config), set()).add(r.name)
-    shared = [names for names in keys.values() if len(names) > 1]
-    assert sorted(sorted(names) for names in shared) == sorted(
-        sorted(n for n in groups if groups[n] == g) for g in set(groups.values()))
+    pairs = list(itertools.combinations(matrix.trained, 2))
+    for a, b in pairs:
+        same_graphs = graph_key(a.config) is not None and graph_key(a.config) == graph_key(b.config)
+        assert (a.name in groups and groups.get(a.name) == groups.get(b.name)) == same_graphs, (a.name, b.name)
+    assert all(list(groups.values()).count(g) > 1 for g in groups.values())
     if name == "cpu":
-        assert shared and set(groups) < {r.name for r in matrix.trained}
+        assert groups and set(groups) < {r.name for r in matrix.trained}
+
 
 @GENERATES
 def test_gpu_results_follow_a_row_by_its_config_not_its_name():
