@@ -11,9 +11,13 @@ import sys
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29731"), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 
-import deepspeed  # noqa: E402
+from launcher.train.engines.deepspeed_engine import without_mlflow, without_shm_comm  # noqa: E402
+
+with without_mlflow():  # as a training rank imports it: not the 2.3 s of mlflow's pandas and fastapi
+    import deepspeed
 from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
 
+without_shm_comm()  # nor the g++ build of the shared-memory op init_distributed loads on CPU (~35 CPU-s cold)
 deepspeed.init_distributed(dist_backend="gloo", verbose=False)
 
 

@@ -447,14 +447,15 @@ def test_fsdp2_torchao_float8_allgather_resume_is_bit_identical_and_exports_plai
 def _deepspeed_worker(rank: int, world_size: int, port: int, out: str) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    os.environ["DS_ACCELERATOR"] = "cpu"
-    import deepspeed
+    from launcher.train.engines.deepspeed_engine import import_deepspeed, without_shm_comm
 
+    deepspeed = import_deepspeed(torch.device("cpu"))
     torch.set_num_threads(1)
     config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
               "gradient_clipping": 1.0, "bf16": {"enabled": True}, "zero_optimization": {"stage": 2},
               "steps_per_print": 1000}
     with gloo_world(rank, world_size, port):
+        without_shm_comm()
         deepspeed.init_distributed(dist_backend="gloo")
 
         def build(seed: int):
