@@ -98,6 +98,7 @@ def te_fp8_weights(args) -> None:
 def e2e_runs() -> dict[str, dict[str, dict]]:
     """The slow tests' runs, per case: {run name: spec keys} (what each test trains; no checkpoints)."""
     from tests.e2e import test_levels, test_moe
+    from tests.e2e import test_pipeline as pp
     from tests.e2e import test_tensor_parallel as tp
     from tests.e2e.helpers import FP8
 
@@ -105,6 +106,7 @@ def e2e_runs() -> dict[str, dict[str, dict]]:
                   train__lr=1e-3, train__warmup_steps=4, train__checkpoint_at_end=False)
     moe = {**test_moe.COMMON, "train__checkpoint_at_end": False}
     tp_common = {**tp.COMMON, "train__steps": tp.STEPS, "train__checkpoint_at_end": False}
+    pp_common = {**pp.COMMON, "train__steps": pp.STEPS, "train__checkpoint_at_end": False}
     return {
         "levels-ddp": {"base": {**test_levels.DDP, "precision__grad_reduce": "bf16"},
                        "low": {**test_levels.DDP, "precision__optimizer_states": "fp8", "precision__grad_reduce": "fp8"}},
@@ -115,6 +117,13 @@ def e2e_runs() -> dict[str, dict[str, dict]]:
         "tp": {"tp2-fp8": {**tp_common, **tp.TP2, **FP8}, "tp2-bf16": {**tp_common, **tp.TP2, **tp.BF16},
                "one-bf16": {**tp_common, "distributed__procs_per_node": 1, **tp.BF16},
                "2d-fp8": {**tp_common, **tp.TWO_D, **tp.FP8_2D}, "2d-bf16": {**tp_common, **tp.TWO_D, **tp.BF16}},
+        "pp": {"one-bf16": {**pp_common, **pp.ONE, **pp.BF16, "train__steps": 3},
+               "pp2-bf16": {**pp_common, **pp.PP2, **pp.BF16, "train__steps": 3},
+               "one-fp8": {**pp_common, **pp.ONE, **FP8}, "pp2-fp8": {**pp_common, **pp.PP2, **FP8},
+               "dp2-fp8": {**pp_common, **pp.DP2, **FP8}, "pp2dp2-fp8": {**pp_common, **pp.PP2_DP2, **FP8},
+               "one-bf16-20": {**pp_common, **pp.ONE, **pp.BF16}, "pp2-bf16-20": {**pp_common, **pp.PP2, **pp.BF16}},
+        "pp-resume": {"pp2-fp8": {**pp_common, **pp.PP2, **FP8, "train__checkpoint_every": 10},
+                      "pp1-from-pp2": {**pp_common, **pp.ONE, **FP8, "train__resume": "runs/pp2-fp8/checkpoints/step-10"}},
         "tp-resume": {"2d-fp8": {**tp_common, **tp.TWO_D, **tp.FP8_2D, "train__checkpoint_every": 10},
                       "2d-to-dp2": {**tp_common, **tp.FP8_2D, "distributed__procs_per_node": 2, "distributed__tensor_parallel": 1,
                                     "train__resume": "runs/2d-fp8/checkpoints/step-10"},
@@ -139,7 +148,7 @@ def e2e(args) -> None:
                 folder = Path(tmp) / "runs" / name
                 recs = records(folder)
                 lines = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
-                out[name] = {"losses": recs.losses, "seconds": round(seconds, 1),
+                out[name] = {"losses": recs.losses, "grad_norms": [x["grad_norm"] for x in recs.steps], "seconds": round(seconds, 1),
                              "optimizer_state_bytes": recs.steps[-1].get("optimizer_state_bytes"),
                              "grad_comm_bytes": recs.steps[-1].get("grad_comm_bytes"),
                              "evals": [[e["step"], e["eval_loss"]] for e in lines if e["event"] == "eval"]}
@@ -233,6 +242,19 @@ def statistics_of(r: dict) -> dict[str, float]:
         return out | {"tp vs one: step 1": steps[0], "tp vs one: steps 1-10 (max)": max(steps[:10]),
                       "tp vs one: steps 11-20 (max)": max(steps[10:]), "tp vs one: mean loss": _rel(t, o),
                       "tp learns (tail-3 / first)": sum(t[-3:]) / 3 / t[0]}
+    if case == "pp":
+        one, pp = r["one-bf16"], r["pp2-bf16"]
+        out = {"pp2 bf16 vs one: loss, steps 1-3 (max)": max(abs(x - y) / y for x, y in zip(pp["losses"], one["losses"])),
+               "pp2 bf16 vs one: grad norm, steps 1-3 (max)": max(abs(x - y) / y for x, y in zip(pp["grad_norms"], one["grad_norms"]))}
+        for name, twin in (("pp2-fp8", "one-fp8"), ("pp2dp2-fp8", "dp2-fp8"), ("pp2-bf16-20", "one-bf16-20")):
+            a, b = r[name]["losses"], r[twin]["losses"]
+            out |= {f"{name} vs {twin}: mean loss": _rel(a, b), f"{name} vs {twin}: final loss": (a[-1] - b[-1]) / b[-1],
+                    f"{name} learns (tail-3 / first)": sum(a[-3:]) / 3 / a[0]}
+        return out
+    if case == "pp-resume":
+        ref, one = r["pp2-fp8"]["losses"], r["pp1-from-pp2"]["losses"]
+        return {"pp2 -> pp1: step 11": (one[0] - ref[10]) / ref[10],
+                "pp2 -> pp1: steps 11-20 mean": _rel(one, ref[10:])}
     if case == "tp-resume":
         ref, dp, tp = r["2d-fp8"]["losses"], r["2d-to-dp2"]["losses"], r["2d-to-tp2"]["losses"]
         return {"2d -> dp2: steps 11-20 (max)": max(abs(x - y) / y for x, y in zip(dp, ref[10:])),
@@ -278,7 +300,7 @@ def main() -> None:
     te.add_argument("--strategy", choices=("ddp", "fsdp2"), required=True)
     te.add_argument("--broken", choices=("frozen", "no-master"), help="break the stand-in FusedAdam on purpose")
     cases = {"te-fp8-weights": te_fp8_weights, "torchao-step": torchao_step, "debug-learns": debug_learns, "moe-steps": moe_steps}
-    for name in ("levels-ddp", "runs-parity", "moe", "tp", "tp-resume"):
+    for name in ("levels-ddp", "runs-parity", "moe", "tp", "tp-resume", "pp", "pp-resume"):
         sub.add_parser(name)
         cases[name] = e2e
     sub.add_parser("torchao-step")

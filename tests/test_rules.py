@@ -25,6 +25,12 @@ def fired(data: dict, **facts) -> set[str]:
     return {f.rule.id for f in check(Facts(plan=plan, rendered=render(plan), **facts), stage=stage)}
 
 
+def detail(data: dict, rule_id: str) -> str:
+    """What the rule says of this plan (its message, detail included)."""
+    plan = plan_of(data)
+    return " ".join(str(f) for f in check(Facts(plan=plan, rendered=render(plan))) if f.rule.id == rule_id)
+
+
 TAO = {"mode": "fp8", "backend": "torchao"}
 TE = {"mode": "fp8", "backend": "te"}
 MSAMP = {"mode": "fp8", "backend": "msamp"}
@@ -348,6 +354,47 @@ PLAN_CASES.update({
                      {"distributed": {**TP2, "async_tp": True}, "launch": {"device": "cuda"}, **COMPILED}),
     "TP-ASYNC-NO-TP": ({"distributed": {"async_tp": True}, **COMPILED}, {"distributed": {**TP2, "async_tp": True}, **COMPILED}),
 })
+
+# -- pipeline parallel (issue 38): each rule on its bad combination and on its fixed twin ---------------
+PP2 = {"strategy": "fsdp2", "procs_per_node": 2, "pipeline_parallel": 2}
+PP_TRAIN = {"model": "builtin:llama-debug", "micro_batch_size": 2}  # 4 blocks; 2 pipeline micro-batches of one sequence
+PLAN_CASES.update({
+    "PP-DIVIDES-WORLD": ({"distributed": {**PP2, "procs_per_node": 3}, "train": PP_TRAIN},
+                         {"distributed": {**PP2, "procs_per_node": 4}, "train": PP_TRAIN}),
+    "PP-LAYERS": ({"distributed": PP2, "train": {**PP_TRAIN, "model": "builtin:llama-debug?layers=3"}},
+                  {"distributed": {**PP2, "pipeline": {"layers_per_stage": [1, 2]}},
+                   "train": {**PP_TRAIN, "model": "builtin:llama-debug?layers=3"}}),
+    "PP-MICROBATCHES": ({"distributed": PP2, "train": {**PP_TRAIN, "micro_batch_size": 1}},
+                        {"distributed": PP2, "train": {**PP_TRAIN, "micro_batch_size": 1, "grad_accum_steps": 2}}),
+    "PP-STRATEGY": ({"distributed": {**PP2, "strategy": "ddp"}, "train": PP_TRAIN}, {"distributed": PP2, "train": PP_TRAIN}),
+    "PP-MODEL": ({"distributed": PP2, "train": {**PP_TRAIN, "model": "hf:./llama"}}, {"distributed": PP2, "train": PP_TRAIN}),
+    "PP-MOE": ({"distributed": PP2, "train": {**PP_TRAIN, "model": "builtin:moe-debug"}}, {"distributed": PP2, "train": PP_TRAIN}),
+    "PP-TENSOR-PARALLEL": ({"distributed": {**PP2, "procs_per_node": 4, "tensor_parallel": 2}, "train": PP_TRAIN},
+                           {"distributed": {**PP2, "procs_per_node": 4}, "train": PP_TRAIN}),
+    "PP-BACKEND": ({"precision": {**TE, "te": {"recipe": "current"}}, "distributed": PP2, "train": PP_TRAIN},
+                   {"precision": TAO, "distributed": PP2, "train": PP_TRAIN}),
+    "PP-EVAL": ({"distributed": PP2, "train": PP_TRAIN, "eval": {"data": "synthetic"}}, {"distributed": PP2, "train": PP_TRAIN}),
+    "PP-PRECISION-SCHEDULE": ({"precision": {**TAO, "schedule": BF16_TAIL}, "distributed": PP2, "train": PP_TRAIN},
+                              {"precision": TAO, "distributed": PP2, "train": PP_TRAIN}),
+    "PP-FP16": ({"precision": {"mode": "fp16"}, "distributed": PP2, "train": PP_TRAIN},
+                {"precision": {"mode": "bf16"}, "distributed": PP2, "train": PP_TRAIN}),
+    "PP-GRAD-REDUCE": ({"precision": {**TAO, "grad_reduce": "bf16"}, "distributed": PP2, "train": PP_TRAIN},
+                       {"precision": TAO, "distributed": PP2, "train": PP_TRAIN}),
+    "PP-MONITOR": ({"precision": TAO, "distributed": PP2, "train": PP_TRAIN, **MONITORED},
+                   {"precision": TAO, "distributed": PP2, "train": PP_TRAIN}),
+})
+
+
+def test_pipeline_rules_name_what_is_wrong_with_the_split_and_the_micro_batches():
+    uneven = {"distributed": {**PP2, "pipeline": {"layers_per_stage": [1, 2]}}, "train": PP_TRAIN}
+    assert "distributed.pipeline.layers_per_stage = [1, 2] holds 3 blocks, not builtin:llama-debug's 4" in detail(uneven, "PP-LAYERS")
+    three = {"distributed": {**PP2, "pipeline": {"layers_per_stage": [1, 1, 2]}}, "train": PP_TRAIN}
+    assert "names 3 stages, not pipeline_parallel = 2" in detail(three, "PP-LAYERS")
+    odd = {"distributed": {**PP2, "pipeline": {"microbatches": 3}}, "train": {**PP_TRAIN, "micro_batch_size": 4}}
+    assert "3 pipeline micro-batches do not divide the step's 4 sequences" in detail(odd, "PP-MICROBATCHES")
+    two = {"distributed": {**PP2, "pipeline": {"microbatches": 2}}, "train": {**PP_TRAIN, "micro_batch_size": 4}}
+    assert "PP-MICROBATCHES" not in fired(two)
+
 
 @pytest.mark.parametrize("rule_id", sorted(PLAN_CASES))
 def test_plan_rule_fires_and_its_fix_silences_it(rule_id):

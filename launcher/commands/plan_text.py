@@ -15,6 +15,17 @@ from launcher.planning.suggest import did_you_mean
 from launcher.targets.files import Change
 
 
+def pipeline_words(plan: Plan) -> str:
+    """", pipeline parallel 2 (1F1B, 4 micro-batches; mesh pp 2 x dp 2)" or "" without pipeline parallelism."""
+    d, t = plan.distributed, plan.train
+    if d.pipeline_parallel <= 1:
+        return ""
+    n = d.pipeline_microbatches(t.micro_batch_size, t.grad_accum_steps)
+    split = f", blocks {'/'.join(map(str, d.pipeline.layers_per_stage))}" if d.pipeline.layers_per_stage else ""
+    return (f", pipeline parallel {d.pipeline_parallel} ({d.pipeline.schedule}, {n} micro-batches{split}; "
+            f"mesh pp {d.pipeline_parallel} x dp {plan.world_size // d.pipeline_parallel})")
+
+
 def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | None = None, prediction=None) -> str:
     p, d, t = plan.precision, plan.distributed, plan.train
     written = [c for c in changes if c.status in ("create", "update")]
@@ -23,7 +34,7 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
     spec_folder = os.path.normpath(os.path.join(folder, plan.spec_dir))  # plan.spec_dir is relative to the plan's folder
     ep = d.expert_parallel
     expert = f", expert parallel {ep} (mesh efsdp {plan.world_size // ep} x ep {ep})" if ep > 1 else ""
-    dp_ranks = f"{d.data_parallel} {'data-parallel ' if d.tensor_parallel > 1 else ''}ranks"
+    dp_ranks = f"{d.data_parallel} {'data-parallel ' if d.tensor_parallel > 1 or d.pipeline_parallel > 1 else ''}ranks"
     lines = [
         f"{plan.name}: {folder}/ ({status})",
         f"  precision   {precision}",
@@ -34,6 +45,7 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
         f"{f', tensor parallel {d.tensor_parallel} (mesh dp {d.data_parallel} x tp {d.tensor_parallel})' if d.tensor_parallel > 1 else ''}"
         f"{', async TP' if d.async_tp else ''}"
         f"{expert}"
+        f"{pipeline_words(plan)}"
         f"{', compiled' if plan.compile.enabled else ''}"
         f"{f', activation checkpointing {plan.activation_checkpointing.mode}' if plan.activation_checkpointing.mode != 'none' else ''}",
         f"  batch       {t.micro_batch_size} micro x {t.grad_accum_steps} accum x {dp_ranks} = {d.global_batch_size} sequences"

@@ -34,6 +34,7 @@ Strategy = Literal["ddp", "fsdp2", "deepspeed"]
 Offload = Literal["none", "cpu", "nvme"]
 """distributed.deepspeed.offload_optimizer / offload_param."""
 ZeroStage = Literal[0, 1, 2, 3]
+PipelineSchedule = Literal["1F1B", "GPipe"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 ACMode = Literal["none", "full", "selective"]
 Launcher = Literal["torchrun", "slurm", "kubernetes"]
@@ -172,6 +173,16 @@ class DeepSpeedConfig:
 
 
 @frozen
+class PipelineConfig:
+    schedule: PipelineSchedule
+    """1F1B | GPipe: torch.distributed.pipelining's Schedule1F1B / ScheduleGPipe."""
+    microbatches: int
+    """Pipeline micro-batches per optimizer step (0 = one sequence each)."""
+    layers_per_stage: tuple[int, ...]
+    """Blocks on each stage, first stage first; () = an even split."""
+
+
+@frozen
 class DistributedConfig:
     strategy: Strategy
     """ddp | fsdp2 | deepspeed"""
@@ -185,6 +196,9 @@ class DistributedConfig:
     """torch's async tensor parallel (compile + CUDA)."""
     expert_parallel: int
     """MoE expert-parallel degree: divides the number of experts and the world size; 1 = off."""
+    pipeline_parallel: int
+    """Pipeline stages (torch.distributed.pipelining); 1 = off. The mesh is pp x dp_shard x tp."""
+    pipeline: PipelineConfig
     fsdp2: FSDP2Config
     deepspeed: DeepSpeedConfig
 
@@ -194,8 +208,20 @@ class DistributedConfig:
 
     @property
     def data_parallel(self) -> int:
-        """Ranks that hold different data: the world divided by the tensor-parallel degree."""
-        return self.world_size // self.tensor_parallel
+        """Ranks that hold different data: the world divided by the tensor- and pipeline-parallel degrees."""
+        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
+
+    def stage_split(self, n_layers: int) -> tuple[int, ...]:
+        """Blocks on each pipeline stage, first stage first: layers_per_stage, or an even split (the first stages take
+        one more where pipeline_parallel does not divide n_layers; rule PP-LAYERS refuses that split at plan time)."""
+        if self.pipeline.layers_per_stage:
+            return tuple(self.pipeline.layers_per_stage)
+        pp = self.pipeline_parallel
+        return tuple(n_layers // pp + (1 if i < n_layers % pp else 0) for i in range(pp))
+
+    def pipeline_microbatches(self, micro_batch_size: int, grad_accum_steps: int) -> int:
+        """Pipeline micro-batches per optimizer step (distributed.pipeline.microbatches, 0: one sequence each)."""
+        return self.pipeline.microbatches or micro_batch_size * grad_accum_steps
 
 
 @frozen
@@ -482,8 +508,8 @@ def resolve(source: SpecSource, *, msamp_runs: typing.Callable[[str], bool] | No
     data.pop("$schema", None)
     d, t = data["distributed"], data["train"]
     if not d["global_batch_size"]:
-        # Data-parallel ranks only: the ranks of one tensor-parallel group train on the same sequences.
-        dp = d["nodes"] * d["procs_per_node"] // max(1, d["tensor_parallel"])
+        # Data-parallel ranks only: the ranks of one tensor-parallel group, and the stages of one pipeline, train on the same sequences.
+        dp = d["nodes"] * d["procs_per_node"] // (max(1, d["tensor_parallel"]) * max(1, d["pipeline_parallel"]))
         d["global_batch_size"] = t["micro_batch_size"] * t["grad_accum_steps"] * max(1, dp)
     t["output_dir"] = t["output_dir"].replace("{name}", data["name"])
     data["log"]["wandb"] = normalize_wandb(data["log"]["wandb"])

@@ -154,6 +154,13 @@ ELSEWHERE: dict[str, str] = {
     "distributed.procs_per_node": "every run (the CPU matrix uses 2)",
     "distributed.expert_parallel": "tests/e2e/test_moe.py (builtin:moe-debug, expert_parallel = 2 on 2 processes; resume); "
                                    "rules MOE-*, EP-*",
+    "distributed.pipeline_parallel": "tests/e2e/test_pipeline.py (pp 2 on 2 processes and pp 2 x dp 2 on 4, bf16 and torchao FP8, "
+                                     "against one process; resume, and a pp 2 checkpoint resumed without a pipeline); "
+                                     "tests/train/test_pipeline_stage.py; rules PP-*",
+    "distributed.pipeline.schedule": "tests/e2e/test_pipeline.py (1F1B on pp 2, GPipe on pp 2 x dp 2)",
+    "distributed.pipeline.microbatches": "tests/e2e/test_pipeline.py (4 and 2 per step); rule PP-MICROBATCHES",
+    "distributed.pipeline.layers_per_stage": "tests/e2e/test_pipeline.py (1 + 3 blocks); tests/train/test_pipeline_stage.py; "
+                                             "rule PP-LAYERS",
     "distributed.global_batch_size": "rule BATCH-MISMATCH (tests/test_rules.py)",
     "distributed.deepspeed.nvme_path": "every run with offload \"nvme\" in the matrix; rule DS-NVME-PATH",
     **{f"distributed.deepspeed.{k}": "tests/test_render.py: read back by DeepSpeed's own config parser" for k in

@@ -14,6 +14,7 @@ import jinja2
 from launcher import ENTRYPOINT, __version__
 from launcher.errors import LauncherError
 from launcher.planning.backends import BACKENDS, backend_of
+from launcher.planning.models import builtin_config
 from launcher.planning.plan import Plan
 from launcher.targets.kubernetes import MANIFEST_FILE, manifest_file, render_manifest
 from launcher.targets.plan_json import plan_json
@@ -88,6 +89,7 @@ def render(plan: Plan, plan_dir: str = "generated") -> dict[str, str]:
         "ds": plan.distributed.deepspeed,
         "backend_section": _deepspeed_section(plan),
         "float8_all_gather": p.fp8 and bool(BACKENDS[p.backend].setting(p, "fsdp_float8_all_gather")),
+        "pipeline": pipeline_section(plan),
         "slurm": {"gpus_per_node": gpus, "cpus_per_task": plan.launch.slurm.cpus_per_task},
         "log_dir": plan.train.output_dir,
         "accelerate_type": _accelerate_type(plan),
@@ -109,6 +111,18 @@ def render(plan: Plan, plan_dir: str = "generated") -> dict[str, str]:
             raise RenderError(f"template {name}.j2: {e}") from e
         out[name] = _verify(name, text)
     return out
+
+
+def pipeline_section(plan: Plan) -> dict | None:
+    """fsdp2.json's "pipeline": the schedule, the micro-batches of a step and the blocks of each stage (the builtin
+    model's even split where the spec leaves it empty; [] for a model planning cannot size); None without it."""
+    d, t = plan.distributed, plan.train
+    if d.pipeline_parallel <= 1:
+        return None
+    cfg = builtin_config(t.model)
+    split = d.stage_split(cfg.n_layers) if cfg is not None else d.pipeline.layers_per_stage
+    return {"stages": d.pipeline_parallel, "schedule": d.pipeline.schedule,
+            "microbatches": d.pipeline_microbatches(t.micro_batch_size, t.grad_accum_steps), "layers_per_stage": list(split)}
 
 
 def _deepspeed_section(plan: Plan) -> dict:

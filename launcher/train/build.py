@@ -158,11 +158,19 @@ def convert_precision(run: Run, model: Model) -> Precision:
 
 
 def build_engine(run: Run, model: Model, precision: Precision) -> Engine:
-    """Wrap the blocks for activation checkpointing and torch.compile, then the model in the plan's engine
-    (which gives it storage and its initial weights where still pending). Returns the Engine."""
+    """Cut this rank's pipeline stage out of the model (distributed.pipeline_parallel), wrap the blocks for activation
+    checkpointing and torch.compile, then the model in the plan's engine (which gives it storage and its initial weights
+    where still pending). Returns the Engine."""
     from launcher.train.compile_ac import prepare_blocks
     from launcher.train.engines import wrap
 
+    pp = run.plan.distributed.pipeline_parallel
+    if pp > 1:  # this rank's pipeline stage, cut from the whole model once its precision chose every layer's recipe
+        from launcher.train.models import transformer_blocks
+        from launcher.train.parallel.pipeline import cut_stage, split_for, stage_of
+
+        split = split_for(run.plan, len(transformer_blocks(model.module)))
+        cut_stage(model.module, stage_of(run.env.rank, run.env.world_size, pp), split)
     blocks = prepare_blocks(model.module, run.plan, precision, run.env.device)
     return wrap(model.module, run.plan, precision, run.plan_dir, env=run.env, blocks=blocks, pending=model.pending)
 
@@ -177,7 +185,8 @@ def build_data(run: Run, vocab_size: int) -> Data:
 
     plan, t, env = run.plan, run.plan.train, run.env
     torch.manual_seed(t.seed + env.rank)
-    dp_rank, dp_size = distributed.data_rank(env, plan.distributed.tensor_parallel)  # a TP group reads the same batches
+    # a TP group, and a pipeline's stages, read the same batches
+    dp_rank, dp_size = distributed.data_rank(env, plan.distributed.tensor_parallel, plan.distributed.pipeline_parallel)
     data = open_stream(t.data, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, vocab_size=vocab_size,
                        rank=dp_rank, world_size=dp_size, seed=t.seed, spec_dir=run.spec_dir, tokenizer=t.tokenizer)
     eval_data = first_eval = None

@@ -32,6 +32,9 @@ Each effect, and where it is read:
   custom reduce-scatter's or mixed-precision policy's, DeepSpeed's communication dtype (launcher/train/parallel/grad_reduce.py);
 - master_weights: the dtype of the weights the optimizer updates (most of them by count), "bf16" only where the
   optimizer also rounds into them stochastically;
+- pipeline (only under pipeline parallelism: launcher/train/parallel/pipeline.py): {"stages", "stage": this rank's,
+  "schedule": the torch.distributed.pipelining class that runs the steps, "microbatches": its micro-batches per step,
+  "blocks": the indices of the blocks this rank's stage holds}, read from the live PipelineStage and schedule;
 - msamp_level: the MS-AMP opt level the run is: "<level> (MS-AMP)" where MS-AMP itself converted the model, "<level>
   natively" where FP8 GEMMs with the states, reduction and weights measured above (O3: and FSDP2's float8 all-gather)
   are that level's keys (launcher/planning/levels.py), as a `backend = "msamp"` spec is planned where MS-AMP cannot
@@ -257,7 +260,8 @@ def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None
 
     group = tp_group(engine.module)
     weights = fp8_weights(engine)
-    measured = {**({"fp8_weights": weights} if weights else {}),
+    staged = pipeline(engine)
+    measured = {**({"fp8_weights": weights} if weights else {}), **({"pipeline": staged} if staged else {}),
         "all_gather_dtype": all_gather_dtype(engine.model, set(fp8_modules)) if engine.name == "fsdp2" else None,
         **blocks_effects(engine.module),
         "optimizer": optimizer_class(engine),
@@ -271,6 +275,17 @@ def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None
         "master_weights": master_weights(engine),
     }
     return {**measured, "msamp_level": msamp_level(measured, engine.precision.report)}
+
+
+def pipeline(engine: Engine) -> dict[str, Any] | None:
+    """This rank's pipeline stage and the schedule that runs it (None without pipeline parallelism)."""
+    stage, schedule = getattr(engine, "stage", None), getattr(engine, "schedule", None)
+    if stage is None or schedule is None:
+        return None
+    layers = getattr(engine.module, "layers", None)
+    blocks = [int(k) for k in layers.keys()] if isinstance(layers, nn.ModuleDict) else []
+    return {"stages": stage.num_stages, "stage": stage.stage_index, "schedule": type(schedule).__name__,
+            "microbatches": schedule._n_microbatches, "blocks": blocks}
 
 
 def msamp_level(effects: dict[str, Any], report) -> str | None:
@@ -349,6 +364,13 @@ def expected(plan: Plan, n_blocks: int) -> dict[str, tuple[str, Any]]:
         out["async_tp"] = ("distributed.async_tp", True)
     if d.expert_parallel > 1:
         out["expert_parallel"] = ("distributed.expert_parallel", d.expert_parallel)
+    if d.pipeline_parallel > 1:
+        from launcher.train.parallel.pipeline import SCHEDULES
+
+        out["pipeline.stages"] = ("distributed.pipeline_parallel", d.pipeline_parallel)
+        out["pipeline.schedule"] = ("distributed.pipeline.schedule", SCHEDULES[d.pipeline.schedule])
+        out["pipeline.microbatches"] = ("distributed.pipeline.microbatches",
+                                        d.pipeline_microbatches(plan.train.micro_batch_size, plan.train.grad_accum_steps))
     if plan.monitor.fp8_stats_every > 0 and b is not None and b.monitored:
         out["monitor_hooks"] = ("monitor.fp8_stats_every", AT_LEAST_ONE)
     if b is not None and b.setting(p, "fp8_params"):
@@ -426,6 +448,10 @@ def effects_line(effects: dict[str, Any]) -> str:
         parts.append(f"tensor parallel {effects['tensor_parallel']}" + (" (async)" if effects["async_tp"] else ""))
     if effects["expert_parallel"] > 1:
         parts.append(f"expert parallel {effects['expert_parallel']}")
+    if effects.get("pipeline"):
+        pp = effects["pipeline"]
+        blocks = f"blocks {pp['blocks'][0]}-{pp['blocks'][-1]}" if pp["blocks"] else "no blocks"
+        parts.append(f"pipeline stage {pp['stage']} of {pp['stages']} ({blocks}; {pp['schedule']}, {pp['microbatches']} micro-batches)")
     if effects["monitor_hooks"]:
         parts.append(f"monitor hooks {effects['monitor_hooks']} FP8 layers")
     if effects.get("fp8_weights"):

@@ -146,6 +146,8 @@ class Trainer:
         self.resumed_from = resumed_from
         self._timer = StepTimer(device)
         self._loss = loss_function(plan)
+        self._loss_ranks = throughput.world_size // plan.distributed.pipeline_parallel
+        """The ranks whose losses the step's all-reduce sums: every rank, or the last pipeline stage's (the others add 0)."""
         self._window: list[StepResult] = []
         self._consecutive_skips = 0
 
@@ -169,25 +171,20 @@ class Trainer:
         engine, t = self.state.engine, self.plan.train
         self._timer.start()
         lr = engine.lr()
-        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
-        for micro in range(t.grad_accum_steps):
-            tokens = self.next_tokens()
-            last = micro == t.grad_accum_steps - 1
-            with engine.micro_batch(last):
-                loss = self._loss_of(engine.forward(tokens[:, :-1]), tokens[:, 1:])
-                engine.backward(loss, last)
-            loss_sum += loss.detach().float()
+        if hasattr(engine, "pipeline_step"):  # the step's micro-batches through the pipeline's stages (parallel/pipeline.py)
+            step_loss = engine.pipeline_step(torch.cat([self.next_tokens() for _ in range(t.grad_accum_steps)]))
+        else:
+            step_loss = self._micro_batches(engine, t.grad_accum_steps)
         with annotate("fp8launch.optimizer"):
             norm = engine.clip_grad_norm(t.max_grad_norm)
         comm_bytes = engine.grad_comm_bytes()  # after the last backward (the default reductions count its gradients)
         # One collective per step: every rank sees the same loss and the same stop flag, so every
         # rank takes the same branches below and stops after the same step.
         stop_here = preempt.requested()
-        zero = loss_sum.new_zeros(())
-        stats = torch.stack([loss_sum / t.grad_accum_steps, norm.detach().float() if norm is not None else zero,
-                             zero + (1.0 if stop_here else 0.0)])
+        zero = step_loss.new_zeros(())
+        stats = torch.stack([step_loss, norm.detach().float() if norm is not None else zero, zero + (1.0 if stop_here else 0.0)])
         loss_value, norm_value, stops = all_reduce_sum(stats).tolist()
-        loss_value /= self.throughput.world_size
+        loss_value /= self._loss_ranks
         norm_value = norm_value / self.throughput.world_size if norm is not None else None
         skipped = not self._finite(loss_value, norm_value)
         if skipped:
@@ -206,6 +203,18 @@ class Trainer:
         self.state.last_step_time_s = step_time = self._timer.stop()
         return StepResult(loss=loss_value, grad_norm=norm_value, step_time_s=step_time, lr=lr, skipped=skipped, stop=stop,
                           grad_comm_bytes=comm_bytes)
+
+    def _micro_batches(self, engine: Engine, accum: int) -> torch.Tensor:
+        """Forward and backward of the step's `accum` micro-batches; returns this rank's mean loss over them."""
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
+        for micro in range(accum):
+            tokens = self.next_tokens()
+            last = micro == accum - 1
+            with engine.micro_batch(last):
+                loss = self._loss_of(engine.forward(tokens[:, :-1]), tokens[:, 1:])
+                engine.backward(loss, last)
+            loss_sum += loss.detach().float()
+        return loss_sum / accum
 
     def _loss_of(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The loss, as the profiler's loss part. Takes the logits so that no caller's frame keeps them alive through

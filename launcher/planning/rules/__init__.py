@@ -12,7 +12,20 @@ from __future__ import annotations
 from types import MappingProxyType, ModuleType
 from typing import Iterable, Mapping
 
-from launcher.planning.rules import engines, hardware_speed, launch, levels, moe, msamp, parallelism, precision, schedule, selection, te
+from launcher.planning.rules import (
+    engines,
+    hardware_speed,
+    launch,
+    levels,
+    moe,
+    msamp,
+    parallelism,
+    pipeline,
+    precision,
+    schedule,
+    selection,
+    te,
+)
 from launcher.planning.rules.core import Facts, Finding, Rule, findings
 from launcher.planning.rules.msamp import MSAMP_OWN_ENVIRONMENT
 from launcher.planning.rules.precision import backend_missing_fix
@@ -21,7 +34,7 @@ __all__ = ["RULES", "RULES_BY_ID", "MSAMP_OWN_ENVIRONMENT", "Facts", "Finding", 
            "rule_error"]
 
 DOMAINS: tuple[ModuleType, ...] = (precision, moe, te, msamp, engines, parallelism, launch, hardware_speed, selection, schedule,
-                                   levels)
+                                   levels, pipeline)
 
 ORDER: tuple[str, ...] = (
     "FP8-DDP-COMPILE", "FP8-ALLGATHER-STRATEGY", "FP8-ALLGATHER-RECIPE", "MOE-ROUTER-FP8", "MOE-ROWWISE-CPU", "MOE-ROWWISE-HARDWARE",
@@ -45,6 +58,8 @@ ORDER: tuple[str, ...] = (
     "TE-FP8-PARAMS-FSDP2-BLOCK", "TE-FP8-PARAMS-DEEPSPEED-FP32",
     "OPTIMIZER-STATES-SGD", "MASTER-WEIGHTS-OPTIMIZER", "MASTER-WEIGHTS-COMPUTE", "LEVELS-DEEPSPEED", "GRAD-REDUCE-DEEPSPEED",
     "GRAD-REDUCE-FSDP2-FP32", "LEVELS-BACKEND",
+    "PP-DIVIDES-WORLD", "PP-LAYERS", "PP-MICROBATCHES", "PP-STRATEGY", "PP-MODEL", "PP-MOE", "PP-TENSOR-PARALLEL", "PP-BACKEND", "PP-EVAL",
+    "PP-PRECISION-SCHEDULE", "PP-FP16", "PP-GRAD-REDUCE", "PP-MONITOR",
 )
 """The order `fp8launch explain` lists the rules in, and findings of one severity print in: the order they were added
 in, so that the listing and every plan's output stay as they were when the table was split by domain. New ids go last."""

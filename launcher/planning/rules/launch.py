@@ -16,6 +16,7 @@ def _unused_sections(f: Facts) -> list[str]:
         "precision.msamp": backend_of(p) is MSAMP or bool(plan.msamp_native),  # its opt level, planned natively
         "distributed.fsdp2": strategy(f) == "fsdp2",
         "distributed.deepspeed": strategy(f) == "deepspeed",
+        "distributed.pipeline": plan.distributed.pipeline_parallel > 1,
         "launch.slurm": plan.launch.launcher == "slurm",
         "launch.kubernetes": plan.launch.launcher == "kubernetes",
     }

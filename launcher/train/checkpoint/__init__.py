@@ -64,7 +64,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from launcher import __version__
 from launcher.errors import EnvironmentProblem, InputError, LauncherError
-from launcher.train.checkpoint.dcp import _load_dcp, _save_dcp
+from launcher.train.checkpoint.dcp import FLAT, NESTED, _load_dcp, _save_dcp
 from launcher.train.checkpoint.deepspeed import _clean_param_names, clean_fqn
 from launcher.train.precision import te_state
 from launcher.train.rng import rng_state, set_rng_state
@@ -223,7 +223,7 @@ class CheckpointManager:
         final, tmp = self.step_dir(step), os.path.join(self.dir, f"{_TMP}step-{step}")
         self._on_rank0(lambda: _fresh_folder(self.dir, tmp))
         self._each_rank(lambda: _check_shared(tmp, self.rank))
-        float8_scales = False
+        float8_scales, optimizer_layout = False, None
         try:
             if self.format == "deepspeed":
                 if deepspeed_engine is None:
@@ -232,7 +232,7 @@ class CheckpointManager:
                 with _clean_param_names(deepspeed_engine), te_state.empty_extra_state(deepspeed_engine.module):
                     deepspeed_engine.save_checkpoint(os.path.join(tmp, "deepspeed"), tag=DS_TAG)
             else:
-                float8_scales, rank_state["fp8_extra_state"] = _save_dcp(tmp, model, optimizer)
+                float8_scales, rank_state["fp8_extra_state"], optimizer_layout = _save_dcp(tmp, model, optimizer)
             rank_state["te_scaling"] = te_state.scaling_state(_inner(deepspeed_engine.module if deepspeed_engine is not None else model))
         except (OSError, CheckpointException) as e:
             raise _write_error(tmp, e) from e
@@ -243,6 +243,8 @@ class CheckpointManager:
             "fp8launch_version": __version__, "torch_version": torch.__version__,
             "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
+        if optimizer_layout == FLAT:  # a pipeline stage's (dcp.py); absent: nested, as every checkpoint before it
+            marker["optimizer_layout"] = FLAT
         self._on_rank0(lambda: self._publish(tmp, final, marker, start))
         self.last_saved = (step, final)
         return final
@@ -329,7 +331,8 @@ class CheckpointManager:
                 if loaded is None:
                     raise RuntimeError(f"DeepSpeed found no checkpoint in {os.path.join(path, 'deepspeed')}")
             else:
-                _load_dcp(path, model, optimizer, state.get("fp8_extra_state") or {}, marker.get("float8_precomputed_scale", False))
+                _load_dcp(path, model, optimizer, state.get("fp8_extra_state") or {}, marker.get("float8_precomputed_scale", False),
+                          marker.get("optimizer_layout", NESTED))
         except (RuntimeError, ValueError, KeyError, CheckpointException) as e:
             if te_state.is_te_refusal(e):
                 raise InputError(

@@ -11,11 +11,30 @@ from launcher.train.precision import te_state
 
 # -- DCP (DDP, FSDP2) ---------------------------------------------------------------------
 
-def _save_dcp(tmp: str, model, optimizer) -> tuple[bool, dict]:
+FLAT, NESTED = "flat", "nested"
+"""How the optimizer state is laid out in `optim/` (the checkpoint marker's "optimizer_layout"; absent: nested). Nested
+is torch's optimizer state_dict: "param_groups" a list, each group naming its parameters, which DCP writes once, from
+one rank. A pipeline stage's groups hold its own parameters only, so under pipeline parallelism the state is flat
+(StateDictOptions.flatten_optimizer_state_dict, as torchtitan saves it): every setting per parameter name, written by
+the stage that holds it."""
+
+
+def optimizer_layout(model) -> str:
+    """FLAT for a pipeline stage (launcher/train/parallel/pipeline.py), else NESTED."""
+    return FLAT if getattr(model, "pipeline_stage", None) is not None else NESTED
+
+
+def _optim_options(layout: str):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=layout == FLAT)
+
+
+def _save_dcp(tmp: str, model, optimizer) -> tuple[bool, dict, str]:
     """Weights and optimizer state, sharded. Returns whether torchao float8 weights carried
-    precomputed scales (loading recomputes them), and this rank's modules' `_extra_state`: Transformer
-    Engine modules' empty (their scaling state goes to the rank file as plain tensors, te_state.py),
-    any other module's as it gives it."""
+    precomputed scales (loading recomputes them), this rank's modules' `_extra_state` (Transformer
+    Engine modules' empty: their scaling state goes to the rank file as plain tensors, te_state.py;
+    any other module's as it gives it), and the optimizer state's layout (FLAT or NESTED)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
@@ -23,13 +42,15 @@ def _save_dcp(tmp: str, model, optimizer) -> tuple[bool, dict]:
         state = get_model_state_dict(model)
     weights, extra_state = _split_extra_state(_plain(state))
     dcp.save(weights, checkpoint_id=os.path.join(tmp, "model"))
+    layout = optimizer_layout(model)
     if optimizer is not None:
-        dcp.save(_plain(get_optimizer_state_dict(model, optimizer)), checkpoint_id=os.path.join(tmp, "optim"))
+        optim = get_optimizer_state_dict(model, optimizer, options=_optim_options(layout))
+        dcp.save(_plain(optim), checkpoint_id=os.path.join(tmp, "optim"))
     scales = any(w._precomputed_scale is not None for w in _float8_weights(model))
-    return scales, extra_state
+    return scales, extra_state, layout
 
 
-def _load_dcp(path: str, model, optimizer, extra_state: dict, float8_precomputed_scale: bool) -> None:
+def _load_dcp(path: str, model, optimizer, extra_state: dict, float8_precomputed_scale: bool, layout: str = NESTED) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -44,9 +65,10 @@ def _load_dcp(path: str, model, optimizer, extra_state: dict, float8_precomputed
         raise ValueError(f"the model's FP8 extra state ({len(wanted)} modules) is not the saved one ({len(extra_state)} modules)")
     set_model_state_dict(model, {**weights, **extra_state})
     if optimizer is not None:
-        state = _plain(get_optimizer_state_dict(model, optimizer))
+        options = _optim_options(layout)  # the layout the checkpoint was written in, whatever this run's
+        state = _plain(get_optimizer_state_dict(model, optimizer, options=options))
         dcp.load(state, checkpoint_id=os.path.join(path, "optim"))
-        set_optimizer_state_dict(model, optimizer, state)
+        set_optimizer_state_dict(model, optimizer, state, options=options)
     _restore_float8_scales(model, float8_precomputed_scale)
 
 

@@ -74,19 +74,25 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
     from launcher.train.parallel.distributed import device_mesh
     from launcher.train.parallel.tensor_parallel import parallelize
 
-    tp = plan.distributed.tensor_parallel
+    tp, pp = plan.distributed.tensor_parallel, plan.distributed.pipeline_parallel
     shape = tuple(config["mesh"]["shape"])
-    if shape != ((env.world_size,) if tp <= 1 else (env.world_size // tp, tp)):
+    planned = (pp, env.world_size // pp) if pp > 1 else (env.world_size,) if tp <= 1 else (env.world_size // tp, tp)
+    if shape != planned:
         raise LauncherError(
             f"fsdp2.json shards over a mesh of {list(shape)} but this job has world size {env.world_size}"
-            f"{f' and tensor_parallel {tp}' if tp > 1 else ''}; "
+            f"{f' and tensor_parallel {tp}' if tp > 1 else ''}{f' and pipeline_parallel {pp}' if pp > 1 else ''}; "
             "fix: regenerate the plan for this many nodes and processes (`fp8launch run` does it)"
         )
     ep = plan.distributed.expert_parallel
     if ep > 1 and tp > 1:
         raise LauncherError(f"distributed.expert_parallel = {ep} with distributed.tensor_parallel = {tp}: fp8launch does not "
                             "compose expert and tensor parallelism; fix: set one of them to 1", rule="EP-TENSOR-PARALLEL")
-    if ep > 1:  # launcher/train/parallel/expert_parallel.py: experts over ("efsdp", "ep"), dense parameters over both flattened
+    if pp > 1:  # launcher/train/parallel/pipeline.py: this rank's stage, sharded over its dp_shard ranks
+        from launcher.train.parallel.pipeline import pipeline_mesh
+
+        pmesh = pipeline_mesh(env, pp)
+        mesh = pmesh["dp_shard"]
+    elif ep > 1:  # launcher/train/parallel/expert_parallel.py: experts over ("efsdp", "ep"), dense parameters over both flattened
         from launcher.train.parallel.expert_parallel import ep_mesh
 
         emesh, mesh = ep_mesh(env, ep)
@@ -127,5 +133,12 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
     from launcher.train.parallel.grad_reduce import install
 
     reduction = install(model, plan, "fsdp2", world_size=env.world_size)  # a custom reduce-scatter unless grad_reduce = "auto"
-    return FSDP2Engine(model=model, module=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, plan.train),
-                       precision=precision, accum_steps=plan.train.grad_accum_steps, grad_reduction=reduction)
+    parts = dict(model=model, module=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, plan.train),
+                 precision=precision, accum_steps=plan.train.grad_accum_steps, grad_reduction=reduction)
+    if pp > 1:
+        from launcher.train.loop import loss_function
+        from launcher.train.parallel.pipeline import PipelineEngine, build_schedule
+
+        stage, schedule = build_schedule(model, plan, env, pmesh, loss_function(plan))
+        return PipelineEngine(stage=stage, schedule=schedule, pp_group=pmesh["pp"].get_group(), **parts)
+    return FSDP2Engine(**parts)

@@ -163,10 +163,13 @@ class Llama(nn.Module):
         return TransformerBlock(cfg)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(tokens)
-        for layer in self.layers:
+        """Logits for token ids. A pipeline stage (launcher/train/parallel/pipeline.py: its blocks in a ModuleDict under
+        their own indices, the embedding only on the first stage, the norm and the head only on the last) maps the
+        previous stage's hidden states instead, and returns its own."""
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for layer in self.layers.values() if isinstance(self.layers, nn.ModuleDict) else self.layers:
             h = layer(h)
-        return self.output(self.norm(h))
+        return self.output(self.norm(h)) if self.output is not None else h
 
     @torch.no_grad()
     def init_weights(self) -> None:

@@ -188,10 +188,12 @@ def device_mesh(env: DistEnv, tensor_parallel: int = 1):
     return mesh
 
 
-def data_rank(env: DistEnv, tensor_parallel: int = 1) -> tuple[int, int]:
-    """(data-parallel rank, data-parallel size): the ranks of one TP group read the same batches."""
-    tp = max(1, tensor_parallel)
-    return env.rank // tp, env.world_size // tp
+def data_rank(env: DistEnv, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> tuple[int, int]:
+    """(data-parallel rank, data-parallel size): the ranks of one TP group read the same batches, and so do the stages of
+    one pipeline (pp is the mesh's outer dimension: rank = stage * world_size / pp + dp_rank * tp + tp_rank)."""
+    tp, pp = max(1, tensor_parallel), max(1, pipeline_parallel)
+    per_stage = env.world_size // pp
+    return (env.rank % per_stage) // tp, per_stage // tp
 
 
 def check_world(planned: int, env: DistEnv) -> None:

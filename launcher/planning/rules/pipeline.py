@@ -1,0 +1,139 @@
+"""Pipeline parallelism (distributed.pipeline_parallel, distributed.pipeline; launcher/train/parallel/pipeline.py): the
+layouts torch.distributed.pipelining cannot run, and what fp8launch does not compose with it yet."""
+
+from __future__ import annotations
+
+from launcher.planning.backends import MSAMP, TE
+from launcher.planning.models import builtin_config
+from launcher.planning.rules.core import Facts, Rule
+from launcher.planning.rules.predicates import builtin_experts, fp8, strategy, tp
+
+
+def pp(f: Facts) -> int:
+    return f.plan.distributed.pipeline_parallel
+
+
+def _layers(f: Facts) -> str:
+    """What is wrong with the split of a builtin model's blocks over the stages ("" when nothing, or not builtin)."""
+    cfg, d = builtin_config(f.plan.train.model), f.plan.distributed
+    if pp(f) <= 1 or cfg is None:
+        return ""
+    split = d.pipeline.layers_per_stage
+    if split:
+        if len(split) != pp(f):
+            return f"distributed.pipeline.layers_per_stage = {list(split)} names {len(split)} stages, not pipeline_parallel = {pp(f)}"
+        if sum(split) != cfg.n_layers:
+            return (f"distributed.pipeline.layers_per_stage = {list(split)} holds {sum(split)} blocks, not {f.plan.train.model}'s "
+                    f"{cfg.n_layers}")
+        return ""
+    if cfg.n_layers % pp(f):
+        return f"distributed.pipeline_parallel = {pp(f)} does not divide {f.plan.train.model}'s {cfg.n_layers} blocks"
+    return ""
+
+
+def _local_batch(f: Facts) -> int:
+    t = f.plan.train
+    return t.micro_batch_size * t.grad_accum_steps
+
+
+def _microbatches(f: Facts) -> str:
+    """What is wrong with distributed.pipeline.microbatches ("" when nothing)."""
+    t, d = f.plan.train, f.plan.distributed
+    if pp(f) <= 1:
+        return ""
+    n = d.pipeline_microbatches(t.micro_batch_size, t.grad_accum_steps)
+    what = f"{n} pipeline micro-batches" + ("" if d.pipeline.microbatches else " (one sequence each)")
+    if n < pp(f):
+        return f"{what} are fewer than the {pp(f)} stages"
+    if _local_batch(f) % n:
+        return (f"{what} do not divide the step's {_local_batch(f)} sequences a rank reads (train.micro_batch_size "
+                f"{t.micro_batch_size} x train.grad_accum_steps {t.grad_accum_steps})")
+    return ""
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(id="PP-DIVIDES-WORLD", severity="error", stage="plan",
+         when="distributed.pipeline_parallel does not divide the world size (nodes x procs_per_node)",
+         why="the mesh is pp x (world_size / pp): each stage is held by world_size / pipeline_parallel ranks, which shard it (FSDP2).",
+         fix="set distributed.pipeline_parallel to a divisor of distributed.nodes x procs_per_node",
+         condition=lambda f: pp(f) > 1 and f.plan.world_size % pp(f) != 0,
+         detail=lambda f: f"distributed.pipeline_parallel = {pp(f)} does not divide the world size {f.plan.world_size}."),
+    Rule(id="PP-LAYERS", severity="error", stage="plan",
+         when="distributed.pipeline_parallel does not divide a builtin model's blocks and distributed.pipeline.layers_per_stage is "
+              "empty, or layers_per_stage does not hold one count per stage summing to the model's blocks",
+         why="each stage holds whole transformer blocks; an even split needs the stages to divide the blocks, an uneven one must "
+             "place every block exactly once (torchtitan asserts the same).",
+         fix="set distributed.pipeline.layers_per_stage (one count per stage, summing to the model's blocks, e.g. [3, 5]), or a "
+             "distributed.pipeline_parallel that divides the blocks",
+         condition=lambda f: bool(_layers(f)),
+         detail=lambda f: _layers(f) + "."),
+    Rule(id="PP-MICROBATCHES", severity="error", stage="plan",
+         when="distributed.pipeline.microbatches (0: one sequence each) is below distributed.pipeline_parallel, or does not divide "
+              "train.micro_batch_size x train.grad_accum_steps",
+         why="torch.distributed.pipelining splits each rank's batch of the step into equal micro-batches (torch.tensor_split), and "
+             "with fewer micro-batches than stages some stage idles for the whole step (torchtitan warns; 1F1B's warm-up needs "
+             "one micro-batch per stage).",
+         fix="set distributed.pipeline.microbatches to a divisor of train.micro_batch_size x train.grad_accum_steps that is at "
+             "least distributed.pipeline_parallel, or raise train.micro_batch_size",
+         condition=lambda f: bool(_microbatches(f)),
+         detail=lambda f: _microbatches(f) + "."),
+    Rule(id="PP-STRATEGY", severity="error", stage="plan",
+         when="distributed.pipeline_parallel > 1 with strategy ddp or deepspeed",
+         why="fp8launch composes pipeline parallelism with FSDP2 (each stage sharded over its world_size / pp ranks, gradients "
+             "reduced once after the schedule's last backward, as torchtitan does); DeepSpeed ZeRO has its own pipeline engine "
+             "(PipelineModule) that fp8launch does not drive, and DDP stages are not built.",
+         fix='set distributed.strategy = "fsdp2", or distributed.pipeline_parallel = 1',
+         condition=lambda f: pp(f) > 1 and strategy(f) in ("ddp", "deepspeed")),
+    Rule(id="PP-MODEL", severity="error", stage="plan",
+         when="distributed.pipeline_parallel > 1 with an hf: or py: model",
+         why="a stage is cut from the builtin decoder's parts (the embedding on the first stage, whole blocks, the final norm and "
+             "output layer on the last, every name kept for checkpoints); another model's forward cannot be cut where fp8launch "
+             "does not know its parts.",
+         fix='set train.model = "builtin:..." or distributed.pipeline_parallel = 1',
+         condition=lambda f: pp(f) > 1 and not f.plan.train.model.startswith("builtin:")),
+    Rule(id="PP-MOE", severity="error", stage="plan",
+         when="distributed.pipeline_parallel > 1 with a Mixture-of-Experts builtin model",
+         why="not composed yet: the MoE blocks' load balancing sums token counts over every rank after each step, and a stage holds "
+             "only its own blocks' counters.",
+         fix="set distributed.pipeline_parallel = 1 (expert_parallel shards the experts), or train a dense model",
+         condition=lambda f: pp(f) > 1 and bool(builtin_experts(f))),
+    Rule(id="PP-TENSOR-PARALLEL", severity="error", stage="plan",
+         when="distributed.pipeline_parallel > 1 with distributed.tensor_parallel > 1",
+         why="not composed yet: the 3D mesh (pp x dp_shard x tp) is built, but no run has trained a tensor-parallel stage here.",
+         fix="set distributed.tensor_parallel = 1 or distributed.pipeline_parallel = 1",
+         condition=lambda f: pp(f) > 1 and tp(f) > 1),
+    Rule(id="PP-BACKEND", severity="error", stage="plan",
+         when="distributed.pipeline_parallel > 1 with precision.backend te or msamp",
+         why="not composed yet: Transformer Engine's delayed-scaling state and MS-AMP's optimizer span the whole model, and a "
+             "stage holds part of it.",
+         fix='set precision.backend = "torchao", or distributed.pipeline_parallel = 1',
+         condition=lambda f: pp(f) > 1 and (fp8(f, TE) or fp8(f, MSAMP))),
+    Rule(id="PP-EVAL", severity="error", stage="plan",
+         when="distributed.pipeline_parallel > 1 with eval.data set",
+         why="not composed yet: a held-out loss under pipeline parallelism needs the schedule's forward-only pass on every stage.",
+         fix='set eval.data = "" (no evaluation), or distributed.pipeline_parallel = 1',
+         condition=lambda f: pp(f) > 1 and f.plan.eval.enabled),
+    Rule(id="PP-PRECISION-SCHEDULE", severity="error", stage="plan",
+         when="distributed.pipeline_parallel > 1 with a [[precision.schedule]]",
+         why="not composed yet: a precision switch rebuilds the converted Linears of the whole model, and under pipeline "
+             "parallelism the schedule's stages hold them.",
+         fix="remove [[precision.schedule]], or set distributed.pipeline_parallel = 1",
+         condition=lambda f: pp(f) > 1 and bool(f.plan.precision.schedule)),
+    Rule(id="PP-FP16", severity="error", stage="plan",
+         when='distributed.pipeline_parallel > 1 with precision.mode = "fp16" (or high_precision "fp16")',
+         why="fp16's loss scaler scales the loss before backward, and under pipeline parallelism the schedule runs backward from "
+             "the last stage's loss itself (torch.distributed.pipelining has no loss-scaling hook).",
+         fix='set precision.mode = "bf16" (or precision.high_precision = "bf16"), or distributed.pipeline_parallel = 1',
+         condition=lambda f: pp(f) > 1 and f.plan.precision.compute_dtype == "fp16"),
+    Rule(id="PP-GRAD-REDUCE", severity="error", stage="plan",
+         when='distributed.pipeline_parallel > 1 with precision.grad_reduce other than "auto"',
+         why="fp8launch's own reduce-scatter averages over every rank of the job; under pipeline parallelism a stage's gradients "
+             "are reduced over its world_size / pipeline_parallel ranks.",
+         fix='set precision.grad_reduce = "auto", or distributed.pipeline_parallel = 1',
+         condition=lambda f: pp(f) > 1 and f.plan.precision.grad_reduce != "auto"),
+    Rule(id="PP-MONITOR", severity="error", stage="plan",
+         when="distributed.pipeline_parallel > 1 with monitor.fp8_stats_every > 0",
+         why="not composed yet: the FP8 monitor writes from rank 0, which holds the first stage's layers only.",
+         fix="set monitor.fp8_stats_every = 0, or distributed.pipeline_parallel = 1",
+         condition=lambda f: pp(f) > 1 and f.plan.monitor.fp8_stats_every > 0),
+)
