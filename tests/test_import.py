@@ -325,6 +325,58 @@ def test_axolotl_context_parallel_says_what_it_does_to_the_global_batch(tmp_path
     assert entry.status == APPROXIMATED and entry.before.startswith("1 sequence per step") and entry.after.startswith("8 sequences")
 
 
+def test_torchtitan_pipeline_degree_imports_as_pipeline_parallel_with_its_schedule(tmp_path):
+    path = _edited(tmp_path, "torchtitan/llama3_405b_2025.toml", "tensor_parallel_degree = 8", "tensor_parallel_degree = 1")
+    path = _edited(tmp_path, path, "enable_async_tensor_parallel = true", "enable_async_tensor_parallel = false")
+    path = _edited(tmp_path, path, "pipeline_parallel_degree = 1",
+                   'pipeline_parallel_degree = 2\npipeline_parallel_schedule = "Interleaved1F1B"')
+    r = import_config(path, folder=str(tmp_path))
+    spec, e = tomllib.loads(r.text), {x.source: x for x in r.report.entries}
+    assert spec["distributed"]["pipeline_parallel"] == 2 and spec["distributed"]["strategy"] == "fsdp2"
+    assert e["parallelism.pipeline_parallel_degree"].status == MAPPED
+    schedule = e["parallelism.pipeline_parallel_schedule"]
+    assert schedule.status == APPROXIMATED and schedule.before.startswith("Interleaved1F1B") and "1F1B" in schedule.after
+    # 126 blocks, 2 stages of 63; torchtitan's batch_size 2 per rank: 2 micro-batches of one sequence
+    assert spec["distributed"].get("pipeline", {}).get("layers_per_stage", []) == []
+
+
+def test_torchtitan_pipeline_beside_tensor_parallel_becomes_data_parallel_naming_the_rule(tmp_path):
+    path = _edited(tmp_path, "torchtitan/llama3_405b_2025.toml", "pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2")
+    r = import_config(path, folder=str(tmp_path))
+    spec, e = tomllib.loads(r.text), {x.source: x for x in r.report.entries}
+    assert spec["distributed"]["tensor_parallel"] == 8 and spec["distributed"].get("pipeline_parallel", 1) == 1
+    entry = e["parallelism.pipeline_parallel_degree"]
+    assert entry.status == APPROXIMATED and "rule PP-TENSOR-PARALLEL" in entry.note
+
+
+def test_a_pipeline_whose_stages_do_not_divide_the_blocks_gets_a_split():
+    from launcher.commands.importer.draft import Draft
+    from launcher.commands.importer.planable import FIXES
+
+    d = Draft({}, path="x", title="test")
+    d.set("train.model", "builtin:llama-small")  # 12 blocks
+    d.set("distributed.pipeline_parallel", 5)
+    assert FIXES["PP-LAYERS"].change(d) == [("distributed.pipeline.layers_per_stage", [3, 3, 2, 2, 2])]
+    d.set("distributed.pipeline_parallel", 16)  # more stages than blocks: no pipeline, its ranks data-parallel
+    assert FIXES["PP-LAYERS"].change(d) == [("distributed.pipeline_parallel", 1)] and d.batch.split == 16
+
+
+def test_megatron_pipeline_with_transformer_engine_becomes_data_parallel_naming_the_rule(tmp_path):
+    spec, e, _ = imported("nemo/gpt3_mlperf.yaml", tmp_path)
+    status, sets, note = e["model.pipeline_model_parallel_size"]
+    assert status == APPROXIMATED and sets == {"distributed.pipeline_parallel": 1} and "rule PP-BACKEND" in note
+    assert spec["distributed"]["global_batch_size"] == 8  # the source's global batch, its stages' ranks data-parallel
+
+
+def test_a_pipeline_with_fewer_sequences_per_step_than_stages_becomes_data_parallel(tmp_path):
+    path = _edited(tmp_path, "torchtitan/llama3_405b_2025.toml", "tensor_parallel_degree = 8", "tensor_parallel_degree = 1")
+    path = _edited(tmp_path, path, "pipeline_parallel_degree = 1", "pipeline_parallel_degree = 4")  # batch_size 2 per rank
+    r = import_config(path, folder=str(tmp_path))
+    assert tomllib.loads(r.text)["distributed"].get("pipeline_parallel", 1) == 1
+    entry = next(x for x in r.report.entries if x.source == "parallelism.pipeline_parallel_degree")
+    assert entry.status == APPROXIMATED and "rule PP-MICROBATCHES" in entry.note
+
+
 def test_axolotl_misspelt_key_is_reported_with_did_you_mean(tmp_path):
     path = _edited(tmp_path, "axolotl/3b-fp8-fsdp2.yaml", "fp8_enable_fsdp_float8_all_gather:", "fp8_enable_fsdp_float8_allgather:")
     r = import_config(path, folder=str(tmp_path))

@@ -208,8 +208,10 @@ class DistributedConfig:
 
     @property
     def data_parallel(self) -> int:
-        """Ranks that hold different data: the world divided by the tensor- and pipeline-parallel degrees."""
-        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
+        """Ranks that hold different data: the world divided by the tensor- and pipeline-parallel degrees (at least 1: a
+        layout they do not divide is refused by TP-DIVIDES-PROCS / PP-DIVIDES-WORLD / PP-TENSOR-PARALLEL, whose messages
+        are computed from it)."""
+        return max(1, self.world_size // (self.tensor_parallel * self.pipeline_parallel))
 
     def stage_split(self, n_layers: int) -> tuple[int, ...]:
         """Blocks on each pipeline stage, first stage first: layers_per_stage, or an even split (the first stages take

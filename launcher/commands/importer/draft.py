@@ -254,7 +254,8 @@ class Draft:
         self.report.entries = [e for e in self.report.entries if e.tag != batch.TAG]
         at = len(self.report.entries) if self.batch_at is None else min(self.batch_at, len(self.report.entries))
         d = self.spec.get("distributed", {})
-        ranks = max(1, d.get("nodes", 1) * d.get("procs_per_node", 8) // max(1, d.get("tensor_parallel", 1)))
+        ranks = max(1, d.get("nodes", 1) * d.get("procs_per_node", 8)
+                    // (max(1, d.get("tensor_parallel", 1)) * max(1, d.get("pipeline_parallel", 1))))
         placeholder = "distributed.procs_per_node" in self.placeholders
         made = batch.entries(self.batch, micro=self.value("train.micro_batch_size"), ranks=ranks, placeholder=placeholder)
         for entry in made:

@@ -282,14 +282,18 @@ def _world(d: Draft) -> None:
             d.approximated(sp, before="tensor parallel without sequence parallel: the norms' activations replicated",
                            after="sequence parallel: the norms' activations sharded over the sequence",
                            effect="less activation memory; the same numerics")
-    for key, what in (("pipeline_model_parallel_size", "pipeline"), ("context_parallel_size", "context"),
-                      ("virtual_pipeline_model_parallel_size", "virtual pipeline")):
+    pp = _at(d, "pipeline_model_parallel_size")
+    if pp and int(d.get(pp)) > 1:
+        d.mapped(pp, ("distributed.pipeline_parallel", int(d.get(pp))),
+                 note="stages of torch.distributed.pipelining (1F1B), FSDP2 over each stage's ranks")
+    elif pp:
+        d.mapped(pp, note="off")
+    for key, what in (("context_parallel_size", "context"), ("virtual_pipeline_model_parallel_size", "virtual pipeline")):
         where = _at(d, key)
         if where and int(d.get(where)) > 1:
             n = int(d.get(where))
-            effect = {"pipeline": "its stages' ranks become data-parallel ranks, each holding every layer",
-                      "context": "its ranks become data-parallel ranks, each holding whole sequences",
-                      "virtual pipeline": "its interleaved chunks have no equivalent"}[what]
+            effect = {"context": "its ranks become data-parallel ranks, each holding whole sequences",
+                      "virtual pipeline": "its interleaved chunks have no equivalent (one stage per rank)"}[what]
             batch = "" if what == "virtual pipeline" else " (the batch line says what that does to the global batch)"
             d.none(where, f"fp8launch has no {what} parallelism: {effect}{batch}")
             if what != "virtual pipeline":

@@ -41,6 +41,34 @@ def _no_tp(d: Draft) -> list[tuple[str, Any]]:
     return [("distributed.tensor_parallel", 1)] + ([("distributed.async_tp", False)] if _v(d, "distributed.async_tp", False) else [])
 
 
+def _no_pp(d: Draft) -> list[tuple[str, Any]]:
+    """Pipeline parallelism off: its stages' ranks become data-parallel ranks (the batch entries say what that does to
+    the global batch, as for a source whose pipeline had no equivalent)."""
+    pp = _v(d, "distributed.pipeline_parallel", 1)
+    if pp <= 1:
+        return []
+    d.split_batch(pp, f"pipeline_parallel {pp}")
+    return [("distributed.pipeline_parallel", 1)]
+
+
+def _pp_layers(d: Draft) -> list[tuple[str, Any]]:
+    """The blocks split over the stages as evenly as they go (the first stages one more), or no pipeline."""
+    from launcher.planning.models import builtin_config
+
+    cfg, pp = builtin_config(str(_v(d, "train.model", ""))), _v(d, "distributed.pipeline_parallel", 1)
+    if cfg is None or cfg.n_layers < pp or _v(d, "distributed.pipeline.layers_per_stage", []):
+        return _no_pp(d)
+    q, r = divmod(cfg.n_layers, pp)
+    return [("distributed.pipeline.layers_per_stage", [q + (i < r) for i in range(pp)])]
+
+
+def _pp_microbatches(d: Draft) -> list[tuple[str, Any]]:
+    """One sequence per pipeline micro-batch (microbatches = 0), or no pipeline where a rank's step has fewer sequences."""
+    if _v(d, "distributed.pipeline.microbatches", 0):
+        return [("distributed.pipeline.microbatches", 0)]
+    return _no_pp(d)
+
+
 def _halve(key: str) -> Callable[[Draft], list[tuple[str, Any]]]:
     return lambda d: [(key, _v(d, key, 1) // 2)] if _v(d, key, 1) > 1 else []
 
@@ -83,8 +111,14 @@ FIXES = {f.rule: f for f in (
     Fix("EP-TENSOR-PARALLEL", lambda d: _no_tp(d)),
     Fix("EP-DIVIDES-WORLD", lambda d: [("distributed.expert_parallel", math.gcd(_v(d, "distributed.expert_parallel", 1), _world(d)))]),
     Fix("EP-DIVIDES-EXPERTS", _halve("distributed.expert_parallel")),
+    # pipeline parallel: its layout first, then off where fp8launch does not compose it (its ranks become data-parallel)
+    Fix("PP-MICROBATCHES", _pp_microbatches),
+    Fix("PP-LAYERS", _pp_layers),
+    *(Fix(rule, _no_pp) for rule in ("PP-DIVIDES-WORLD", "PP-MODEL", "PP-MOE", "PP-TENSOR-PARALLEL", "PP-BACKEND", "PP-EVAL",
+                                     "PP-PRECISION-SCHEDULE", "PP-FP16", "PP-GRAD-REDUCE", "PP-MONITOR")),
     # a strategy change last: the moves above may have made it moot
     Fix("TP-STRATEGY", lambda d: [("distributed.strategy", "fsdp2")]),
+    Fix("PP-STRATEGY", lambda d: [("distributed.strategy", "fsdp2")]),
     Fix("EP-STRATEGY", lambda d: [("distributed.strategy", "fsdp2")]),
     # DeepSpeed offload
     Fix("DS-OFFLOAD-PARAM-STAGE", lambda d: [("distributed.deepspeed.offload_param", "none")]),

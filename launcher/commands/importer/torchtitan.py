@@ -187,16 +187,14 @@ def _parallelism(d: Draft) -> None:
     if d.has("parallelism.disable_loss_parallel"):
         d.none("parallelism.disable_loss_parallel", "fp8launch's tensor parallel gathers the logits and every TP rank computes the whole "
                                                     "loss")
-    for what, keys in (("pp", ("parallelism.pipeline_parallel_degree", "experimental.pipeline_parallel_degree")),
-                       ("cp", ("parallelism.context_parallel_degree", "experimental.context_parallel_degree"))):
-        key = _key(d, *keys)
-        if key and w[what] > 1:
-            d.none(key, ("fp8launch has no pipeline parallelism: every rank holds every layer" if what == "pp" else
-                         "fp8launch has no context parallelism: every rank holds whole sequences")
-                   + f"; its {w[what]} ranks become data-parallel ranks (the batch line says what that does to the global batch)")
-            d.split_batch(w[what], f"{key.rsplit('.', 1)[1]} {w[what]}")
-        elif key:
-            d.mapped(key, note="off")
+    _pipeline(d, w["pp"])
+    key = _key(d, "parallelism.context_parallel_degree", "experimental.context_parallel_degree")
+    if key and w["cp"] > 1:
+        d.none(key, "fp8launch has no context parallelism: every rank holds whole sequences"
+               + f"; its {w['cp']} ranks become data-parallel ranks (the batch line says what that does to the global batch)")
+        d.split_batch(w["cp"], f"{key.rsplit('.', 1)[1]} {w['cp']}")
+    elif key:
+        d.mapped(key, note="off")
     ep = _key(d, "parallelism.expert_parallel_degree")
     if ep:
         d.mapped(ep, ("distributed.expert_parallel", w["ep"]))
@@ -208,7 +206,40 @@ def _parallelism(d: Draft) -> None:
     if reshard is not None:
         d.mapped("parallelism.fsdp_reshard_after_forward", ("distributed.fsdp2.reshard_after_forward", reshard != "never"),
                  note='"default" reshards (without pipeline parallel), as "always" does')
-    d.group("parallelism", "fp8launch has no pipeline or context parallelism; the rest are their schedules and tuning")
+    d.group("parallelism", "fp8launch has no context parallelism, and none of torchtitan's pipeline split and schedule tuning "
+                           "(split points, first / last stage sizes, schedule CSVs); the rest are their schedules and tuning")
+
+
+PP_SCHEDULES = ("1F1B", "GPipe")
+"""torchtitan's pipeline_parallel_schedule values that are distributed.pipeline.schedule values."""
+
+
+def _pipeline(d: Draft, pp: int) -> None:
+    """torchtitan's pipeline degree, schedule and micro-batch size."""
+    key = _key(d, "parallelism.pipeline_parallel_degree", "experimental.pipeline_parallel_degree")
+    if not key:
+        return
+    if pp <= 1:
+        d.mapped(key, note="off")
+        return
+    d.mapped(key, ("distributed.pipeline_parallel", pp), note="stages of torch.distributed.pipelining, FSDP2 over each stage's ranks")
+    schedule = _key(d, "parallelism.pipeline_parallel_schedule", "experimental.pipeline_parallel_schedule")
+    if schedule:
+        name = str(d.get(schedule))
+        if name in PP_SCHEDULES:
+            d.mapped(schedule, ("distributed.pipeline.schedule", name))
+        else:
+            d.approximated(schedule, before=f"{name} (torch.distributed.pipelining)", after="1F1B (Schedule1F1B), one stage per rank",
+                           effect="a larger pipeline bubble than an interleaved or zero-bubble schedule; the same numerics")
+    size_key = _key(d, "parallelism.pipeline_parallel_microbatch_size", "experimental.pipeline_parallel_microbatch_size")
+    if size_key:
+        size = int(d.get(size_key))
+        if size == 1:
+            d.mapped(size_key, note="one sequence per pipeline micro-batch, as distributed.pipeline.microbatches = 0")
+        else:
+            d.approximated(size_key, before=f"pipeline micro-batches of {size} sequences",
+                           after="micro-batches of one sequence (distributed.pipeline.microbatches = 0)",
+                           effect="more, smaller micro-batches: a smaller bubble, smaller GEMMs")
 
 
 def _section(d: Draft, kind: str) -> str | None:
