@@ -200,3 +200,36 @@ def test_msamp_levels_natively_in_bytes_per_parameter():
     assert rows(spec("O1"))["total"] == 12 * P
     assert rows(spec("O2"))["total"] == pytest.approx((4 + 2 * (1 + 4 / 256)) * P)
     assert rows(spec("O3"))["total"] == pytest.approx((4 + 2 * (1 + 4 / 256)) * P)  # one rank: FSDP2 shards over 1
+
+
+# -- pipeline parallel: the fullest stage -------------------------------------------------------------------------------
+
+def _pp_plan(schedule: str = "1F1B", **distributed):
+    return plan_of({"precision": {"mode": "bf16"}, "launch": {"device": "cuda", "gpu": "h100"},
+                    "distributed": {"strategy": "fsdp2", "procs_per_node": 8, "pipeline_parallel": 4, "pipeline": {"schedule": schedule},
+                                    **distributed},
+                    "train": {"model": "builtin:llama3-8b", "seq_len": 8192, "micro_batch_size": 4}})
+
+
+def test_a_pipeline_estimate_is_its_fullest_stages_parameters_and_in_flight_micro_batches():
+    from launcher.planning.memory import in_flight, stage_estimate
+    from launcher.planning.models import builtin_config, param_count
+
+    plan, cfg = _pp_plan(), builtin_config("builtin:llama3-8b")
+    stages = [stage_estimate(plan, cfg, s) for s in range(4)]
+    assert sum(e.params for e in stages) == param_count(cfg)  # every parameter on exactly one stage
+    assert [in_flight(plan, s) for s in range(4)] == [4, 3, 2, 1]  # 1F1B's warm-up; 4 micro-batches of one sequence
+    assert [in_flight(_pp_plan("GPipe"), s) for s in range(4)] == [4, 4, 4, 4]
+    e = estimate(plan, param_count(cfg))
+    assert e.peak_bytes == max(x.peak_bytes for x in stages) and e.stage.startswith("stage 0 of 4: blocks 0-7, the embedding")
+    assert all(r.shards == 2 for r in e.rows)  # each stage sharded over world 8 / pp 4 ranks
+    # stage 0's model states: its 8 blocks and the embedding, in fp32 (params, grads, 2 Adam moments) over 2 ranks
+    assert e.total_bytes == pytest.approx(16 * stages[0].params / 2)
+    # the last stage holds one micro-batch of activations, and the loss's fp32 log-softmax over the vocabulary
+    last = stages[3].activations
+    assert "1 micro-batch of 1 x seq 8192 in flight" in last.how and last.bytes > 4 * 8192 * cfg.vocab_size
+
+
+def test_an_uneven_split_moves_the_fullest_stage():
+    plan = _pp_plan(pipeline={"layers_per_stage": [2, 10, 10, 10]})
+    assert estimate(plan, 1).stage.startswith("stage 1 of 4: blocks 2-11")

@@ -17,6 +17,7 @@ of the bytes autograd really saves.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from launcher.planning.backends import BACKENDS, backend_of
@@ -78,6 +79,9 @@ class MemoryEstimate:
     activations: ActivationRow | None = None
     """None where the model's shapes are unknown to planning (hf:, py:)."""
     init_peak: InitPeak | None = None
+    stage: str = ""
+    """Under pipeline parallelism: the stage this estimate is of (the one with the most bytes), in words; `params` are
+    its parameters."""
 
     @property
     def total_bytes(self) -> float:
@@ -94,10 +98,11 @@ class MemoryEstimate:
         gib = 1024**3
         a = self.activations
         head = "model states and activations" if a else "model states (activations not included: the model is sized when built)"
-        out = [f"memory per GPU for {self.params / 1e9:.3g}B parameters, {head}:"]
+        where = f" on its fullest pipeline stage ({self.stage})" if self.stage else ""
+        out = [f"memory per GPU{where} for {self.params / 1e9:.3g}B parameters, {head}:"]
         for r in self.rows:
             where = "offloaded to CPU" if r.offloaded else (
-                f"/ {r.shards} ranks{f' = {r.layout}' if r.layout else ''}" if r.shards > 1 else "replicated")
+                f"/ {r.shards} ranks{f' = {r.layout}' if r.layout else ''}" if r.shards > 1 else r.layout or "replicated")
             out.append(f"    {r.name:<17} {r.dtype:<8} {r.bytes_per_gpu(self.params) / gib:8.2f} GiB  "
                        f"({r.bytes_per_param:g} B/param, {where})")
         out.append(f"    {'model states':<17} {'':<8} {self.total_bytes / gib:8.2f} GiB")
@@ -117,9 +122,44 @@ class MemoryEstimate:
 def estimate(plan: Plan, params: int, spec_folder: str | None = None) -> MemoryEstimate:
     """Bytes per GPU for `params` parameters trained as `plan` says: the model states, and for a builtin model (or,
     with `spec_folder`, an hf: model whose config.json is read there) the activations; the initialisation peak."""
-    rows = model_states(plan, params, spec_folder)
     cfg = model_config(plan.train.model, spec_folder)
+    if plan.distributed.pipeline_parallel > 1 and cfg is not None:
+        return max((stage_estimate(plan, cfg, s) for s in range(plan.distributed.pipeline_parallel)), key=lambda e: e.peak_bytes)
+    rows = model_states(plan, params, spec_folder)
     return MemoryEstimate(params, rows, activations(plan, cfg) if cfg else None, init_peak(plan, params, cfg))
+
+
+def in_flight(plan: Plan, stage: int) -> int:
+    """Pipeline micro-batches whose activations stage `stage` holds at once: GPipe runs every forward before any
+    backward; 1F1B's warm-up puts pp - stage forwards ahead of the first backward (torch.distributed.pipelining)."""
+    d, t = plan.distributed, plan.train
+    n = d.pipeline_microbatches(t.micro_batch_size, t.grad_accum_steps)
+    return n if d.pipeline.schedule == "GPipe" else min(n, d.pipeline_parallel - stage)
+
+
+def stage_estimate(plan: Plan, cfg, stage: int) -> MemoryEstimate:
+    """The estimate for one pipeline stage of the builtin dense decoder: its parameters (its blocks; the embedding on
+    the first stage, the final norm and the output layer on the last) sharded over its world_size / pp ranks, and the
+    activations of its blocks for the micro-batches it holds at once (launcher/train/parallel/pipeline.py)."""
+    from launcher.planning.models import linear_params_per_layer
+
+    d, t = plan.distributed, plan.train
+    split = d.stage_split(cfg.n_layers)
+    blocks, first, last = split[stage], stage == 0, stage == len(split) - 1
+    params = blocks * (linear_params_per_layer(cfg) + 2 * cfg.dim) + first * cfg.vocab_size * cfg.dim
+    params += last * (cfg.dim + cfg.dim * cfg.vocab_size)
+    rows = tuple(dataclasses.replace(r, layout=f"dp {r.shards}, one of {d.pipeline_parallel} stages") for r in model_states(plan, params))
+    n = d.pipeline_microbatches(t.micro_batch_size, t.grad_accum_steps)
+    tokens, held = t.micro_batch_size * t.grad_accum_steps * t.seq_len // n, in_flight(plan, stage)
+    act = activations(plan, cfg, layers=blocks, tokens=tokens * held, outside=last)
+    act = dataclasses.replace(act, how=f"{held} micro-batch{'es' * (held != 1)} of {tokens // t.seq_len} x seq {t.seq_len} in flight "
+                                       f"({d.pipeline.schedule}), checkpointing {plan.activation_checkpointing.mode}")
+    start = sum(split[:stage])
+    parts = [f"blocks {start}-{start + blocks - 1}"] + ["the embedding"] * first + ["the output layer"] * last
+    largest = 4.0 * max(cfg.vocab_size * cfg.dim if first or last else 0, cfg.dim * cfg.ffn_dim)
+    peak = InitPeak(4.0 * params / rows[0].shards + largest, "host" if d.fsdp2.cpu_offload else "on the GPU",
+                    "its stage's fp32 shard; plus one module's full tensors at a time in host memory while initialising")
+    return MemoryEstimate(params, rows, act, peak, stage=f"stage {stage} of {len(split)}: {', '.join(parts)}")
 
 
 def model_config(model: str, spec_dir: str | None = None):
@@ -288,17 +328,18 @@ def weight_copy_bytes(plan: Plan, cfg, checkpointed: int = 0) -> float:
     return float(_compute_bytes(plan) * n)
 
 
-def activations(plan: Plan, cfg) -> ActivationRow:
-    """The `activations` row: what autograd saves in one micro-batch of the builtin model `cfg`."""
+def activations(plan: Plan, cfg, *, layers: int | None = None, tokens: int | None = None, outside: bool = True) -> ActivationRow:
+    """The `activations` row: what autograd saves in one micro-batch of the builtin model `cfg` (a pipeline stage:
+    its `layers` blocks for `tokens` tokens, and what is saved outside the blocks only on the `outside` stage)."""
     t = plan.train
-    tokens = t.micro_batch_size * t.seq_len
+    tokens = t.micro_batch_size * t.seq_len if tokens is None else tokens
     mode = plan.activation_checkpointing.mode
-    n = cfg.n_layers
+    n = cfg.n_layers if layers is None else layers
     checkpointed = n if mode == "full" else (n + 1) // 2 if mode == "selective" else 0
     block = block_activation_bytes_per_token(plan, cfg) * tokens
     kept_input = _residual_bytes(plan) * cfg.dim * tokens
     total = (n - checkpointed) * block + checkpointed * kept_input
-    total += outside_activation_bytes_per_token(plan, cfg) * tokens + weight_copy_bytes(plan, cfg, checkpointed)
+    total += (outside_activation_bytes_per_token(plan, cfg) * tokens + weight_copy_bytes(plan, cfg, checkpointed)) * outside
     tp = max(1, int(getattr(plan.distributed, "tensor_parallel", 1) or 1))
     p = plan.precision
     dtype = p.compute_dtype + ("+fp8" if p.fp8 and BACKENDS[p.backend].saves_fp8_inputs else "")
