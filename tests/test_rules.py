@@ -373,7 +373,6 @@ PLAN_CASES.update({
                            {"distributed": {**PP2, "procs_per_node": 4}, "train": PP_TRAIN}),
     "PP-BACKEND": ({"precision": {**TE, "te": {"recipe": "current"}}, "distributed": PP2, "train": PP_TRAIN},
                    {"precision": TAO, "distributed": PP2, "train": PP_TRAIN}),
-    "PP-EVAL": ({"distributed": PP2, "train": PP_TRAIN, "eval": {"data": "synthetic"}}, {"distributed": PP2, "train": PP_TRAIN}),
     "PP-PRECISION-SCHEDULE": ({"precision": {**TAO, "schedule": BF16_TAIL}, "distributed": PP2, "train": PP_TRAIN},
                               {"precision": TAO, "distributed": PP2, "train": PP_TRAIN}),
     "PP-FP16": ({"precision": {"mode": "fp16"}, "distributed": PP2, "train": PP_TRAIN},

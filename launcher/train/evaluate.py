@@ -101,19 +101,33 @@ class Evaluator:
             model.eval()
             with pause, torch.no_grad():
                 for _ in range(self.plan.eval.steps):
-                    tokens = next(stream).to(self.device, non_blocking=True)
-                    loss_sum += cross_entropy(self.engine.forward(tokens[:, :-1]), tokens[:, 1:]).float()
+                    loss_sum += self._loss(stream)
         finally:
             model.train(was_training)
             set_rng_state(saved_rng)
         # Every rank's mean over its batches, averaged over all ranks (a tensor-parallel group's ranks hold
-        # the same batches and the same loss: the mean is unchanged), as the training loss is.
-        loss = all_reduce_sum(loss_sum / self.plan.eval.steps).item() / self.world_size
-        tokens = self.plan.eval.steps * self.plan.train.micro_batch_size * self.plan.train.seq_len * self.plan.distributed.data_parallel
+        # the same batches and the same loss: the mean is unchanged), as the training loss is; under pipeline
+        # parallelism over the last stage's ranks (the others add 0).
+        loss = all_reduce_sum(loss_sum / self.plan.eval.steps).item() / (self.world_size // self.plan.distributed.pipeline_parallel)
+        t = self.plan.train
+        tokens = self.plan.eval.steps * t.micro_batch_size * self._batches() * t.seq_len * self.plan.distributed.data_parallel
         record = eval_record(step, loss, tokens=tokens, seconds=time.perf_counter() - t0)
         self.logger.event(record, eval_line(record, self.plan.train.steps))
         self.last = record
         return record
+
+    def _batches(self) -> int:
+        """Batches of eval.data one evaluation step reads per rank: one, or under pipeline parallelism a training
+        step's (grad_accum_steps), which the schedule's micro-batches divide."""
+        return self.plan.train.grad_accum_steps if self.plan.distributed.pipeline_parallel > 1 else 1
+
+    def _loss(self, stream) -> torch.Tensor:
+        """This rank's loss of one evaluation step, forward only (0 on a pipeline stage that does not hold the loss)."""
+        tokens = torch.cat([next(stream) for _ in range(self._batches())]).to(self.device, non_blocking=True)
+        pipeline_eval = getattr(self.engine, "pipeline_eval", None)
+        if pipeline_eval is not None:
+            return pipeline_eval(tokens)
+        return cross_entropy(self.engine.forward(tokens[:, :-1]), tokens[:, 1:]).float()
 
     def _rewound(self):
         """The eval stream at its start: the one built before, put back (a corpus is read and tokenized once), or a

@@ -63,6 +63,17 @@ def run(cwd: Path, *args: str, timeout: float = RUN_TIMEOUT_S, extra_env: dict[s
     return r, time.monotonic() - t0
 
 
+def run_named(folder: Path, name: str, *extra: str, **keys) -> Path:
+    """`fp8launch run` of the spec `name` (BASE + `keys`, output in folder/runs/NAME, `extra` arguments after it), which
+    must succeed; its stdout kept in folder/NAME.stdout. Returns its output folder."""
+    spec = write_spec(folder, name, **{"train__output_dir": f"runs/{name}", **keys})
+    r, seconds = run(folder, "run", str(spec), *extra)
+    assert r.returncode == 0, output_of(r)
+    print(f"{name}: {seconds:.1f} s")
+    (folder / f"{name}.stdout").write_text(r.stdout)
+    return folder / "runs" / name
+
+
 def start(cwd: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([FP8LAUNCH, *args], cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

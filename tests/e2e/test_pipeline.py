@@ -3,7 +3,8 @@ with distributed.pipeline_parallel = 2, FSDP2 over each stage's ranks, against o
 
 - bf16, pp 2 on 2 processes (Schedule1F1B, 4 micro-batches of one sequence): the first steps' losses equal the one-process
   run's (a wrong cut, a lost block, micro-batches that split the wrong dimension or a loss averaged over the wrong ranks
-  would not), and so does the gradient norm summed over the stages.
+  would not), and so do the gradient norm summed over the stages and the held-out loss of [eval] (the schedule's
+  forward-only pass).
 - torchao FP8 tensorwise: pp 2, and pp 2 x dp 2 on 4 processes (GPipe, an uneven split 1 + 3 blocks), train like their
   twins on the same batches without a pipeline (one process; FSDP2 over 2): the first step's gradient norm, and the mean
   loss over the 20 steps within PP_GAP of the twin's. (Not closer: each pipeline micro-batch casts to FP8 with scales of
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import FP8, output_of, records, run, write_spec
+from .helpers import FP8, output_of, records, run, run_named
 from .test_resume import assert_same_dcp_checkpoint, losses, metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pipeline_runs")]
@@ -37,6 +38,7 @@ DP2 = dict(distributed__procs_per_node=2, train__micro_batch_size=2)
 PP2_DP2 = dict(distributed__procs_per_node=4, distributed__pipeline_parallel=2, distributed__pipeline__schedule="GPipe",
                train__micro_batch_size=2, distributed__pipeline__layers_per_stage=[1, 3])
 BF16 = dict(precision__mode="bf16")
+EVAL = dict(eval__data="synthetic", eval__steps=2)  # once, after the last step: the schedule's forward-only pass
 STEPS = 20
 # The bounds, from `benchmarks/test_bounds.py pp` and `pp-resume` (seeds 0-2 x {AMX, AVX2} kernels; the table in
 # benchmarks/results/test_bounds.md).
@@ -46,6 +48,9 @@ FIRST_STEPS_NORM_REL = 0.02
 """The same for the gradient norms (bf16: the micro-batches' gradients accumulate in bf16; FP8 at step 1: the same
 weights and batch, each micro-batch with FP8 scales of its own). Measured: bf16 max 0.58%, FP8 step 1 max 0.64%. Without
 the sum over the stages the norm is one stage's (~30% off); without the schedule's scaling by micro-batches, 4x."""
+EVAL_REL = 2e-3
+"""|held-out loss after step 3 - the one-process run's| / its, bf16 (2 batches of 4 x 32 tokens). Measured: max 0.094%
+(the weights after 3 steps differ by the gradients' bf16 accumulation over micro-batches)."""
 PP_GAP = {"pp2-fp8": 0.035, "pp2dp2-fp8": 0.012}
 """|mean loss over the 20 steps - the twin's| / the twin's, 2x the largest measured: pp 2 against one process max 1.7%
 (its micro-batches of one sequence against one batch of 4 per FP8 scale), pp 2 x dp 2 against dp 2 max 0.6%."""
@@ -56,19 +61,14 @@ RESHARD = 0.005
 
 
 def _run(folder: Path, name: str, *extra: str, **keys) -> Path:
-    spec = write_spec(folder, name, **{**COMMON, "train__steps": STEPS, "train__output_dir": f"runs/{name}", **keys})
-    r, seconds = run(folder, "run", str(spec), *extra)
-    assert r.returncode == 0, output_of(r)
-    print(f"{name}: {seconds:.1f} s")
-    (folder / f"{name}.stdout").write_text(r.stdout)
-    return folder / "runs" / name
+    return run_named(folder, name, *extra, **{**COMMON, "train__steps": STEPS, **keys})
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("pp")
-    _run(folder, "one-bf16", **ONE, **BF16, train__steps=3)
-    _run(folder, "pp2-bf16", **PP2, **BF16, train__steps=3)
+    _run(folder, "one-bf16", **ONE, **BF16, **EVAL, train__steps=3)
+    _run(folder, "pp2-bf16", **PP2, **BF16, **EVAL, train__steps=3)
     _run(folder, "one-fp8", **ONE, **FP8)
     _run(folder, "pp2-fp8", **PP2, **FP8, train__checkpoint_every=10)
     _run(folder, "dp2-fp8", **DP2, **FP8)
@@ -82,6 +82,8 @@ def test_bf16_pipeline_computes_what_one_process_computes(runs):
     for a, b in zip(one.steps, pp.steps, strict=True):
         assert abs(b["loss"] - a["loss"]) / a["loss"] < FIRST_STEPS_REL, (a["loss"], b["loss"])
         assert abs(b["grad_norm"] - a["grad_norm"]) / a["grad_norm"] < FIRST_STEPS_NORM_REL, (a["grad_norm"], b["grad_norm"])
+    (a,), (b,) = ([r for r in metrics(runs / "runs" / name) if r["event"] == "eval"] for name in ("one-bf16", "pp2-bf16"))
+    assert a["eval_tokens"] == b["eval_tokens"] == 2 * 4 * 32 and abs(b["eval_loss"] - a["eval_loss"]) / a["eval_loss"] < EVAL_REL
     effects = pp.start["effects"]["pipeline"]  # rank 0's stage
     assert effects == {"stages": 2, "stage": 0, "schedule": "Schedule1F1B", "microbatches": 4, "blocks": [0, 1]}
     assert "pipeline stage 0 of 2 (blocks 0-1; Schedule1F1B, 4 micro-batches)" in (runs / "pp2-bf16.stdout").read_text()

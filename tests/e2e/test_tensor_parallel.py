@@ -23,7 +23,7 @@ import pytest
 
 from launcher.train.checkpoint import read_marker
 
-from .helpers import FP8, output_of, records, run, write_spec
+from .helpers import FP8, records, run_named
 from .test_resume import assert_same_dcp_checkpoint, losses, metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tensor_parallel_runs")]
@@ -47,12 +47,7 @@ LEARNS = 0.85
 
 
 def _run(folder: Path, name: str, *extra: str, **keys) -> Path:
-    spec = write_spec(folder, name, **{**COMMON, "train__steps": STEPS, "train__output_dir": f"runs/{name}", **keys})
-    r, seconds = run(folder, "run", str(spec), *extra)
-    assert r.returncode == 0, output_of(r)
-    print(f"{name}: {seconds:.1f} s")
-    (folder / f"{name}.stdout").write_text(r.stdout)
-    return folder / "runs" / name
+    return run_named(folder, name, *extra, **{**COMMON, "train__steps": STEPS, **keys})
 
 
 @pytest.fixture(scope="module")

@@ -108,11 +108,6 @@ RULES: tuple[Rule, ...] = (
              "stage holds part of it.",
          fix='set precision.backend = "torchao", or distributed.pipeline_parallel = 1',
          condition=lambda f: pp(f) > 1 and (fp8(f, TE) or fp8(f, MSAMP))),
-    Rule(id="PP-EVAL", severity="error", stage="plan",
-         when="distributed.pipeline_parallel > 1 with eval.data set",
-         why="not composed yet: a held-out loss under pipeline parallelism needs the schedule's forward-only pass on every stage.",
-         fix='set eval.data = "" (no evaluation), or distributed.pipeline_parallel = 1',
-         condition=lambda f: pp(f) > 1 and f.plan.eval.enabled),
     Rule(id="PP-PRECISION-SCHEDULE", severity="error", stage="plan",
          when="distributed.pipeline_parallel > 1 with a [[precision.schedule]]",
          why="not composed yet: a precision switch rebuilds the converted Linears of the whole model, and under pipeline "

@@ -131,6 +131,18 @@ class PipelineEngine(Engine):
             return torch.zeros((), device=tokens.device, dtype=torch.float32)
         return torch.stack([loss.detach().float() for loss in losses]).mean()
 
+    def pipeline_eval(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Forward only (the schedule's eval) of evaluation sequences (batch, seq + 1) through the stages. Returns this
+        rank's mean loss over the micro-batches (0 on a rank that does not hold the last stage)."""
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.is_first else ()
+        with self.precision.autocast():
+            self.schedule.eval(*args, target=targets if self.is_last else None, losses=losses)
+        if not self.is_last:
+            return torch.zeros((), device=tokens.device, dtype=torch.float32)
+        return torch.stack([loss.float() for loss in losses]).mean()
+
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor | None:
         """The whole model's gradient norm: each stage's (over its dp_shard ranks), summed in squares over the stages."""
         params = [p for p in self.model.parameters() if p.grad is not None]
