@@ -19,6 +19,7 @@ hold it.
 
 from __future__ import annotations
 
+import functools
 import typing
 
 import torch
@@ -122,26 +123,21 @@ class PipelineEngine(Engine):
     def pipeline_step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Forward and backward of one optimizer step's sequences (batch, seq + 1) through the stages. Returns this rank's
         mean loss over the step's micro-batches (0 on a rank that does not hold the last stage)."""
+        return self._through(functools.partial(self.schedule.step, return_outputs=False), tokens)
+
+    def pipeline_eval(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The same, forward only (the schedule's eval), for evaluation sequences."""
+        return self._through(self.schedule.eval, tokens)
+
+    def _through(self, run: typing.Callable, tokens: torch.Tensor) -> torch.Tensor:
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         losses: list[torch.Tensor] = []
-        args = (inputs,) if self.is_first else ()
+        args = (inputs,) if self.is_first else ()  # the later stages receive their inputs from the one before
         with self.precision.autocast():
-            self.schedule.step(*args, target=targets if self.is_last else None, losses=losses, return_outputs=False)
+            run(*args, target=targets if self.is_last else None, losses=losses)
         if not self.is_last:
             return torch.zeros((), device=tokens.device, dtype=torch.float32)
         return torch.stack([loss.detach().float() for loss in losses]).mean()
-
-    def pipeline_eval(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Forward only (the schedule's eval) of evaluation sequences (batch, seq + 1) through the stages. Returns this
-        rank's mean loss over the micro-batches (0 on a rank that does not hold the last stage)."""
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        losses: list[torch.Tensor] = []
-        args = (inputs,) if self.is_first else ()
-        with self.precision.autocast():
-            self.schedule.eval(*args, target=targets if self.is_last else None, losses=losses)
-        if not self.is_last:
-            return torch.zeros((), device=tokens.device, dtype=torch.float32)
-        return torch.stack([loss.float() for loss in losses]).mean()
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor | None:
         """The whole model's gradient norm: each stage's (over its dp_shard ranks), summed in squares over the stages."""
