@@ -5,6 +5,8 @@ with distributed.pipeline_parallel = 2, FSDP2 over each stage's ranks, against o
   run's (a wrong cut, a lost block, micro-batches that split the wrong dimension or a loss averaged over the wrong ranks
   would not), and so do the gradient norm summed over the stages and the held-out loss of [eval] (the schedule's
   forward-only pass).
+- torchao MXFP8 (emulated): pp 2's first steps equal the one-process run's to rounding (its block scales do not depend
+  on how the batch is split into micro-batches).
 - torchao FP8 tensorwise: pp 2, and pp 2 x dp 2 on 4 processes (GPipe, an uneven split 1 + 3 blocks), train like their
   twins on the same batches without a pipeline (one process; FSDP2 over 2): the first step's gradient norm, and the mean
   loss over the 20 steps within PP_GAP of the twin's. (Not closer: each pipeline micro-batch casts to FP8 with scales of
@@ -38,6 +40,7 @@ DP2 = dict(distributed__procs_per_node=2, train__micro_batch_size=2)
 PP2_DP2 = dict(distributed__procs_per_node=4, distributed__pipeline_parallel=2, distributed__pipeline__schedule="GPipe",
                train__micro_batch_size=2, distributed__pipeline__layers_per_stage=[1, 3])
 BF16 = dict(precision__mode="bf16")
+MXFP8 = dict(FP8, precision__torchao__recipe="mxfp8")
 EVAL = dict(eval__data="synthetic", eval__steps=2)  # once, after the last step: the schedule's forward-only pass
 STEPS = 20
 # The bounds, from `benchmarks/test_bounds.py pp` and `pp-resume` (seeds 0-2 x {AMX, AVX2} kernels; the table in
@@ -48,6 +51,9 @@ FIRST_STEPS_NORM_REL = 0.02
 """The same for the gradient norms (bf16: the micro-batches' gradients accumulate in bf16; FP8 at step 1: the same
 weights and batch, each micro-batch with FP8 scales of its own). Measured: bf16 max 0.58%, FP8 step 1 max 0.64%. Without
 the sum over the stages the norm is one stage's (~30% off); without the schedule's scaling by micro-batches, 4x."""
+MX_STEPS_REL = 2e-3
+"""|loss - the one-process MXFP8 run's| / its at each of the first 3 steps. Measured: max 0.088% (tensorwise's, whose
+scales depend on the micro-batch: up to 0.57%)."""
 EVAL_REL = 2e-3
 """|held-out loss after step 3 - the one-process run's| / its, bf16 (2 batches of 4 x 32 tokens). Measured: max 0.094%
 (the weights after 3 steps differ by the gradients' bf16 accumulation over micro-batches)."""
@@ -69,6 +75,8 @@ def runs(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("pp")
     _run(folder, "one-bf16", **ONE, **BF16, **EVAL, train__steps=3)
     _run(folder, "pp2-bf16", **PP2, **BF16, **EVAL, train__steps=3)
+    _run(folder, "one-mxfp8", **ONE, **MXFP8, train__steps=3)
+    _run(folder, "pp2-mxfp8", **PP2, **MXFP8, train__steps=3)
     _run(folder, "one-fp8", **ONE, **FP8)
     _run(folder, "pp2-fp8", **PP2, **FP8, train__checkpoint_every=10)
     _run(folder, "dp2-fp8", **DP2, **FP8)
@@ -100,6 +108,15 @@ def test_fp8_pipelines_train_like_their_twin_without_a_pipeline(runs, name, worl
     mean = lambda recs: sum(recs.losses) / len(recs.losses)  # noqa: E731
     assert abs(mean(pp) - mean(one)) / mean(one) < PP_GAP[name], (mean(pp), mean(one))
     assert pp.tail_loss() < 0.85 * pp.losses[0]  # it learns
+
+
+def test_mxfp8_pipeline_computes_what_one_process_computes(runs):
+    """torchao MXFP8 scales blocks of 32 along each GEMM's inner dimension: over the tokens of one sequence (seq 32) in the
+    weight gradient, so a pipeline micro-batch of one sequence casts as the whole batch does, unlike tensorwise."""
+    one, pp = records(runs / "runs" / "one-mxfp8"), records(runs / "runs" / "pp2-mxfp8")
+    assert "fp8 mxfp8" in pp.start["layers"].values() and pp.start["recipe"] == "mxfp8"
+    for a, b in zip(one.losses, pp.losses, strict=True):
+        assert abs(b - a) / a < MX_STEPS_REL, (a, b)
 
 
 def test_an_uneven_split_and_gpipe_take_effect(runs):
