@@ -122,6 +122,8 @@ def e2e_runs() -> dict[str, dict[str, dict]]:
                "one-fp8": {**pp_common, **pp.ONE, **FP8}, "pp2-fp8": {**pp_common, **pp.PP2, **FP8},
                "dp2-fp8": {**pp_common, **pp.DP2, **FP8}, "pp2dp2-fp8": {**pp_common, **pp.PP2_DP2, **FP8},
                "one-bf16-20": {**pp_common, **pp.ONE, **pp.BF16}, "pp2-bf16-20": {**pp_common, **pp.PP2, **pp.BF16}},
+        "pp-tp": {"one-bf16": {**pp_common, **pp.ONE, **pp.BF16, "train__steps": 3},
+                  "pp2tp2-bf16": {**pp_common, **pp.PP2_TP2, **pp.BF16, "train__steps": 3}},
         "pp-mx": {"one-mxfp8": {**pp_common, **pp.ONE, **pp.MXFP8, "train__steps": 3},
                   "pp2-mxfp8": {**pp_common, **pp.PP2, **pp.MXFP8, "train__steps": 3}},
         "pp-eval": {"one-bf16": {**pp_common, **pp.ONE, **pp.BF16, **pp.EVAL, "train__steps": 3},
@@ -255,6 +257,9 @@ def statistics_of(r: dict) -> dict[str, float]:
             out |= {f"{name} vs {twin}: mean loss": _rel(a, b), f"{name} vs {twin}: final loss": (a[-1] - b[-1]) / b[-1],
                     f"{name} learns (tail-3 / first)": sum(a[-3:]) / 3 / a[0]}
         return out
+    if case == "pp-tp":
+        one, pp = r["one-bf16"]["losses"], r["pp2tp2-bf16"]["losses"]
+        return {"pp2 x tp2 bf16 vs one: loss, steps 1-3 (max)": max(abs(x - y) / y for x, y in zip(pp, one))}
     if case == "pp-mx":
         one, pp = r["one-mxfp8"]["losses"], r["pp2-mxfp8"]["losses"]
         return {"pp2 mxfp8 vs one: loss, steps 1-3 (max)": max(abs(x - y) / y for x, y in zip(pp, one))}
@@ -310,7 +315,7 @@ def main() -> None:
     te.add_argument("--strategy", choices=("ddp", "fsdp2"), required=True)
     te.add_argument("--broken", choices=("frozen", "no-master"), help="break the stand-in FusedAdam on purpose")
     cases = {"te-fp8-weights": te_fp8_weights, "torchao-step": torchao_step, "debug-learns": debug_learns, "moe-steps": moe_steps}
-    for name in ("levels-ddp", "runs-parity", "moe", "tp", "tp-resume", "pp", "pp-mx", "pp-eval", "pp-resume"):
+    for name in ("levels-ddp", "runs-parity", "moe", "tp", "tp-resume", "pp", "pp-tp", "pp-mx", "pp-eval", "pp-resume"):
         sub.add_parser(name)
         cases[name] = e2e
     sub.add_parser("torchao-step")

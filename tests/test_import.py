@@ -340,13 +340,13 @@ def test_torchtitan_pipeline_degree_imports_as_pipeline_parallel_with_its_schedu
     assert spec["distributed"].get("pipeline", {}).get("layers_per_stage", []) == []
 
 
-def test_torchtitan_pipeline_beside_tensor_parallel_becomes_data_parallel_naming_the_rule(tmp_path):
+def test_torchtitan_pipeline_that_does_not_fit_beside_tensor_parallel_becomes_data_parallel_naming_the_rule(tmp_path):
     path = _edited(tmp_path, "torchtitan/llama3_405b_2025.toml", "pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2")
     r = import_config(path, folder=str(tmp_path))
     spec, e = tomllib.loads(r.text), {x.source: x for x in r.report.entries}
     assert spec["distributed"]["tensor_parallel"] == 8 and spec["distributed"].get("pipeline_parallel", 1) == 1
     entry = e["parallelism.pipeline_parallel_degree"]
-    assert entry.status == APPROXIMATED and "rule PP-TENSOR-PARALLEL" in entry.note
+    assert entry.status == APPROXIMATED and "rule PP-DIVIDES-WORLD" in entry.note  # tp 8 x pp 2 on 8 placeholder ranks
 
 
 def test_a_pipeline_whose_stages_do_not_divide_the_blocks_gets_a_split():

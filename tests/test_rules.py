@@ -359,8 +359,8 @@ PLAN_CASES.update({
 PP2 = {"strategy": "fsdp2", "procs_per_node": 2, "pipeline_parallel": 2}
 PP_TRAIN = {"model": "builtin:llama-debug", "micro_batch_size": 2}  # 4 blocks; 2 pipeline micro-batches of one sequence
 PLAN_CASES.update({
-    "PP-DIVIDES-WORLD": ({"distributed": {**PP2, "procs_per_node": 3}, "train": PP_TRAIN},
-                         {"distributed": {**PP2, "procs_per_node": 4}, "train": PP_TRAIN}),
+    "PP-DIVIDES-WORLD": ({"distributed": {**PP2, "procs_per_node": 2, "tensor_parallel": 2}, "train": PP_TRAIN},
+                         {"distributed": {**PP2, "procs_per_node": 4, "tensor_parallel": 2}, "train": PP_TRAIN}),
     "PP-LAYERS": ({"distributed": PP2, "train": {**PP_TRAIN, "model": "builtin:llama-debug?layers=3"}},
                   {"distributed": {**PP2, "pipeline": {"layers_per_stage": [1, 2]}},
                    "train": {**PP_TRAIN, "model": "builtin:llama-debug?layers=3"}}),
@@ -369,8 +369,6 @@ PLAN_CASES.update({
     "PP-STRATEGY": ({"distributed": {**PP2, "strategy": "ddp"}, "train": PP_TRAIN}, {"distributed": PP2, "train": PP_TRAIN}),
     "PP-MODEL": ({"distributed": PP2, "train": {**PP_TRAIN, "model": "hf:./llama"}}, {"distributed": PP2, "train": PP_TRAIN}),
     "PP-MOE": ({"distributed": PP2, "train": {**PP_TRAIN, "model": "builtin:moe-debug"}}, {"distributed": PP2, "train": PP_TRAIN}),
-    "PP-TENSOR-PARALLEL": ({"distributed": {**PP2, "procs_per_node": 4, "tensor_parallel": 2}, "train": PP_TRAIN},
-                           {"distributed": {**PP2, "procs_per_node": 4}, "train": PP_TRAIN}),
     "PP-BACKEND": ({"precision": {**TE, "te": {"recipe": "current"}}, "distributed": PP2, "train": PP_TRAIN},
                    {"precision": TAO, "distributed": PP2, "train": PP_TRAIN}),
     "PP-PRECISION-SCHEDULE": ({"precision": {**TAO, "schedule": BF16_TAIL}, "distributed": PP2, "train": PP_TRAIN},

@@ -23,7 +23,7 @@ def pipeline_words(plan: Plan) -> str:
     n = d.pipeline_microbatches(t.micro_batch_size, t.grad_accum_steps)
     split = f", blocks {'/'.join(map(str, d.pipeline.layers_per_stage))}" if d.pipeline.layers_per_stage else ""
     return (f", pipeline parallel {d.pipeline_parallel} ({d.pipeline.schedule}, {n} micro-batches{split}; "
-            f"mesh pp {d.pipeline_parallel} x dp {plan.world_size // d.pipeline_parallel})")
+            f"mesh pp {d.pipeline_parallel} x dp {d.data_parallel}{f' x tp {d.tensor_parallel}' if d.tensor_parallel > 1 else ''})")
 
 
 def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | None = None, prediction=None) -> str:

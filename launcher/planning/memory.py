@@ -148,7 +148,9 @@ def stage_estimate(plan: Plan, cfg, stage: int) -> MemoryEstimate:
     blocks, first, last = split[stage], stage == 0, stage == len(split) - 1
     params = blocks * (linear_params_per_layer(cfg) + 2 * cfg.dim) + first * cfg.vocab_size * cfg.dim
     params += last * (cfg.dim + cfg.dim * cfg.vocab_size)
-    rows = tuple(dataclasses.replace(r, layout=f"dp {r.shards}, one of {d.pipeline_parallel} stages") for r in model_states(plan, params))
+    tp = f" x tp {d.tensor_parallel}" if d.tensor_parallel > 1 else ""
+    layout = f"dp {d.data_parallel}{tp}, one of {d.pipeline_parallel} stages"
+    rows = tuple(dataclasses.replace(r, layout=layout) for r in model_states(plan, params))
     n = d.pipeline_microbatches(t.micro_batch_size, t.grad_accum_steps)
     tokens, held = t.micro_batch_size * t.grad_accum_steps * t.seq_len // n, in_flight(plan, stage)
     act = activations(plan, cfg, layers=blocks, tokens=tokens * held, outside=last)

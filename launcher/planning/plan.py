@@ -209,7 +209,7 @@ class DistributedConfig:
     @property
     def data_parallel(self) -> int:
         """Ranks that hold different data: the world divided by the tensor- and pipeline-parallel degrees (at least 1: a
-        layout they do not divide is refused by TP-DIVIDES-PROCS / PP-DIVIDES-WORLD / PP-TENSOR-PARALLEL, whose messages
+        layout they do not divide is refused by TP-DIVIDES-PROCS / PP-DIVIDES-WORLD, whose messages
         are computed from it)."""
         return max(1, self.world_size // (self.tensor_parallel * self.pipeline_parallel))
 

@@ -154,7 +154,8 @@ ELSEWHERE: dict[str, str] = {
     "distributed.procs_per_node": "every run (the CPU matrix uses 2)",
     "distributed.expert_parallel": "tests/e2e/test_moe.py (builtin:moe-debug, expert_parallel = 2 on 2 processes; resume); "
                                    "rules MOE-*, EP-*",
-    "distributed.pipeline_parallel": "tests/e2e/test_pipeline.py (pp 2 on 2 processes and pp 2 x dp 2 on 4, bf16 and torchao FP8, "
+    "distributed.pipeline_parallel": "tests/e2e/test_pipeline.py (pp 2 on 2 processes, pp 2 x dp 2 and pp 2 x tp 2 on 4, bf16 and "
+                                     "torchao FP8, "
                                      "against one process; resume, and a pp 2 checkpoint resumed without a pipeline); "
                                      "tests/train/test_pipeline_stage.py; rules PP-*",
     "distributed.pipeline.schedule": "tests/e2e/test_pipeline.py (1F1B on pp 2, GPipe on pp 2 x dp 2)",

@@ -53,11 +53,13 @@ def _microbatches(f: Facts) -> str:
 
 RULES: tuple[Rule, ...] = (
     Rule(id="PP-DIVIDES-WORLD", severity="error", stage="plan",
-         when="distributed.pipeline_parallel does not divide the world size (nodes x procs_per_node)",
-         why="the mesh is pp x (world_size / pp): each stage is held by world_size / pipeline_parallel ranks, which shard it (FSDP2).",
-         fix="set distributed.pipeline_parallel to a divisor of distributed.nodes x procs_per_node",
-         condition=lambda f: pp(f) > 1 and f.plan.world_size % pp(f) != 0,
-         detail=lambda f: f"distributed.pipeline_parallel = {pp(f)} does not divide the world size {f.plan.world_size}."),
+         when="distributed.pipeline_parallel (times distributed.tensor_parallel) does not divide the world size (nodes x procs_per_node)",
+         why="the mesh is pp x dp_shard (x tp): each stage is held by world_size / pipeline_parallel ranks, which shard it (FSDP2), "
+             "in tensor-parallel groups of tensor_parallel of them.",
+         fix="set distributed.pipeline_parallel (and tensor_parallel) so that their product divides distributed.nodes x procs_per_node",
+         condition=lambda f: pp(f) > 1 and f.plan.world_size % (pp(f) * tp(f)) != 0,
+         detail=lambda f: f"distributed.pipeline_parallel = {pp(f)}" + (f" x tensor_parallel = {tp(f)}" if tp(f) > 1 else "")
+                          + f" does not divide the world size {f.plan.world_size}."),
     Rule(id="PP-LAYERS", severity="error", stage="plan",
          when="distributed.pipeline_parallel does not divide a builtin model's blocks and distributed.pipeline.layers_per_stage is "
               "empty, or layers_per_stage does not hold one count per stage summing to the model's blocks",
@@ -97,11 +99,6 @@ RULES: tuple[Rule, ...] = (
              "only its own blocks' counters.",
          fix="set distributed.pipeline_parallel = 1 (expert_parallel shards the experts), or train a dense model",
          condition=lambda f: pp(f) > 1 and bool(builtin_experts(f))),
-    Rule(id="PP-TENSOR-PARALLEL", severity="error", stage="plan",
-         when="distributed.pipeline_parallel > 1 with distributed.tensor_parallel > 1",
-         why="not composed yet: the 3D mesh (pp x dp_shard x tp) is built, but no run has trained a tensor-parallel stage here.",
-         fix="set distributed.tensor_parallel = 1 or distributed.pipeline_parallel = 1",
-         condition=lambda f: pp(f) > 1 and tp(f) > 1),
     Rule(id="PP-BACKEND", severity="error", stage="plan",
          when="distributed.pipeline_parallel > 1 with precision.backend te or msamp",
          why="not composed yet: Transformer Engine's delayed-scaling state and MS-AMP's optimizer span the whole model, and a "

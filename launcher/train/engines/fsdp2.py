@@ -76,7 +76,10 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
 
     tp, pp = plan.distributed.tensor_parallel, plan.distributed.pipeline_parallel
     shape = tuple(config["mesh"]["shape"])
-    planned = (pp, env.world_size // pp) if pp > 1 else (env.world_size,) if tp <= 1 else (env.world_size // tp, tp)
+    if pp > 1:
+        planned = (pp, env.world_size // pp) if tp <= 1 else (pp, env.world_size // (pp * tp), tp)
+    else:
+        planned = (env.world_size,) if tp <= 1 else (env.world_size // tp, tp)
     if shape != planned:
         raise LauncherError(
             f"fsdp2.json shards over a mesh of {list(shape)} but this job has world size {env.world_size}"
@@ -90,8 +93,9 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
     if pp > 1:  # launcher/train/parallel/pipeline.py: this rank's stage, sharded over its dp_shard ranks
         from launcher.train.parallel.pipeline import pipeline_mesh
 
-        pmesh = pipeline_mesh(env, pp)
-        mesh = pmesh["dp_shard"]
+        pmesh = mesh = pipeline_mesh(env, pp, tp)  # FSDP2 shards over its dp_shard dimension (below, after TP where tp > 1)
+        if tp <= 1:
+            mesh = pmesh["dp_shard"]
     elif ep > 1:  # launcher/train/parallel/expert_parallel.py: experts over ("efsdp", "ep"), dense parameters over both flattened
         from launcher.train.parallel.expert_parallel import ep_mesh
 

@@ -77,14 +77,21 @@ def cut_stage(model: nn.Module, stage: int, split: typing.Sequence[int]) -> nn.M
     return model
 
 
-def pipeline_mesh(env: DistEnv, stages: int):
-    """The job's DeviceMesh ("pp", "dp_shard") of shape (stages, world_size / stages)."""
+def pipeline_mesh(env: DistEnv, stages: int, tensor_parallel: int = 1):
+    """The job's DeviceMesh ("pp", "dp_shard") of shape (stages, world_size / stages), or with tensor parallelism
+    ("pp", "dp_shard", "tp") of (stages, world_size / (stages x tp), tp): a TP group is tp adjacent ranks of one stage,
+    and "dp_shard_tp" flattens the two inner dimensions (for the 2D gradient norm, as distributed.device_mesh does)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if env.world_size % stages:
-        raise LauncherError(f"distributed.pipeline_parallel = {stages} does not divide the world size {env.world_size}; "
-                            "fix: set it to a divisor of distributed.nodes x procs_per_node", rule="PP-DIVIDES-WORLD")
-    return init_device_mesh(env.device.type, (stages, env.world_size // stages), mesh_dim_names=("pp", "dp_shard"))
+    tp = max(1, tensor_parallel)
+    if env.world_size % (stages * tp):
+        raise LauncherError(f"distributed.pipeline_parallel = {stages} x tensor_parallel = {tp} does not divide the world size "
+                            f"{env.world_size}; fix: set them to divisors of distributed.nodes x procs_per_node", rule="PP-DIVIDES-WORLD")
+    if tp == 1:
+        return init_device_mesh(env.device.type, (stages, env.world_size // stages), mesh_dim_names=("pp", "dp_shard"))
+    mesh = init_device_mesh(env.device.type, (stages, env.world_size // (stages * tp), tp), mesh_dim_names=("pp", "dp_shard", "tp"))
+    mesh["dp_shard", "tp"]._flatten("dp_shard_tp")
+    return mesh
 
 
 def build_schedule(module: nn.Module, plan: Plan, env: DistEnv, mesh, loss_fn: typing.Callable):

@@ -37,6 +37,7 @@ from torch import nn
 
 from launcher.errors import EnvironmentProblem, LauncherError
 from launcher.planning.backends import backend_of
+from launcher.train.models import transformer_blocks
 
 if typing.TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -166,12 +167,13 @@ def parallelize(model: nn.Module, plan: Plan, mesh: DeviceMesh) -> nn.Module:
         # are all-gathered so the loss needs no change.
         "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate(), use_local_output=True),
     }
-    _apply(model, mesh, top)
+    _apply(model, mesh, {name: style for name, style in top.items() if getattr(model, name, None) is not None})  # a pipeline
+    # stage holds the embedding, the head, one of them or neither (launcher/train/parallel/pipeline.py)
     # The output head's ColwiseParallel hands back its all-gathered logits as a view (to_local), which
     # FSDP2's root warns about on every rank in case the caller modifies them in place; the loop
     # only reads them (cross_entropy), so the warning is noise here.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor", category=UserWarning)
-    for block in model.layers:
+    for block in transformer_blocks(model):
         block = _unwrapped(block)  # prepare_blocks may have wrapped it (checkpoint_wrapper, torch.compile): both are lazy
         layer_plan: dict[str, object] = {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()}
         for parent, cols, row in (("attention", ("wq", "wk", "wv"), "wo"), ("feed_forward", ("w1", "w3"), "w2")):
