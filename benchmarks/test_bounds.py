@@ -126,6 +126,8 @@ def e2e_runs() -> dict[str, dict[str, dict]]:
                   "pp2tp2-bf16": {**pp_common, **pp.PP2_TP2, **pp.BF16, "train__steps": 3}},
         "pp-tp-fp8": {"one-fp8": {**pp_common, **pp.ONE, **FP8, "train__steps": 3},
                       "pp2tp2-fp8": {**pp_common, **pp.PP2_TP2, **FP8, "train__steps": 3}},
+        "pp-moe": {"one-moe-bf16": {**pp_common, **pp.ONE, **pp.BF16, **pp.MOE},
+                   "pp2-moe-bf16": {**pp_common, **pp.PP2, **pp.BF16, **pp.MOE}},
         "pp-mx": {"one-mxfp8": {**pp_common, **pp.ONE, **pp.MXFP8, "train__steps": 3},
                   "pp2-mxfp8": {**pp_common, **pp.PP2, **pp.MXFP8, "train__steps": 3}},
         "pp-eval": {"one-bf16": {**pp_common, **pp.ONE, **pp.BF16, **pp.EVAL, "train__steps": 3},
@@ -266,6 +268,9 @@ def statistics_of(r: dict) -> dict[str, float]:
         one, pp = r["one-fp8"], r["pp2tp2-fp8"]
         return {"pp2 x tp2 fp8 vs one: step 1 loss": (pp["losses"][0] - one["losses"][0]) / one["losses"][0],
                 "pp2 x tp2 fp8 vs one: step 1 grad norm": (pp["grad_norms"][0] - one["grad_norms"][0]) / one["grad_norms"][0]}
+    if case == "pp-moe":
+        one, pp = r["one-moe-bf16"]["losses"], r["pp2-moe-bf16"]["losses"]
+        return {"pp2 moe bf16 vs one: loss, steps 1-4 (max)": max(abs(x - y) / y for x, y in zip(pp, one))}
     if case == "pp-mx":
         one, pp = r["one-mxfp8"]["losses"], r["pp2-mxfp8"]["losses"]
         return {"pp2 mxfp8 vs one: loss, steps 1-3 (max)": max(abs(x - y) / y for x, y in zip(pp, one))}
@@ -321,7 +326,8 @@ def main() -> None:
     te.add_argument("--strategy", choices=("ddp", "fsdp2"), required=True)
     te.add_argument("--broken", choices=("frozen", "no-master"), help="break the stand-in FusedAdam on purpose")
     cases = {"te-fp8-weights": te_fp8_weights, "torchao-step": torchao_step, "debug-learns": debug_learns, "moe-steps": moe_steps}
-    for name in ("levels-ddp", "runs-parity", "moe", "tp", "tp-resume", "pp", "pp-tp", "pp-tp-fp8", "pp-mx", "pp-eval", "pp-resume"):
+    for name in ("levels-ddp", "runs-parity", "moe", "tp", "tp-resume", "pp", "pp-tp", "pp-tp-fp8", "pp-moe", "pp-mx", "pp-eval",
+                 "pp-resume"):
         sub.add_parser(name)
         cases[name] = e2e
     sub.add_parser("torchao-step")

@@ -358,6 +358,7 @@ PLAN_CASES.update({
 # -- pipeline parallel (issue 38): each rule on its bad combination and on its fixed twin ---------------
 PP2 = {"strategy": "fsdp2", "procs_per_node": 2, "pipeline_parallel": 2}
 PP_TRAIN = {"model": "builtin:llama-debug", "micro_batch_size": 2}  # 4 blocks; 2 pipeline micro-batches of one sequence
+PP_MOE = {**PP_TRAIN, "model": "builtin:moe-debug"}  # 2 MoE blocks, 8 experts
 PLAN_CASES.update({
     "PP-DIVIDES-WORLD": ({"distributed": {**PP2, "procs_per_node": 2, "tensor_parallel": 2}, "train": PP_TRAIN},
                          {"distributed": {**PP2, "procs_per_node": 4, "tensor_parallel": 2}, "train": PP_TRAIN}),
@@ -368,7 +369,8 @@ PLAN_CASES.update({
                         {"distributed": PP2, "train": {**PP_TRAIN, "micro_batch_size": 1, "grad_accum_steps": 2}}),
     "PP-STRATEGY": ({"distributed": {**PP2, "strategy": "ddp"}, "train": PP_TRAIN}, {"distributed": PP2, "train": PP_TRAIN}),
     "PP-MODEL": ({"distributed": PP2, "train": {**PP_TRAIN, "model": "hf:./llama"}}, {"distributed": PP2, "train": PP_TRAIN}),
-    "PP-MOE": ({"distributed": PP2, "train": {**PP_TRAIN, "model": "builtin:moe-debug"}}, {"distributed": PP2, "train": PP_TRAIN}),
+    "PP-EXPERT-PARALLEL": ({"distributed": {**PP2, "procs_per_node": 4, "expert_parallel": 2}, "train": PP_MOE},
+                           {"distributed": {**PP2, "procs_per_node": 4}, "train": PP_MOE}),
     "PP-BACKEND": ({"precision": {**TE, "te": {"recipe": "current"}}, "distributed": PP2, "train": PP_TRAIN},
                    {"precision": TAO, "distributed": PP2, "train": PP_TRAIN}),
     "PP-PRECISION-SCHEDULE": ({"precision": {**TAO, "schedule": BF16_TAIL}, "distributed": PP2, "train": PP_TRAIN},

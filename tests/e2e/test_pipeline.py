@@ -7,6 +7,7 @@ with distributed.pipeline_parallel = 2, FSDP2 over each stage's ranks, against o
   forward-only pass).
 - bf16 pp 2 x tp 2 on 4 processes: the same first steps as one process; in torchao FP8 (float8 TP all-gathers) the same
   first step.
+- An MoE model (builtin:moe-debug) under pp 2: the one-process losses, expert load balancing included.
 - torchao MXFP8 (emulated): pp 2's first steps equal the one-process run's to rounding (its block scales do not depend
   on how the batch is split into micro-batches).
 - torchao FP8 tensorwise: pp 2, and pp 2 x dp 2 on 4 processes (GPipe, an uneven split 1 + 3 blocks), train like their
@@ -28,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from .helpers import FP8, output_of, records, run, run_named
-from .test_resume import assert_same_dcp_checkpoint, losses, metrics
+from .test_resume import assert_same_dcp_checkpoint, exported, losses, metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("pipeline_runs")]
 """Every test reads the module's `runs`: one worker (pytest -n, --dist loadgroup) builds them once."""
@@ -43,6 +44,7 @@ DP2 = dict(distributed__procs_per_node=2, train__micro_batch_size=2)
 PP2_DP2 = dict(distributed__procs_per_node=4, distributed__pipeline_parallel=2, distributed__pipeline__schedule="GPipe",
                train__micro_batch_size=2, distributed__pipeline__layers_per_stage=[1, 3])
 BF16 = dict(precision__mode="bf16")
+MOE = dict(train__model="builtin:moe-debug", train__steps=4)  # 2 MoE blocks of 8 experts (top 2 + a shared one)
 MXFP8 = dict(FP8, precision__torchao__recipe="mxfp8")
 EVAL = dict(eval__data="synthetic", eval__steps=2)  # once, after the last step: the schedule's forward-only pass
 STEPS = 20
@@ -57,6 +59,8 @@ tp 2: 0.32%; its step-1 loss: 0.02%, against FIRST_STEPS_REL). Without
 the sum over the stages the norm is one stage's (~30% off); without the schedule's scaling by micro-batches, 4x."""
 PP_TP_STEPS_REL = 2e-3
 """|loss - the one-process run's| / its at each of the first 3 bf16 steps of pp 2 x tp 2. Measured: max 0.072%."""
+MOE_STEPS_REL = 2e-3
+"""|loss - the one-process run's| / its at each of the 4 bf16 steps of moe-debug under pp 2. Measured: max 0.036%."""
 MX_STEPS_REL = 2e-3
 """|loss - the one-process MXFP8 run's| / its at each of the first 3 steps. Measured: max 0.088% (tensorwise's, whose
 scales depend on the micro-batch: up to 0.57%)."""
@@ -83,6 +87,8 @@ def runs(tmp_path_factory) -> Path:
     _run(folder, "pp2-bf16", **PP2, **BF16, **EVAL, train__steps=3)
     _run(folder, "pp2tp2-bf16", **PP2_TP2, **BF16, train__steps=3)
     _run(folder, "pp2tp2-fp8", **PP2_TP2, **FP8, train__steps=3)
+    _run(folder, "one-moe-bf16", **ONE, **BF16, **MOE)
+    _run(folder, "pp2-moe-bf16", **PP2, **BF16, **MOE)
     _run(folder, "one-mxfp8", **ONE, **MXFP8, train__steps=3)
     _run(folder, "pp2-mxfp8", **PP2, **MXFP8, train__steps=3)
     _run(folder, "one-fp8", **ONE, **FP8)
@@ -136,6 +142,22 @@ def test_fp8_pipeline_x_tensor_parallel_starts_as_one_process_with_float8_tp_all
     a, b = one.steps[0], pp.steps[0]
     assert abs(b["loss"] - a["loss"]) / a["loss"] < FIRST_STEPS_REL, (a, b)
     assert abs(b["grad_norm"] - a["grad_norm"]) / a["grad_norm"] < FIRST_STEPS_NORM_REL, (a, b)
+
+
+def test_an_moe_model_in_stages_computes_what_one_process_computes(runs, tmp_path):
+    """builtin:moe-debug under pp 2: one MoE block a stage. Its load balancing sums each stage's token counts over the
+    ranks of that stage, and not the tokens of the micro-batch the stage runs once more at the first step to infer its
+    shapes: the expert biases after 4 steps are the one-process run's. (Counting that micro-batch moved them by up to
+    1.6e-3, more than a balancing step of 1e-3, while the losses of 4 steps hardly showed it: within 0.015%.)"""
+    one, pp = records(runs / "runs" / "one-moe-bf16"), records(runs / "runs" / "pp2-moe-bf16")
+    assert pp.start["effects"]["pipeline"]["blocks"] == [0]
+    for a, b in zip(one.losses, pp.losses, strict=True):
+        assert abs(b - a) / a < MOE_STEPS_REL, (a, b)
+    biases = [{k: v for k, v in exported(runs / "runs" / name / "checkpoints" / "step-4" / "model", tmp_path).items()
+               if k.endswith("expert_bias")} for name in ("one-moe-bf16", "pp2-moe-bf16")]
+    assert sorted(biases[0]) == sorted(biases[1]) == ["layers.0.moe.expert_bias", "layers.1.moe.expert_bias"]
+    for k in biases[0]:
+        assert biases[0][k].abs().max() > 0 and (biases[0][k] - biases[1][k]).abs().max() < 0.5e-3, (k, biases)
 
 
 def test_mxfp8_pipeline_computes_what_one_process_computes(runs):

@@ -114,7 +114,7 @@ FIXES = {f.rule: f for f in (
     # pipeline parallel: its layout first, then off where fp8launch does not compose it (its ranks become data-parallel)
     Fix("PP-MICROBATCHES", _pp_microbatches),
     Fix("PP-LAYERS", _pp_layers),
-    *(Fix(rule, _no_pp) for rule in ("PP-DIVIDES-WORLD", "PP-MODEL", "PP-MOE", "PP-BACKEND",
+    *(Fix(rule, _no_pp) for rule in ("PP-DIVIDES-WORLD", "PP-MODEL", "PP-EXPERT-PARALLEL", "PP-BACKEND",
                                      "PP-PRECISION-SCHEDULE", "PP-FP16", "PP-GRAD-REDUCE", "PP-MONITOR")),
     # a strategy change last: the moves above may have made it moot
     Fix("TP-STRATEGY", lambda d: [("distributed.strategy", "fsdp2")]),

@@ -58,8 +58,8 @@ ORDER: tuple[str, ...] = (
     "TE-FP8-PARAMS-FSDP2-BLOCK", "TE-FP8-PARAMS-DEEPSPEED-FP32",
     "OPTIMIZER-STATES-SGD", "MASTER-WEIGHTS-OPTIMIZER", "MASTER-WEIGHTS-COMPUTE", "LEVELS-DEEPSPEED", "GRAD-REDUCE-DEEPSPEED",
     "GRAD-REDUCE-FSDP2-FP32", "LEVELS-BACKEND",
-    "PP-DIVIDES-WORLD", "PP-LAYERS", "PP-MICROBATCHES", "PP-STRATEGY", "PP-MODEL", "PP-MOE", "PP-BACKEND",
-    "PP-PRECISION-SCHEDULE", "PP-FP16", "PP-GRAD-REDUCE", "PP-MONITOR",
+    "PP-DIVIDES-WORLD", "PP-LAYERS", "PP-MICROBATCHES", "PP-STRATEGY", "PP-MODEL", "PP-BACKEND",
+    "PP-PRECISION-SCHEDULE", "PP-FP16", "PP-GRAD-REDUCE", "PP-MONITOR", "PP-EXPERT-PARALLEL",
 )
 """The order `fp8launch explain` lists the rules in, and findings of one severity print in: the order they were added
 in, so that the listing and every plan's output stay as they were when the table was split by domain. New ids go last."""

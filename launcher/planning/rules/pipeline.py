@@ -6,7 +6,7 @@ from __future__ import annotations
 from launcher.planning.backends import MSAMP, TE
 from launcher.planning.models import builtin_config
 from launcher.planning.rules.core import Facts, Rule
-from launcher.planning.rules.predicates import builtin_experts, fp8, strategy, tp
+from launcher.planning.rules.predicates import fp8, strategy, tp
 
 
 def pp(f: Facts) -> int:
@@ -93,12 +93,12 @@ RULES: tuple[Rule, ...] = (
              "does not know its parts.",
          fix='set train.model = "builtin:..." or distributed.pipeline_parallel = 1',
          condition=lambda f: pp(f) > 1 and not f.plan.train.model.startswith("builtin:")),
-    Rule(id="PP-MOE", severity="error", stage="plan",
-         when="distributed.pipeline_parallel > 1 with a Mixture-of-Experts builtin model",
-         why="not composed yet: the MoE blocks' load balancing sums token counts over every rank after each step, and a stage holds "
-             "only its own blocks' counters.",
-         fix="set distributed.pipeline_parallel = 1 (expert_parallel shards the experts), or train a dense model",
-         condition=lambda f: pp(f) > 1 and bool(builtin_experts(f))),
+    Rule(id="PP-EXPERT-PARALLEL", severity="error", stage="plan",
+         when="distributed.pipeline_parallel > 1 with distributed.expert_parallel > 1",
+         why="not composed yet: expert parallelism needs its own mesh dimensions inside each stage's ranks (torchtitan: ep inside "
+             "dp x cp); an MoE model trains under pipeline parallelism with every stage rank holding its blocks' experts.",
+         fix="set distributed.expert_parallel = 1 or distributed.pipeline_parallel = 1",
+         condition=lambda f: pp(f) > 1 and f.plan.distributed.expert_parallel > 1),
     Rule(id="PP-BACKEND", severity="error", stage="plan",
          when="distributed.pipeline_parallel > 1 with precision.backend te or msamp",
          why="not composed yet: Transformer Engine's delayed-scaling state and MS-AMP's optimizer span the whole model, and a "

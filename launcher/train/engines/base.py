@@ -42,6 +42,9 @@ class Engine:
     accum_steps: int
     grad_reduction: GradReduction | None = None
     """The gradient reduction as built (launcher/train/parallel/grad_reduce.py): its payload and the bytes each step sent."""
+    balance_group: Any = None
+    """The process group MoE load balancing sums its token counts over (None: every rank; a pipeline stage's ranks under
+    pipeline parallelism, whose MoE layers are the stage's own)."""
 
     def grad_comm_bytes(self) -> int | None:
         """Bytes this rank sent for gradient reduction since the last call (call it once per step, after the last
@@ -98,7 +101,7 @@ class Engine:
         else:
             self.optimizer.step()
         self.precision.after_optimizer_step(self.model)
-        balance_experts(self.model)
+        balance_experts(self.model, self.balance_group)
         self.scheduler.step()
 
     def skip_step(self) -> None:
@@ -122,7 +125,7 @@ class Engine:
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
 
 
-def balance_experts(model: nn.Module) -> None:
+def balance_experts(model: nn.Module, group=None) -> None:
     """MoE auxiliary-loss-free load balancing after each optimizer step (torchtitan: an optimizer
     step pre-hook): each MoE layer's expert_bias moves by its token counts, summed over all ranks so
     that every rank routes with the same bias (sign(mean - count) is the same for any multiple of the
@@ -131,8 +134,8 @@ def balance_experts(model: nn.Module) -> None:
 
     if not moe_layers(model):
         return
-    group = None
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+    if group is None and torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
         group = torch.distributed.group.WORLD
     update_expert_bias(model, group)
 

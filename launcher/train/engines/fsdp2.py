@@ -144,5 +144,6 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
         from launcher.train.parallel.pipeline import PipelineEngine, build_schedule
 
         stage, schedule = build_schedule(model, plan, env, pmesh, loss_function(plan))
-        return PipelineEngine(stage=stage, schedule=schedule, pp_group=pmesh["pp"].get_group(), **parts)
+        stage_ranks = pmesh["dp_shard_tp" if tp > 1 else "dp_shard"].get_group()  # the ranks that hold this stage
+        return PipelineEngine(stage=stage, schedule=schedule, pp_group=pmesh["pp"].get_group(), balance_group=stage_ranks, **parts)
     return FSDP2Engine(**parts)

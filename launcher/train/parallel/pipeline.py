@@ -101,10 +101,28 @@ def build_schedule(module: nn.Module, plan: Plan, env: DistEnv, mesh, loss_fn: t
     stages = plan.distributed.pipeline_parallel
     index = mesh["pp"].get_local_rank()
     stage = pipelining.PipelineStage(module, index, stages, env.device, group=mesh["pp"].get_group())
+    _uncount_shape_inference(stage)
     t = plan.train
     microbatches = plan.distributed.pipeline_microbatches(t.micro_batch_size, t.grad_accum_steps)
     cls = getattr(pipelining, SCHEDULES[plan.distributed.pipeline.schedule])
     return stage, cls(stage, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=True)
+
+
+def _uncount_shape_inference(stage) -> None:
+    """The stage infers its inputs' and outputs' shapes at the first step by running the first micro-batch forward and
+    backward once more (torch 2.13 pipelining/stage.py, dynamic metadata inference), then drops the gradients that left
+    (`_post_metadata_inference_cleanup`). MoE layers also counted that micro-batch's tokens per expert, which the load
+    balancing reads after the step: dropped there too, so that the expert biases move as without a pipeline."""
+    from launcher.train.models.moe import moe_layers
+
+    cleanup = stage._post_metadata_inference_cleanup
+
+    def cleanup_and_uncount() -> None:
+        cleanup()
+        for layer in moe_layers(stage.submod):
+            layer.tokens_per_expert.zero_()
+
+    stage._post_metadata_inference_cleanup = cleanup_and_uncount
 
 
 class PipelineEngine(Engine):
