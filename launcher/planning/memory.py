@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from launcher.planning.backends import BACKENDS, backend_of
 from launcher.planning.levels import MOMENTS, STATE_BYTES
 from launcher.planning.models import builtin_config
-from launcher.planning.plan import Plan
+from launcher.planning.plan import Plan, stage_blocks
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 STATES_PER_PARAM = MOMENTS  # exp_avg + exp_avg_sq; plain SGD (no momentum) keeps none
@@ -132,8 +132,8 @@ def estimate(plan: Plan, params: int, spec_folder: str | None = None) -> MemoryE
 def in_flight(plan: Plan, stage: int) -> int:
     """Pipeline micro-batches whose activations stage `stage` holds at once: GPipe runs every forward before any
     backward; 1F1B's warm-up puts pp - stage forwards ahead of the first backward (torch.distributed.pipelining)."""
-    d, t = plan.distributed, plan.train
-    n = d.pipeline_microbatches(t.micro_batch_size, t.grad_accum_steps)
+    d = plan.distributed
+    n = plan.pipeline_microbatches
     return n if d.pipeline.schedule == "GPipe" else min(n, d.pipeline_parallel - stage)
 
 
@@ -151,13 +151,13 @@ def stage_estimate(plan: Plan, cfg, stage: int) -> MemoryEstimate:
     tp = f" x tp {d.tensor_parallel}" if d.tensor_parallel > 1 else ""
     layout = f"dp {d.data_parallel}{tp}, one of {d.pipeline_parallel} stages"
     rows = tuple(dataclasses.replace(r, layout=layout) for r in model_states(plan, params))
-    n = d.pipeline_microbatches(t.micro_batch_size, t.grad_accum_steps)
+    n = plan.pipeline_microbatches
     tokens, held = t.micro_batch_size * t.grad_accum_steps * t.seq_len // n, in_flight(plan, stage)
     act = activations(plan, cfg, layers=blocks, tokens=tokens * held, outside=last)
     act = dataclasses.replace(act, how=f"{held} micro-batch{'es' * (held != 1)} of {tokens // t.seq_len} x seq {t.seq_len} in flight "
                                        f"({d.pipeline.schedule}), checkpointing {plan.activation_checkpointing.mode}")
-    start = sum(split[:stage])
-    parts = [f"blocks {start}-{start + blocks - 1}"] + ["the embedding"] * first + ["the output layer"] * last
+    held_blocks = stage_blocks(split, stage)
+    parts = [f"blocks {held_blocks[0]}-{held_blocks[-1]}"] + ["the embedding"] * first + ["the output layer"] * last
     largest = 4.0 * max(cfg.vocab_size * cfg.dim if first or last else 0, cfg.dim * cfg.ffn_dim)
     peak = InitPeak(4.0 * params / rows[0].shards + largest, "host" if d.fsdp2.cpu_offload else "on the GPU",
                     "its stage's fp32 shard; plus one module's full tensors at a time in host memory while initialising")

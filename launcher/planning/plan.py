@@ -172,6 +172,18 @@ class DeepSpeedConfig:
     reduce_bucket_size: int
 
 
+def even_split(n_layers: int, stages: int) -> tuple[int, ...]:
+    """n_layers blocks over `stages` pipeline stages as evenly as they go, the first stages one more."""
+    q, r = divmod(n_layers, stages)
+    return tuple(q + (i < r) for i in range(stages))
+
+
+def stage_blocks(split: typing.Sequence[int], stage: int) -> range:
+    """The indices of the blocks pipeline stage `stage` holds, from the blocks per stage."""
+    first = sum(split[:stage])
+    return range(first, first + split[stage])
+
+
 @frozen
 class PipelineConfig:
     schedule: PipelineSchedule
@@ -214,16 +226,9 @@ class DistributedConfig:
         return max(1, self.world_size // (self.tensor_parallel * self.pipeline_parallel))
 
     def stage_split(self, n_layers: int) -> tuple[int, ...]:
-        """Blocks on each pipeline stage, first stage first: layers_per_stage, or an even split (the first stages take
-        one more where pipeline_parallel does not divide n_layers; rule PP-LAYERS refuses that split at plan time)."""
-        if self.pipeline.layers_per_stage:
-            return tuple(self.pipeline.layers_per_stage)
-        pp = self.pipeline_parallel
-        return tuple(n_layers // pp + (1 if i < n_layers % pp else 0) for i in range(pp))
-
-    def pipeline_microbatches(self, micro_batch_size: int, grad_accum_steps: int) -> int:
-        """Pipeline micro-batches per optimizer step (distributed.pipeline.microbatches, 0: one sequence each)."""
-        return self.pipeline.microbatches or micro_batch_size * grad_accum_steps
+        """Blocks on each pipeline stage, first stage first: layers_per_stage, or an even split (rule PP-LAYERS refuses
+        an uneven one at plan time)."""
+        return tuple(self.pipeline.layers_per_stage) or even_split(n_layers, self.pipeline_parallel)
 
 
 @frozen
@@ -427,6 +432,12 @@ class Plan:
     @property
     def tokens_per_step(self) -> int:
         return self.distributed.global_batch_size * self.train.seq_len
+
+    @property
+    def pipeline_microbatches(self) -> int:
+        """Pipeline micro-batches per optimizer step: distributed.pipeline.microbatches, or (0) one sequence each of the
+        train.micro_batch_size x train.grad_accum_steps a data-parallel rank reads per step."""
+        return self.distributed.pipeline.microbatches or self.train.micro_batch_size * self.train.grad_accum_steps
 
 
 def _merge(base: dict, over: dict) -> dict:

@@ -122,7 +122,7 @@ def pipeline_section(plan: Plan) -> dict | None:
     cfg = builtin_config(t.model)
     split = d.stage_split(cfg.n_layers) if cfg is not None else d.pipeline.layers_per_stage
     return {"stages": d.pipeline_parallel, "schedule": d.pipeline.schedule,
-            "microbatches": d.pipeline_microbatches(t.micro_batch_size, t.grad_accum_steps), "layers_per_stage": list(split)}
+            "microbatches": plan.pipeline_microbatches, "layers_per_stage": list(split)}
 
 
 def _deepspeed_section(plan: Plan) -> dict:

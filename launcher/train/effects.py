@@ -369,8 +369,7 @@ def expected(plan: Plan, n_blocks: int) -> dict[str, tuple[str, Any]]:
 
         out["pipeline.stages"] = ("distributed.pipeline_parallel", d.pipeline_parallel)
         out["pipeline.schedule"] = ("distributed.pipeline.schedule", SCHEDULES[d.pipeline.schedule])
-        out["pipeline.microbatches"] = ("distributed.pipeline.microbatches",
-                                        d.pipeline_microbatches(plan.train.micro_batch_size, plan.train.grad_accum_steps))
+        out["pipeline.microbatches"] = ("distributed.pipeline.microbatches", plan.pipeline_microbatches)
     if plan.monitor.fp8_stats_every > 0 and b is not None and b.monitored:
         out["monitor_hooks"] = ("monitor.fp8_stats_every", AT_LEAST_ONE)
     if b is not None and b.setting(p, "fp8_params"):

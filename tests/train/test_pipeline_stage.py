@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from launcher.errors import LauncherError
+from launcher.planning.plan import stage_blocks
 from launcher.train.models.llama import Llama, parse_builtin
 from launcher.train.parallel.distributed import DistEnv, data_rank
-from launcher.train.parallel.pipeline import cut_stage, stage_blocks, stage_of
+from launcher.train.parallel.pipeline import cut_stage, stage_of
 
 
 def _model(layers: int = 4) -> Llama:

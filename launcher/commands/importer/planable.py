@@ -54,12 +54,12 @@ def _no_pp(d: Draft) -> list[tuple[str, Any]]:
 def _pp_layers(d: Draft) -> list[tuple[str, Any]]:
     """The blocks split over the stages as evenly as they go (the first stages one more), or no pipeline."""
     from launcher.planning.models import builtin_config
+    from launcher.planning.plan import even_split
 
     cfg, pp = builtin_config(str(_v(d, "train.model", ""))), _v(d, "distributed.pipeline_parallel", 1)
     if cfg is None or cfg.n_layers < pp or _v(d, "distributed.pipeline.layers_per_stage", []):
         return _no_pp(d)
-    q, r = divmod(cfg.n_layers, pp)
-    return [("distributed.pipeline.layers_per_stage", [q + (i < r) for i in range(pp)])]
+    return [("distributed.pipeline.layers_per_stage", list(even_split(cfg.n_layers, pp)))]
 
 
 def _pp_microbatches(d: Draft) -> list[tuple[str, Any]]:

@@ -41,7 +41,7 @@ def _microbatches(f: Facts) -> str:
     t, d = f.plan.train, f.plan.distributed
     if pp(f) <= 1:
         return ""
-    n = d.pipeline_microbatches(t.micro_batch_size, t.grad_accum_steps)
+    n = f.plan.pipeline_microbatches
     what = f"{n} pipeline micro-batches" + ("" if d.pipeline.microbatches else " (one sequence each)")
     if n < pp(f):
         return f"{what} are fewer than the {pp(f)} stages"

@@ -90,23 +90,22 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
     if ep > 1 and tp > 1:
         raise LauncherError(f"distributed.expert_parallel = {ep} with distributed.tensor_parallel = {tp}: fp8launch does not "
                             "compose expert and tensor parallelism; fix: set one of them to 1", rule="EP-TENSOR-PARALLEL")
-    if pp > 1:  # launcher/train/parallel/pipeline.py: this rank's stage, sharded over its dp_shard ranks
-        from launcher.train.parallel.pipeline import pipeline_mesh
+    if ep > 1 and pp > 1:  # planning refuses it; a hand-edited plan.json could hold it
+        from launcher.planning.rules import Facts, rule_error
 
-        pmesh = mesh = pipeline_mesh(env, pp, tp)  # FSDP2 shards over its dp_shard dimension (below, after TP where tp > 1)
-        if tp <= 1:
-            mesh = pmesh["dp_shard"]
-    elif ep > 1:  # launcher/train/parallel/expert_parallel.py: experts over ("efsdp", "ep"), dense parameters over both flattened
+        raise rule_error("PP-EXPERT-PARALLEL", Facts(plan=plan))
+    if ep > 1:  # launcher/train/parallel/expert_parallel.py: experts over ("efsdp", "ep"), dense parameters over both flattened
         from launcher.train.parallel.expert_parallel import ep_mesh
 
         emesh, mesh = ep_mesh(env, ep)
-    else:
-        mesh = device_mesh(env, tp)
+    else:  # pp x dp_shard x tp; with pipeline parallelism (launcher/train/parallel/pipeline.py) this rank's stage
+        pmesh = mesh = device_mesh(env, tp, pp)
     kwargs = fsdp2_kwargs(config, precision, env.device)
     if pending is None and not config["cpu_offload"]:
         model.to(env.device)
     if tp > 1:  # tensor parallel inside each data-parallel group, then FSDP2 over the data-parallel dimension
         parallelize(model, plan, mesh["tp"])
+    if tp > 1 or pp > 1:
         mesh = mesh["dp_shard"]
     blocks = transformer_blocks(model) if blocks is None else blocks
     reshard = bool(config["reshard_after_forward"])

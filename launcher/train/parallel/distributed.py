@@ -167,24 +167,28 @@ def first_to_report(wait_s: float = 2.0) -> bool:
         return True
 
 
-def device_mesh(env: DistEnv, tensor_parallel: int = 1):
-    """The job's DeviceMesh: 1D ("dp_shard",) without tensor parallelism, else 2D
-    ("dp_shard", "tp") of shape (world_size / tp, tp). Ranks are laid out row-major, so the
-    ranks of one TP group are adjacent (rank = dp_rank * tp + tp_rank): inside one node when tp
-    divides procs_per_node (rule TP-DIVIDES-PROCS), where the TP collectives are fastest."""
+def device_mesh(env: DistEnv, tensor_parallel: int = 1, pipeline_parallel: int = 1):
+    """The job's DeviceMesh: ("dp_shard",), with tensor parallelism ("dp_shard", "tp") of shape
+    (world_size / tp, tp), with pipeline parallelism "pp" before them (torchtitan's order: pp x dp_shard x tp).
+    Ranks are laid out row-major, so the ranks of one TP group are adjacent (rank = dp_rank * tp + tp_rank):
+    inside one node when tp divides procs_per_node (rule TP-DIVIDES-PROCS), where the TP collectives are
+    fastest; and a stage's ranks are adjacent, so the pipeline's point-to-point sends are what crosses nodes."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if tensor_parallel <= 1:
-        return init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("dp_shard",))
-    if env.world_size % tensor_parallel:
+    tp, pp = max(1, tensor_parallel), max(1, pipeline_parallel)
+    if env.world_size % (tp * pp):
         raise EnvironmentProblem(
-            f"distributed.tensor_parallel = {tensor_parallel} does not divide the world size {env.world_size}; "
-            "fix: set distributed.tensor_parallel to a divisor of distributed.procs_per_node"
+            f"distributed.tensor_parallel = {tp} does not divide the world size {env.world_size}; "
+            "fix: set distributed.tensor_parallel to a divisor of distributed.procs_per_node" if pp == 1 else
+            f"distributed.pipeline_parallel = {pp} x tensor_parallel = {tp} does not divide the world size {env.world_size}; "
+            "fix: set them to divisors of distributed.nodes x procs_per_node", rule=None if pp == 1 else "PP-DIVIDES-WORLD"
         )
-    mesh = init_device_mesh(env.device.type, (env.world_size // tensor_parallel, tensor_parallel), mesh_dim_names=("dp_shard", "tp"))
-    # A flattened view of both dimensions lets DTensor reduce a 2D partial value (the gradient norm)
-    # in one all-reduce instead of one per dimension.
-    mesh["dp_shard", "tp"]._flatten("dp_shard_tp")
+    dims = [("pp", pp)] * (pp > 1) + [("dp_shard", env.world_size // (tp * pp))] + [("tp", tp)] * (tp > 1)
+    mesh = init_device_mesh(env.device.type, tuple(n for _, n in dims), mesh_dim_names=tuple(name for name, _ in dims))
+    if tp > 1:
+        # A flattened view of both dimensions lets DTensor reduce a 2D partial value (the gradient norm)
+        # in one all-reduce instead of one per dimension.
+        mesh["dp_shard", "tp"]._flatten("dp_shard_tp")
     return mesh
 
 

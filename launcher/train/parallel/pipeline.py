@@ -1,7 +1,7 @@
 """Pipeline parallelism (distributed.pipeline_parallel) through torch.distributed.pipelining, as torchtitan does it:
 
-- The mesh is pp x dp_shard (pp outermost: rank = stage * world_size / pp + dp_rank, so that a stage's ranks are adjacent
-  and the stages' point-to-point sends are what crosses nodes).
+- The mesh is pp x dp_shard (x tp) (launcher/train/parallel/distributed.py device_mesh; pp outermost: rank = stage *
+  world_size / pp + dp_rank, so that a stage's ranks are adjacent and the stages' point-to-point sends cross nodes).
 - Each rank cuts its stage out of the whole builtin decoder, converted to its precision already (so that
   keep_first_last and keep_*_blocks pick the layers of the whole model): its blocks stay under their own indices (a
   ModuleDict), the embedding stays on the first stage, the final norm and the output layer on the last. Every parameter
@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.errors import LauncherError
+from launcher.planning.plan import stage_blocks
 from launcher.train.engines.base import Engine, _by_mesh, _total_norm
 
 if typing.TYPE_CHECKING:
@@ -40,12 +41,6 @@ SCHEDULES = {"1F1B": "Schedule1F1B", "GPipe": "ScheduleGPipe"}
 def stage_of(rank: int, world_size: int, stages: int) -> int:
     """The pipeline stage `rank` holds (pp outermost in the mesh)."""
     return rank // (world_size // stages)
-
-
-def stage_blocks(split: typing.Sequence[int], stage: int) -> range:
-    """The indices of the blocks stage `stage` holds, from the blocks per stage."""
-    first = sum(split[:stage])
-    return range(first, first + split[stage])
 
 
 def split_for(plan: Plan, n_layers: int) -> tuple[int, ...]:
@@ -77,35 +72,16 @@ def cut_stage(model: nn.Module, stage: int, split: typing.Sequence[int]) -> nn.M
     return model
 
 
-def pipeline_mesh(env: DistEnv, stages: int, tensor_parallel: int = 1):
-    """The job's DeviceMesh ("pp", "dp_shard") of shape (stages, world_size / stages), or with tensor parallelism
-    ("pp", "dp_shard", "tp") of (stages, world_size / (stages x tp), tp): a TP group is tp adjacent ranks of one stage,
-    and "dp_shard_tp" flattens the two inner dimensions (for the 2D gradient norm, as distributed.device_mesh does)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    tp = max(1, tensor_parallel)
-    if env.world_size % (stages * tp):
-        raise LauncherError(f"distributed.pipeline_parallel = {stages} x tensor_parallel = {tp} does not divide the world size "
-                            f"{env.world_size}; fix: set them to divisors of distributed.nodes x procs_per_node", rule="PP-DIVIDES-WORLD")
-    if tp == 1:
-        return init_device_mesh(env.device.type, (stages, env.world_size // stages), mesh_dim_names=("pp", "dp_shard"))
-    mesh = init_device_mesh(env.device.type, (stages, env.world_size // (stages * tp), tp), mesh_dim_names=("pp", "dp_shard", "tp"))
-    mesh["dp_shard", "tp"]._flatten("dp_shard_tp")
-    return mesh
-
-
 def build_schedule(module: nn.Module, plan: Plan, env: DistEnv, mesh, loss_fn: typing.Callable):
-    """The PipelineStage of this rank's (sharded) stage and the plan's schedule over it. Returns (stage, schedule)."""
+    """The PipelineStage of this rank's (sharded) stage, cut by `cut_stage`, and the plan's schedule over it.
+    Returns (stage, schedule)."""
     from torch.distributed import pipelining
 
-    stages = plan.distributed.pipeline_parallel
-    index = mesh["pp"].get_local_rank()
+    index, stages = module.pipeline_stage
     stage = pipelining.PipelineStage(module, index, stages, env.device, group=mesh["pp"].get_group())
     _uncount_shape_inference(stage)
-    t = plan.train
-    microbatches = plan.distributed.pipeline_microbatches(t.micro_batch_size, t.grad_accum_steps)
     cls = getattr(pipelining, SCHEDULES[plan.distributed.pipeline.schedule])
-    return stage, cls(stage, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=True)
+    return stage, cls(stage, n_microbatches=plan.pipeline_microbatches, loss_fn=loss_fn, scale_grads=True)
 
 
 def _uncount_shape_inference(stage) -> None:
