@@ -21,11 +21,12 @@ t0=$(date +%s)
 (
   cd "$clone"
   export CI_TIMES="$times" PIP_CACHE_DIR="$work/cache/pip" TORCHINDUCTOR_CACHE_DIR="$work/cache/inductor" \
-         TORCH_EXTENSIONS_DIR="$work/cache/extensions"
+         TORCH_EXTENSIONS_DIR="$work/cache/extensions" CI_TIMELINE_DIR="$work/timeline"
   .ci/run
 ) > "$work/ci.log" 2>&1
 rc=$?
 total=$(( $(date +%s) - t0 ))
 echo "ci_time: .ci/run exited $rc after $total s (log $work/ci.log)"
-python3 "$repo/benchmarks/ci_time_record.py" "$times" "$work/ci.log" "$total" "$rc" "$commit" "$repo/benchmarks/results"
+python3 "$repo/benchmarks/ci_time_record.py" "$times" "$work/ci.log" "$total" "$rc" "$commit" "$repo/benchmarks/results" \
+  "$work/timeline"
 exit $rc

@@ -1,7 +1,10 @@
 """benchmarks/results/ci_time.{json,md} from one `.ci/run` that benchmarks/ci_time.sh timed: its phases (the JSON lines
 .ci/phase appended to CI_TIMES) and the slowest tests each pytest phase printed (`--durations`) in its log.
 
-    python benchmarks/ci_time_record.py PHASES.jsonl CI.log TOTAL_S EXIT COMMIT OUT_DIR
+    python benchmarks/ci_time_record.py PHASES.jsonl CI.log TOTAL_S EXIT COMMIT OUT_DIR [TIMELINE_DIR]
+
+With TIMELINE_DIR (.ci/phase's CI_TIMELINE_DIR), each pytest phase's two workers are summed too: busy seconds, and how
+long each stood idle at the end while the other finished (benchmarks/ci_timeline.py).
 """
 
 from __future__ import annotations
@@ -36,7 +39,24 @@ def slowest(log: str) -> dict[str, list[dict]]:
     return out
 
 
-def main(phases_path: str, log_path: str, total: str, rc: str, commit: str, out: str) -> None:
+def workers(timeline_dir: str | None) -> dict[str, dict]:
+    """Per pytest phase with a timeline file: each worker's busy seconds, tests and idle tail (ci_timeline.summary)."""
+    if not timeline_dir or not os.path.isdir(timeline_dir):
+        return {}
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from ci_timeline import summary
+
+    out = {}
+    for name in sorted(os.listdir(timeline_dir)):
+        lines = [json.loads(x) for x in open(os.path.join(timeline_dir, name), encoding="utf-8") if x.strip()]
+        if name.endswith(".jsonl") and lines:
+            s = summary(lines)
+            out[name[:-len(".jsonl")]] = {"wall_s": s["wall_s"], "workers": s["workers"],
+                                          "by_file_s": dict(list(s["by_file_s"].items())[:TOP])}
+    return out
+
+
+def main(phases_path: str, log_path: str, total: str, rc: str, commit: str, out: str, timeline_dir: str | None = None) -> None:
     log = open(log_path, encoding="utf-8", errors="replace").read()
     phases = phases_of(log) or [json.loads(line) for line in open(phases_path) if line.strip()]
     flags = []
@@ -49,7 +69,7 @@ def main(phases_path: str, log_path: str, total: str, rc: str, commit: str, out:
         "what": ".ci/run on a fresh clone with empty pip, Inductor (TORCHINDUCTOR_CACHE_DIR) and torch-extension "
                 "(TORCH_EXTENSIONS_DIR) caches: benchmarks/ci_time.sh",
         "commit": commit, "exit": int(rc), "total_s": total_s, "total_min": round(total_s / 60, 1),
-        "phases": phases, "slowest": slowest(log),
+        "phases": phases, "slowest": slowest(log), "workers": workers(timeline_dir),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "amx": any(f.startswith("amx") for f in flags), "avx512": "avx512f" in flags},
     }
@@ -66,6 +86,10 @@ def main(phases_path: str, log_path: str, total: str, rc: str, commit: str, out:
               "multi-process tests but the support matrix, the SLURM cluster's install included), matrix "
               "(tests/e2e/test_support_matrix.py's runs), plan-check and matrix-check (the committed configs and support matrix "
               "are current). fast, slow and matrix run two tests at a time (`-n 2`).", ""]
+    for phase, w in record["workers"].items():
+        busy = ", ".join(f"{k} busy {v['busy_s'] / 60:.1f} min ({v['tests']} tests), idle at the end {v['idle_at_end_s']:.0f} s"
+                         for k, v in w["workers"].items())
+        lines += [f"Workers in {phase} ({w['wall_s'] / 60:.1f} min from the first test's start to the last one's end): {busy}.", ""]
     for phase, tests in record["slowest"].items():
         lines += [f"Slowest in {phase}:", "", "| seconds | test |", "|---:|---|"]
         lines += [f"| {t['seconds']:.0f} | `{t['test']}`{' (setup)' if t['when'] == 'setup' else ''} |" for t in tests]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,3 +119,18 @@ def _restore_functional_linear():
     torch = sys.modules.get("torch")
     if torch is not None and torch.nn.functional.linear is not torch._C._nn.linear:
         torch.nn.functional.linear = torch._C._nn.linear
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With FP8LAUNCH_TEST_TIMELINE=PATH, each test's start and end (wall clock, setup to teardown) and its xdist worker
+    are appended to PATH, one JSON line a test: benchmarks/ci_timeline.py shows from them where a phase's two workers
+    waited (the idle tail after the last group) and which tests hold the critical path."""
+    path = os.environ.get("FP8LAUNCH_TEST_TIMELINE")
+    start = time.time()
+    yield
+    if path:
+        line = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "start": round(start, 2),
+                "end": round(time.time(), 2)}
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
