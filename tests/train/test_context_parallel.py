@@ -97,3 +97,55 @@ def _refused(rank, world, port):
 @pytest.mark.slow
 def test_torch_alone_still_refuses_the_cpu_kernel():
     spawn_ranks(_refused, 2)
+
+
+def _model_step(model, tokens, labels):
+    from launcher.train.loop import cross_entropy
+
+    loss = cross_entropy(model(tokens), labels)
+    loss.backward()
+    return loss.detach()
+
+
+def _llama_under_cp(rank: int, world: int, port: int, out: dict) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from launcher.train.models import build_model
+    from launcher.train.parallel.context import apply_context_parallel, step_context
+
+    with gloo_world(rank, world, port):
+        torch.manual_seed(0)
+        model = build_model("builtin:llama-debug?layers=2", ".")
+        tokens = torch.randint(0, model.vocab_size, (2, 33))
+        inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        whole = _model_step(model, inputs, labels)
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad()
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
+        assert apply_context_parallel(model, mesh, inputs.shape[1]) == 2  # one attention a block
+        with step_context(mesh, [inputs, labels]):
+            assert inputs.shape == (2, 32 // world)
+            loss = _model_step(model, inputs, labels)
+        # each rank's loss is the mean over its tokens, as many on every rank: the mean of the ranks' is the whole mean
+        dist.all_reduce(loss)
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        if rank == 0:
+            assert (loss / world - whole).abs().item() <= LLAMA_TOL * whole.item(), (loss / world, whole)
+            for n, p in model.named_parameters():
+                err = (p.grad / world - grads[n]).abs().max().item()
+                assert err <= LLAMA_TOL * grads[n].abs().max().item(), (n, err)
+
+
+LLAMA_TOL = 1e-5
+"""Bound on |cp 2 - one process| / max |one process| for the fp32 loss and every gradient of llama-debug (2 blocks, 32
+tokens): measured at most 6.2e-8 for the loss and 8.2e-7 for a gradient (seeds 0-2)."""
+
+
+@pytest.mark.slow
+def test_the_builtin_llama_under_context_parallel_computes_what_one_process_computes():
+    """Rotary embeddings at each rank's own positions (apply_context_parallel) and the ring for attention: cp 2 gives
+    the loss and every gradient one process gives on the same batch. Without the positions (each rank's rotary angles at
+    0 .. 15), the loss at init moved by only 2.3e-5 but the gradients by up to 100% of their largest value."""
+    spawn_ranks(_llama_under_cp, 2, {})

@@ -44,10 +44,13 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
-def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles, (seq_len, head_dim) fp32, halves laid out as rotate_half expects."""
+def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device, positions: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, (seq_len, head_dim) fp32, halves laid out as rotate_half expects; at positions
+    0 .. seq_len - 1, or at `positions` (seq_len,) where this rank holds other tokens of the sequence (context parallel)."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    at = torch.arange(seq_len, device=device, dtype=torch.float32) if positions is None else positions.to(torch.float32)
+    angles = torch.outer(at, inv_freq)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
 
@@ -78,7 +81,10 @@ class CoreAttention(nn.Module):
 
 
 class Attention(nn.Module):
-    """Causal grouped-query self-attention: projections, rotary embeddings, then `core` (CoreAttention)."""
+    """Causal grouped-query self-attention: projections, rotary embeddings, then `core` (CoreAttention).
+
+    `positions` (a buffer, None unless context parallel set it: launcher/train/parallel/context.py) holds the sequence
+    positions of the tokens this rank holds when each rank holds a part of every sequence; never saved."""
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -89,6 +95,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
         self.core = CoreAttention()
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.register_buffer("positions", None, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -97,7 +104,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
-        cos, sin = rope_cos_sin(s, self.head_dim, self.rope_theta, x.device)
+        cos, sin = rope_cos_sin(s, self.head_dim, self.rope_theta, x.device, self.positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (seq, 1, head_dim): over the heads of (batch, seq, heads, head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return self.wo(self.core(q, k, v))

@@ -13,7 +13,12 @@ logsumexp (batch, heads, seq) as the CUDA flash kernel's, and takes the same arg
     with cpu_ring_attention(), context_parallel(cp_mesh, buffers=[...], buffer_seq_dims=[...]):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # q, k, v: this rank's sequence shards
 
-tests/train/test_context_parallel.py: outputs and gradients equal the unsharded attention's (2 ranks, gloo).
+The rest of a model under context parallel is position-wise, but for rotary embeddings: `apply_context_parallel` gives
+each attention the positions of the tokens its rank holds (torch's head-tail load balancer deals rank r the chunks r and
+2 cp - 1 - r of 2 cp), and `step_context` shards a step's token and label tensors the way context_parallel does.
+
+tests/train/test_context_parallel.py: outputs and gradients equal the unsharded attention's (2 ranks, gloo), and the
+builtin Llama's loss and gradients under cp 2 equal one process's.
 """
 
 from __future__ import annotations
@@ -104,3 +109,41 @@ def cpu_ring_attention() -> Iterator[None]:
         finally:
             _attention.custom_ops.clear()
             _attention.custom_ops.update(saved)
+
+
+def local_positions(seq_len: int, cp_mesh) -> torch.Tensor:
+    """The sequence positions (int64, seq_len / cp) of the tokens this rank holds under context_parallel: an arange
+    sharded by torch's own code with the load balancer context_parallel picks for a sequence of seq_len."""
+    from torch.distributed.tensor.experimental._context_parallel._attention import _context_parallel_buffers
+    from torch.distributed.tensor.experimental._context_parallel._load_balancer import _create_default_load_balancer
+
+    device = torch.device(cp_mesh.device_type)
+    balancer = _create_default_load_balancer(seq_len, cp_mesh.size(), device)
+    (shard,) = _context_parallel_buffers(cp_mesh, [torch.arange(seq_len, device=device)], [0], balancer)
+    return shard
+
+
+def apply_context_parallel(model: torch.nn.Module, cp_mesh, seq_len: int) -> int:
+    """Give every attention of `model` that takes positions (the builtin models' llama.Attention) this rank's; return how
+    many took them."""
+    positions = local_positions(seq_len, cp_mesh)
+    taken = 0
+    for module in model.modules():
+        if "positions" in module._buffers:
+            module.positions = positions.clone()
+            taken += 1
+    return taken
+
+
+@contextlib.contextmanager
+def step_context(cp_mesh, tensors: list[torch.Tensor], seq_dim: int = 1) -> Iterator[None]:
+    """One step's forward and backward under context parallel: `tensors` (token ids, labels: (batch, seq)) resharded in
+    place to this rank's part of every sequence, and SDPA through the ring (on CPU, over the CPU kernel)."""
+    from torch.distributed.tensor.experimental import context_parallel
+
+    with contextlib.ExitStack() as stack:
+        if cp_mesh.device_type == "cpu":
+            stack.enter_context(cpu_ring_attention())
+        stack.enter_context(context_parallel(cp_mesh, buffers=tensors, buffer_seq_dims=[seq_dim] * len(tensors),
+                                             no_restore_buffers=set(tensors)))
+        yield
