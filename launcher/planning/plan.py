@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -208,8 +209,10 @@ class DistributedConfig:
     """torch's async tensor parallel (compile + CUDA)."""
     expert_parallel: int
     """MoE expert-parallel degree: divides the number of experts and the world size; 1 = off."""
+    context_parallel: int
+    """Ranks each sequence is split over (torch's context_parallel); 1 = off. The mesh is pp x dp_shard x cp x tp."""
     pipeline_parallel: int
-    """Pipeline stages (torch.distributed.pipelining); 1 = off. The mesh is pp x dp_shard x tp."""
+    """Pipeline stages (torch.distributed.pipelining); 1 = off. The mesh is pp x dp_shard x cp x tp."""
     pipeline: PipelineConfig
     fsdp2: FSDP2Config
     deepspeed: DeepSpeedConfig
@@ -220,10 +223,18 @@ class DistributedConfig:
 
     @property
     def data_parallel(self) -> int:
-        """Ranks that hold different data: the world divided by the tensor- and pipeline-parallel degrees (at least 1: a
-        layout they do not divide is refused by TP-DIVIDES-PROCS / PP-DIVIDES-WORLD, whose messages
-        are computed from it)."""
-        return max(1, self.world_size // (self.tensor_parallel * self.pipeline_parallel))
+        """Ranks that hold different data: the world divided by the tensor-, context- and pipeline-parallel degrees (at
+        least 1: a layout they do not divide is refused by TP-DIVIDES-PROCS / PP-DIVIDES-WORLD / CP-DIVIDES-WORLD, whose
+        messages are computed from it)."""
+        return max(1, self.world_size // (self.tensor_parallel * self.context_parallel * self.pipeline_parallel))
+
+    def mesh(self, world_size: int | None = None) -> tuple[tuple[str, int], ...]:
+        """The device mesh's (dim name, size), outermost first, for `world_size` (default: the plan's): pp x dp_shard x cp x
+        tp, torchtitan's order, each of pp, cp and tp only where it is above 1."""
+        world = self.world_size if world_size is None else world_size
+        dp = max(1, world // (self.tensor_parallel * self.context_parallel * self.pipeline_parallel))
+        return tuple((name, n) for name, n in (("pp", self.pipeline_parallel), ("dp_shard", dp), ("cp", self.context_parallel),
+                                               ("tp", self.tensor_parallel)) if name == "dp_shard" or n > 1)
 
     def stage_split(self, n_layers: int) -> tuple[int, ...]:
         """Blocks on each pipeline stage, first stage first: layers_per_stage, or an even split (rule PP-LAYERS refuses
@@ -521,8 +532,10 @@ def resolve(source: SpecSource, *, msamp_runs: typing.Callable[[str], bool] | No
     data.pop("$schema", None)
     d, t = data["distributed"], data["train"]
     if not d["global_batch_size"]:
-        # Data-parallel ranks only: the ranks of one tensor-parallel group, and the stages of one pipeline, train on the same sequences.
-        dp = d["nodes"] * d["procs_per_node"] // (max(1, d["tensor_parallel"]) * max(1, d["pipeline_parallel"]))
+        # Data-parallel ranks only: the ranks of one tensor- or context-parallel group, and the stages of one pipeline, train on
+        # the same sequences.
+        split = math.prod(max(1, d[k]) for k in ("tensor_parallel", "context_parallel", "pipeline_parallel"))
+        dp = d["nodes"] * d["procs_per_node"] // split
         d["global_batch_size"] = t["micro_batch_size"] * t["grad_accum_steps"] * max(1, dp)
     t["output_dir"] = t["output_dir"].replace("{name}", data["name"])
     data["log"]["wandb"] = normalize_wandb(data["log"]["wandb"])

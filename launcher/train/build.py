@@ -185,8 +185,9 @@ def build_data(run: Run, vocab_size: int) -> Data:
 
     plan, t, env = run.plan, run.plan.train, run.env
     torch.manual_seed(t.seed + env.rank)
-    # a TP group, and a pipeline's stages, read the same batches
-    dp_rank, dp_size = distributed.data_rank(env, plan.distributed.tensor_parallel, plan.distributed.pipeline_parallel)
+    # a TP group, a CP group and a pipeline's stages read the same batches
+    d = plan.distributed
+    dp_rank, dp_size = distributed.data_rank(env, d.tensor_parallel, d.pipeline_parallel, d.context_parallel)
     data = open_stream(t.data, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, vocab_size=vocab_size,
                        rank=dp_rank, world_size=dp_size, seed=t.seed, spec_dir=run.spec_dir, tokenizer=t.tokenizer)
     eval_data = first_eval = None

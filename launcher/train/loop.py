@@ -210,8 +210,8 @@ class Trainer:
         for micro in range(accum):
             tokens = self.next_tokens()
             last = micro == accum - 1
-            with engine.micro_batch(last):
-                loss = self._loss_of(engine.forward(tokens[:, :-1]), tokens[:, 1:])
+            with engine.micro_batch(last), engine.sequence_parts(tokens[:, :-1], tokens[:, 1:]) as (inputs, targets):
+                loss = self._loss_of(engine.forward(inputs), targets)
                 engine.backward(loss, last)
             loss_sum += loss.detach().float()
         return loss_sum / accum

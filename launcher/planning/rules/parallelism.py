@@ -17,9 +17,9 @@ def _derived_batch(f: Facts) -> int:
 
 def _batch_ranks(f: Facts) -> str:
     d = f.plan.distributed
-    if d.tensor_parallel > 1 or d.pipeline_parallel > 1:
-        by = " x ".join(f"{k} {v}" for k, v in (("tensor_parallel", d.tensor_parallel), ("pipeline_parallel", d.pipeline_parallel))
-                        if v > 1)
+    degrees = (("tensor_parallel", d.tensor_parallel), ("context_parallel", d.context_parallel), ("pipeline_parallel", d.pipeline_parallel))
+    if any(v > 1 for _, v in degrees):
+        by = " x ".join(f"{k} {v}" for k, v in degrees if v > 1)
         return f"data-parallel ranks {d.data_parallel} (world size {d.world_size} / {by})"
     return f"world size {d.world_size}"
 
@@ -49,7 +49,8 @@ def _tp_heads(f: Facts) -> str:
 
 RULES: tuple[Rule, ...] = (
     Rule(id="BATCH-MISMATCH", severity="error", stage="plan",
-         when="global_batch_size != micro_batch_size * grad_accum_steps * nodes * procs_per_node / (tensor_parallel * pipeline_parallel)",
+         when="global_batch_size != micro_batch_size * grad_accum_steps * nodes * procs_per_node / (tensor_parallel * context_parallel "
+              "* pipeline_parallel)",
          why="DeepSpeed asserts train_batch_size == micro * accum * world size; checked before launch for every strategy.",
          fix="set distributed.global_batch_size = 0 (derive it), or change train.micro_batch_size / train.grad_accum_steps",
          condition=lambda f: f.plan.distributed.global_batch_size != _derived_batch(f),

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, ContextManager
 
@@ -45,6 +46,8 @@ class Engine:
     balance_group: Any = None
     """The process group MoE load balancing sums its token counts over (None: every rank; a pipeline stage's ranks under
     pipeline parallelism, whose MoE layers are the stage's own)."""
+    cp_mesh: Any = None
+    """The context-parallel mesh dimension (distributed.context_parallel > 1): the ranks each sequence is split over."""
 
     def grad_comm_bytes(self) -> int | None:
         """Bytes this rank sent for gradient reduction since the last call (call it once per step, after the last
@@ -66,6 +69,19 @@ class Engine:
         """The context of one micro-batch's forward and backward; `last` is the one whose
         backward synchronises gradients across ranks."""
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def sequence_parts(self, inputs: torch.Tensor, targets: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """A micro-batch's token ids and targets as this rank trains on them: as they are, or, under context parallel,
+        this rank's part of every sequence, with attention through the ring while inside (forward and backward)."""
+        if self.cp_mesh is None:
+            yield inputs, targets
+            return
+        from launcher.train.parallel.context import step_context
+
+        inputs, targets = inputs.contiguous(), targets.contiguous()  # resharded in place: not views of the batch
+        with step_context(self.cp_mesh, [inputs, targets]):
+            yield inputs, targets
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Logits (batch, seq, vocab) for int64 token ids (batch, seq), under the precision's autocast."""

@@ -74,16 +74,15 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
     from launcher.train.parallel.distributed import device_mesh
     from launcher.train.parallel.tensor_parallel import parallelize
 
-    tp, pp = plan.distributed.tensor_parallel, plan.distributed.pipeline_parallel
+    d = plan.distributed
+    tp, pp, cp = d.tensor_parallel, d.pipeline_parallel, d.context_parallel
     shape = tuple(config["mesh"]["shape"])
-    if pp > 1:
-        planned = (pp, env.world_size // pp) if tp <= 1 else (pp, env.world_size // (pp * tp), tp)
-    else:
-        planned = (env.world_size,) if tp <= 1 else (env.world_size // tp, tp)
+    planned = tuple(n for _, n in d.mesh(env.world_size))
     if shape != planned:
+        degrees = "".join(f" and {k} {v}" for k, v in (("tensor_parallel", tp), ("context_parallel", cp), ("pipeline_parallel", pp))
+                          if v > 1)
         raise LauncherError(
-            f"fsdp2.json shards over a mesh of {list(shape)} but this job has world size {env.world_size}"
-            f"{f' and tensor_parallel {tp}' if tp > 1 else ''}{f' and pipeline_parallel {pp}' if pp > 1 else ''}; "
+            f"fsdp2.json shards over a mesh of {list(shape)} but this job has world size {env.world_size}{degrees}; "
             "fix: regenerate the plan for this many nodes and processes (`fp8launch run` does it)"
         )
     ep = plan.distributed.expert_parallel
@@ -99,13 +98,16 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
 
         emesh, mesh = ep_mesh(env, ep)
     else:  # pp x dp_shard x tp; with pipeline parallelism (launcher/train/parallel/pipeline.py) this rank's stage
-        pmesh = mesh = device_mesh(env, tp, pp)
+        pmesh = mesh = device_mesh(env, tp, pp, cp)
     kwargs = fsdp2_kwargs(config, precision, env.device)
     if pending is None and not config["cpu_offload"]:
         model.to(env.device)
     if tp > 1:  # tensor parallel inside each data-parallel group, then FSDP2 over the data-parallel dimension
         parallelize(model, plan, mesh["tp"])
-    if tp > 1 or pp > 1:
+    cp_mesh = mesh["cp"] if cp > 1 else None
+    if cp > 1:  # FSDP2 over dp_shard x cp (torchtitan): a CP group's ranks hold different tokens, so they average gradients
+        mesh = mesh["dp_shard_cp"]
+    elif tp > 1 or pp > 1:
         mesh = mesh["dp_shard"]
     blocks = transformer_blocks(model) if blocks is None else blocks
     reshard = bool(config["reshard_after_forward"])
@@ -131,6 +133,10 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **kwargs)
     if pending is not None:  # meta-built: each rank allocates and initialises only its shards
         pending(model, torch.device("cpu") if config["cpu_offload"] else env.device)
+    if cp_mesh is not None:  # each attention's rotary angles at the sequence positions this rank holds
+        from launcher.train.parallel.context import apply_context_parallel
+
+        apply_context_parallel(model, cp_mesh, plan.train.seq_len)
     optimizer = build_optimizer(model.parameters(), plan.train, plan.precision)
     model, optimizer = precision.wrap_optimizer(model, optimizer)
     from launcher.train.parallel.grad_reduce import install
@@ -145,4 +151,4 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
         stage, schedule = build_schedule(model, plan, env, pmesh, loss_function(plan))
         stage_ranks = pmesh["dp_shard_tp" if tp > 1 else "dp_shard"].get_group()  # the ranks that hold this stage
         return PipelineEngine(stage=stage, schedule=schedule, pp_group=pmesh["pp"].get_group(), balance_group=stage_ranks, **parts)
-    return FSDP2Engine(**parts)
+    return FSDP2Engine(**parts, cp_mesh=cp_mesh)

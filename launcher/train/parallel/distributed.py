@@ -167,37 +167,44 @@ def first_to_report(wait_s: float = 2.0) -> bool:
         return True
 
 
-def device_mesh(env: DistEnv, tensor_parallel: int = 1, pipeline_parallel: int = 1):
+def device_mesh(env: DistEnv, tensor_parallel: int = 1, pipeline_parallel: int = 1, context_parallel: int = 1):
     """The job's DeviceMesh: ("dp_shard",), with tensor parallelism ("dp_shard", "tp") of shape
-    (world_size / tp, tp), with pipeline parallelism "pp" before them (torchtitan's order: pp x dp_shard x tp).
-    Ranks are laid out row-major, so the ranks of one TP group are adjacent (rank = dp_rank * tp + tp_rank):
-    inside one node when tp divides procs_per_node (rule TP-DIVIDES-PROCS), where the TP collectives are
-    fastest; and a stage's ranks are adjacent, so the pipeline's point-to-point sends are what crosses nodes."""
+    (world_size / tp, tp), with context parallelism "cp" between them and with pipeline parallelism "pp" before them
+    (torchtitan's order: pp x dp_shard x cp x tp). Ranks are laid out row-major, so the ranks of one TP group are adjacent
+    (rank = dp_rank * tp + tp_rank): inside one node when tp divides procs_per_node (rule TP-DIVIDES-PROCS), where the TP
+    collectives are fastest; then a CP group's, which exchange keys and values every attention; and a stage's ranks are
+    adjacent, so the pipeline's point-to-point sends are what crosses nodes. FSDP2 shards over "dp_shard_cp" (dp_shard and
+    cp flattened) with context parallelism, as torchtitan does."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    tp, pp = max(1, tensor_parallel), max(1, pipeline_parallel)
-    if env.world_size % (tp * pp):
-        raise EnvironmentProblem(
-            f"distributed.tensor_parallel = {tp} does not divide the world size {env.world_size}; "
-            "fix: set distributed.tensor_parallel to a divisor of distributed.procs_per_node" if pp == 1 else
-            f"distributed.pipeline_parallel = {pp} x tensor_parallel = {tp} does not divide the world size {env.world_size}; "
-            "fix: set them to divisors of distributed.nodes x procs_per_node", rule=None if pp == 1 else "PP-DIVIDES-WORLD"
-        )
-    dims = [("pp", pp)] * (pp > 1) + [("dp_shard", env.world_size // (tp * pp))] + [("tp", tp)] * (tp > 1)
+    tp, pp, cp = max(1, tensor_parallel), max(1, pipeline_parallel), max(1, context_parallel)
+    if env.world_size % (tp * pp * cp):
+        if pp == 1 and cp == 1:
+            raise EnvironmentProblem(f"distributed.tensor_parallel = {tp} does not divide the world size {env.world_size}; "
+                                     "fix: set distributed.tensor_parallel to a divisor of distributed.procs_per_node")
+        degrees = " x ".join(f"{k} = {v}" for k, v in (("pipeline_parallel", pp), ("context_parallel", cp), ("tensor_parallel", tp))
+                             if v > 1)
+        raise EnvironmentProblem(f"distributed.{degrees} does not divide the world size {env.world_size}; "
+                                 "fix: set them to divisors of distributed.nodes x procs_per_node",
+                                 rule="PP-DIVIDES-WORLD" if pp > 1 else "CP-DIVIDES-WORLD")
+    dims = [("pp", pp)] * (pp > 1) + [("dp_shard", env.world_size // (tp * pp * cp))] + [("cp", cp)] * (cp > 1) + [("tp", tp)] * (tp > 1)
     mesh = init_device_mesh(env.device.type, tuple(n for _, n in dims), mesh_dim_names=tuple(name for name, _ in dims))
     if tp > 1:
         # A flattened view of both dimensions lets DTensor reduce a 2D partial value (the gradient norm)
         # in one all-reduce instead of one per dimension.
         mesh["dp_shard", "tp"]._flatten("dp_shard_tp")
+    if cp > 1:
+        mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
     return mesh
 
 
-def data_rank(env: DistEnv, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> tuple[int, int]:
-    """(data-parallel rank, data-parallel size): the ranks of one TP group read the same batches, and so do the stages of
-    one pipeline (pp is the mesh's outer dimension: rank = stage * world_size / pp + dp_rank * tp + tp_rank)."""
-    tp, pp = max(1, tensor_parallel), max(1, pipeline_parallel)
+def data_rank(env: DistEnv, tensor_parallel: int = 1, pipeline_parallel: int = 1, context_parallel: int = 1) -> tuple[int, int]:
+    """(data-parallel rank, data-parallel size): the ranks of one TP group read the same batches, and so do the ranks of
+    one CP group (each keeps its part of every sequence) and the stages of one pipeline (pp is the mesh's outer dimension:
+    rank = stage * world_size / pp + (dp_rank * cp + cp_rank) * tp + tp_rank)."""
+    tp, pp, cp = max(1, tensor_parallel), max(1, pipeline_parallel), max(1, context_parallel)
     per_stage = env.world_size // pp
-    return (env.rank % per_stage) // tp, per_stage // tp
+    return (env.rank % per_stage) // (tp * cp), per_stage // (tp * cp)
 
 
 def check_world(planned: int, env: DistEnv) -> None:
