@@ -384,6 +384,27 @@ PLAN_CASES.update({
 })
 
 
+# -- context parallel (issue 38): each rule on its bad combination and on its fixed twin ---------------
+CP2 = {"strategy": "fsdp2", "procs_per_node": 2, "context_parallel": 2}
+CP_TRAIN = {"model": "builtin:llama-debug", "seq_len": 32}
+CP_MOE = {**CP_TRAIN, "model": "builtin:moe-debug"}
+PLAN_CASES.update({
+    "CP-DIVIDES-WORLD": ({"distributed": {**CP2, "procs_per_node": 3}, "train": CP_TRAIN}, {"distributed": CP2, "train": CP_TRAIN}),
+    "CP-SEQ": ({"distributed": CP2, "train": {**CP_TRAIN, "seq_len": 30}}, {"distributed": CP2, "train": {**CP_TRAIN, "seq_len": 28}}),
+    "CP-STRATEGY": ({"distributed": {**CP2, "strategy": "deepspeed"}, "train": CP_TRAIN}, {"distributed": CP2, "train": CP_TRAIN}),
+    "CP-MODEL": ({"distributed": CP2, "train": {**CP_TRAIN, "model": "hf:./llama"}}, {"distributed": CP2, "train": CP_TRAIN}),
+    "CP-PIPELINE": ({"distributed": {**CP2, "procs_per_node": 4, "pipeline_parallel": 2}, "train": {**CP_TRAIN, "micro_batch_size": 2}},
+                    {"distributed": {**CP2, "procs_per_node": 4}, "train": {**CP_TRAIN, "micro_batch_size": 2}}),
+    "CP-TENSOR-PARALLEL": ({"distributed": {**CP2, "procs_per_node": 4, "tensor_parallel": 2}, "train": CP_TRAIN},
+                           {"distributed": {**CP2, "procs_per_node": 4}, "train": CP_TRAIN}),
+    "CP-EXPERT-PARALLEL": ({"distributed": {**CP2, "procs_per_node": 4, "expert_parallel": 2}, "train": CP_MOE},
+                           {"distributed": {**CP2, "procs_per_node": 4}, "train": CP_MOE}),
+    "CP-BACKEND": ({"precision": {**TE, "te": {"recipe": "current"}}, "distributed": CP2, "train": CP_TRAIN},
+                   {"precision": TAO, "distributed": CP2, "train": CP_TRAIN}),
+    "CP-COMPILE": ({"distributed": CP2, "train": CP_TRAIN, **COMPILED}, {"distributed": CP2, "train": CP_TRAIN}),
+    "CP-EVAL": ({"distributed": CP2, "train": CP_TRAIN, "eval": {"data": "synthetic"}}, {"distributed": CP2, "train": CP_TRAIN}),
+})
+
 def test_pipeline_rules_name_what_is_wrong_with_the_split_and_the_micro_batches():
     uneven = {"distributed": {**PP2, "pipeline": {"layers_per_stage": [1, 2]}}, "train": PP_TRAIN}
     assert "distributed.pipeline.layers_per_stage = [1, 2] holds 3 blocks, not builtin:llama-debug's 4" in detail(uneven, "PP-LAYERS")

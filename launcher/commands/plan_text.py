@@ -26,6 +26,15 @@ def pipeline_words(plan: Plan) -> str:
             f"mesh pp {d.pipeline_parallel} x dp {d.data_parallel}{f' x tp {d.tensor_parallel}' if d.tensor_parallel > 1 else ''})")
 
 
+def context_words(plan: Plan) -> str:
+    """", context parallel 2 (each sequence over 2 ranks; mesh dp 1 x cp 2)" or "" without context parallelism."""
+    d = plan.distributed
+    if d.context_parallel <= 1:
+        return ""
+    return (f", context parallel {d.context_parallel} (each sequence over {d.context_parallel} ranks; "
+            f"mesh dp {d.data_parallel} x cp {d.context_parallel})")
+
+
 def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | None = None, prediction=None) -> str:
     p, d, t = plan.precision, plan.distributed, plan.train
     written = [c for c in changes if c.status in ("create", "update")]
@@ -34,7 +43,8 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
     spec_folder = os.path.normpath(os.path.join(folder, plan.spec_dir))  # plan.spec_dir is relative to the plan's folder
     ep = d.expert_parallel
     expert = f", expert parallel {ep} (mesh efsdp {plan.world_size // ep} x ep {ep})" if ep > 1 else ""
-    dp_ranks = f"{d.data_parallel} {'data-parallel ' if d.tensor_parallel > 1 or d.pipeline_parallel > 1 else ''}ranks"
+    split = d.tensor_parallel > 1 or d.pipeline_parallel > 1 or d.context_parallel > 1
+    dp_ranks = f"{d.data_parallel} {'data-parallel ' if split else ''}ranks"
     lines = [
         f"{plan.name}: {folder}/ ({status})",
         f"  precision   {precision}",
@@ -45,6 +55,7 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
         f"{f', tensor parallel {d.tensor_parallel} (mesh dp {d.data_parallel} x tp {d.tensor_parallel})' if d.tensor_parallel > 1 else ''}"
         f"{', async TP' if d.async_tp else ''}"
         f"{expert}"
+        f"{context_words(plan)}"
         f"{pipeline_words(plan)}"
         f"{', compiled' if plan.compile.enabled else ''}"
         f"{f', activation checkpointing {plan.activation_checkpointing.mode}' if plan.activation_checkpointing.mode != 'none' else ''}",

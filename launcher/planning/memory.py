@@ -217,9 +217,11 @@ def model_states(plan: Plan, params: int, spec_dir: str | None = None) -> tuple[
         # those pieces over dp ranks: dp x tp = world size pieces (the norm weights, replicated over
         # tp, are a negligible exception).
         off = d.fsdp2.cpu_offload
-        tp = d.tensor_parallel
-        n = d.data_parallel * tp
-        layout = f"dp {d.data_parallel} x tp {tp}" if tp > 1 else ""
+        # With context parallelism FSDP2 shards over dp_shard x cp (a CP group's ranks hold the same parameters).
+        tp, cp = d.tensor_parallel, d.context_parallel
+        n = d.data_parallel * cp * tp
+        layout = " x ".join(f"{k} {v}" for k, v in (("dp", d.data_parallel), ("cp", cp), ("tp", tp)) if k == "dp" or v > 1)
+        layout = layout if tp > 1 or cp > 1 else ""
         rows = [MemoryRow("params", weight_dtype, BYTES[weight_dtype], n, off, layout),
                 MemoryRow("grads", weight_dtype, BYTES[weight_dtype], n, off, layout),
                 MemoryRow("optimizer_states", state_dtype, state_bytes, n, off, layout)]
@@ -343,11 +345,12 @@ def activations(plan: Plan, cfg, *, layers: int | None = None, tokens: int | Non
     total = (n - checkpointed) * block + checkpointed * kept_input
     total += (outside_activation_bytes_per_token(plan, cfg) * tokens + weight_copy_bytes(plan, cfg, checkpointed)) * outside
     tp = max(1, int(getattr(plan.distributed, "tensor_parallel", 1) or 1))
+    cp = max(1, int(getattr(plan.distributed, "context_parallel", 1) or 1))  # each rank holds seq_len / cp of every sequence
     p = plan.precision
     dtype = p.compute_dtype + ("+fp8" if p.fp8 and BACKENDS[p.backend].saves_fp8_inputs else "")
     how = (f"micro-batch {t.micro_batch_size} x seq {t.seq_len}, checkpointing {mode}"
-           + (f", / {tp} tensor-parallel ranks" if tp > 1 else ""))
-    return ActivationRow(total / tp, dtype, how, recompute_bytes=(block / tp if checkpointed else 0.0))
+           + (f", / {tp} tensor-parallel ranks" if tp > 1 else "") + (f", / {cp} context-parallel ranks" if cp > 1 else ""))
+    return ActivationRow(total / (tp * cp), dtype, how, recompute_bytes=(block / (tp * cp) if checkpointed else 0.0))
 
 
 def init_peak(plan: Plan, params: int, cfg=None) -> InitPeak:

@@ -35,6 +35,8 @@ Each effect, and where it is read:
 - pipeline (only under pipeline parallelism: launcher/train/parallel/pipeline.py): {"stages", "stage": this rank's,
   "schedule": the torch.distributed.pipelining class that runs the steps, "microbatches": its micro-batches per step,
   "blocks": the indices of the blocks this rank's stage holds}, read from the live PipelineStage and schedule;
+- context (only under context parallelism: launcher/train/parallel/context.py): {"ranks": the size of the mesh dimension
+  each sequence is split over, "positioned_attentions": the attentions that take this rank's sequence positions};
 - msamp_level: the MS-AMP opt level the run is: "<level> (MS-AMP)" where MS-AMP itself converted the model, "<level>
   natively" where FP8 GEMMs with the states, reduction and weights measured above (O3: and FSDP2's float8 all-gather)
   are that level's keys (launcher/planning/levels.py), as a `backend = "msamp"` spec is planned where MS-AMP cannot
@@ -260,8 +262,9 @@ def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None
 
     group = tp_group(engine.module)
     weights = fp8_weights(engine)
-    staged = pipeline(engine)
+    staged, split = pipeline(engine), context(engine)
     measured = {**({"fp8_weights": weights} if weights else {}), **({"pipeline": staged} if staged else {}),
+        **({"context": split} if split else {}),
         "all_gather_dtype": all_gather_dtype(engine.model, set(fp8_modules)) if engine.name == "fsdp2" else None,
         **blocks_effects(engine.module),
         "optimizer": optimizer_class(engine),
@@ -286,6 +289,15 @@ def pipeline(engine: Engine) -> dict[str, Any] | None:
     blocks = [int(k) for k in layers.keys()] if isinstance(layers, nn.ModuleDict) else []
     return {"stages": stage.num_stages, "stage": stage.stage_index, "schedule": type(schedule).__name__,
             "microbatches": schedule._n_microbatches, "blocks": blocks}
+
+
+def context(engine: Engine) -> dict[str, int] | None:
+    """The ranks each sequence is split over and the attentions that take this rank's positions (None without context
+    parallelism)."""
+    if engine.cp_mesh is None:
+        return None
+    positioned = sum(1 for m in engine.module.modules() if m._buffers.get("positions") is not None)
+    return {"ranks": engine.cp_mesh.size(), "positioned_attentions": positioned}
 
 
 def msamp_level(effects: dict[str, Any], report) -> str | None:
@@ -370,6 +382,9 @@ def expected(plan: Plan, n_blocks: int) -> dict[str, tuple[str, Any]]:
         out["pipeline.stages"] = ("distributed.pipeline_parallel", d.pipeline_parallel)
         out["pipeline.schedule"] = ("distributed.pipeline.schedule", SCHEDULES[d.pipeline.schedule])
         out["pipeline.microbatches"] = ("distributed.pipeline.microbatches", plan.pipeline_microbatches)
+    if d.context_parallel > 1:
+        out["context.ranks"] = ("distributed.context_parallel", d.context_parallel)
+        out["context.positioned_attentions"] = ("distributed.context_parallel", n_blocks)
     if plan.monitor.fp8_stats_every > 0 and b is not None and b.monitored:
         out["monitor_hooks"] = ("monitor.fp8_stats_every", AT_LEAST_ONE)
     if b is not None and b.setting(p, "fp8_params"):
@@ -447,6 +462,8 @@ def effects_line(effects: dict[str, Any]) -> str:
         parts.append(f"tensor parallel {effects['tensor_parallel']}" + (" (async)" if effects["async_tp"] else ""))
     if effects["expert_parallel"] > 1:
         parts.append(f"expert parallel {effects['expert_parallel']}")
+    if effects.get("context"):
+        parts.append(f"context parallel {effects['context']['ranks']}")
     if effects.get("pipeline"):
         pp = effects["pipeline"]
         blocks = f"blocks {pp['blocks'][0]}-{pp['blocks'][-1]}" if pp["blocks"] else "no blocks"

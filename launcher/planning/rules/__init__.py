@@ -13,6 +13,7 @@ from types import MappingProxyType, ModuleType
 from typing import Iterable, Mapping
 
 from launcher.planning.rules import (
+    context,
     engines,
     hardware_speed,
     launch,
@@ -34,7 +35,7 @@ __all__ = ["RULES", "RULES_BY_ID", "MSAMP_OWN_ENVIRONMENT", "Facts", "Finding", 
            "rule_error"]
 
 DOMAINS: tuple[ModuleType, ...] = (precision, moe, te, msamp, engines, parallelism, launch, hardware_speed, selection, schedule,
-                                   levels, pipeline)
+                                   levels, pipeline, context)
 
 ORDER: tuple[str, ...] = (
     "FP8-DDP-COMPILE", "FP8-ALLGATHER-STRATEGY", "FP8-ALLGATHER-RECIPE", "MOE-ROUTER-FP8", "MOE-ROWWISE-CPU", "MOE-ROWWISE-HARDWARE",
@@ -60,6 +61,8 @@ ORDER: tuple[str, ...] = (
     "GRAD-REDUCE-FSDP2-FP32", "LEVELS-BACKEND",
     "PP-DIVIDES-WORLD", "PP-LAYERS", "PP-MICROBATCHES", "PP-STRATEGY", "PP-MODEL", "PP-BACKEND",
     "PP-PRECISION-SCHEDULE", "PP-FP16", "PP-GRAD-REDUCE", "PP-MONITOR", "PP-EXPERT-PARALLEL",
+    "CP-DIVIDES-WORLD", "CP-SEQ", "CP-STRATEGY", "CP-MODEL", "CP-PIPELINE", "CP-TENSOR-PARALLEL", "CP-EXPERT-PARALLEL", "CP-BACKEND",
+    "CP-COMPILE", "CP-EVAL",
 )
 """The order `fp8launch explain` lists the rules in, and findings of one severity print in: the order they were added
 in, so that the listing and every plan's output stay as they were when the table was split by domain. New ids go last."""
