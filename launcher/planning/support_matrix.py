@@ -154,6 +154,9 @@ ELSEWHERE: dict[str, str] = {
     "distributed.procs_per_node": "every run (the CPU matrix uses 2)",
     "distributed.expert_parallel": "tests/e2e/test_moe.py (builtin:moe-debug, expert_parallel = 2 on 2 processes; resume); "
                                    "rules MOE-*, EP-*",
+    "distributed.context_parallel": "tests/e2e/test_context_parallel.py (cp 2 on 2 processes, bf16 and torchao FP8, dense and "
+                                    "MoE, against one process; resume, and a cp 2 checkpoint resumed in one process); "
+                                    "tests/train/test_context_parallel.py (the ring over the CPU kernel); rules CP-*",
     "distributed.pipeline_parallel": "tests/e2e/test_pipeline.py (pp 2 on 2 processes, pp 2 x dp 2 and pp 2 x tp 2 on 4, bf16 and "
                                      "torchao FP8, "
                                      "against one process; resume, and a pp 2 checkpoint resumed without a pipeline); "
