@@ -113,3 +113,16 @@ def test_an_moe_model_under_context_parallel_computes_what_one_process_computes(
     assert cp.start["effects"]["context"] == {"ranks": 2, "positioned_attentions": 2}
     for a, b in zip(one.losses, cp.losses, strict=True):
         assert abs(b - a) / a < MOE_STEPS_REL, (a, b)
+
+
+def test_a_context_parallel_checkpoint_exports_the_whole_model(runs):
+    """`fp8launch export` of the cp 2 run: one Hugging Face folder whose model computes what the checkpoint's weights,
+    read by torch's own one-liner, compute."""
+    from tests.test_export import FP32_TOLERANCE, dcp_weights, hf_logits, our_logits
+
+    r, _ = run(runs, "export", "runs/cp2-fp8", "--dtype", "fp32")
+    assert r.returncode == 0, output_of(r)
+    assert "wrote runs/cp2-fp8/export/step-20-hf: step 20, LlamaForCausalLM, 39 tensors" in r.stdout
+    weights = dcp_weights(runs / "runs" / "cp2-fp8", 20)
+    _, theirs = hf_logits(runs / "runs" / "cp2-fp8" / "export" / "step-20-hf")
+    assert (theirs - our_logits(weights, COMMON["train__model"])).abs().max().item() < FP32_TOLERANCE
