@@ -35,9 +35,10 @@ precision = apply_precision(model, plan, env.device)
 blocks = prepare_blocks(model, plan)
 engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks)
 tokens = torch.randint(0, model.vocab_size, (plan.train.micro_batch_size, plan.train.seq_len + 1))
-with precision.autocast():
-    loss = cross_entropy(engine.forward(tokens[:, :-1]), tokens[:, 1:])
-engine.backward(loss, True)
+with engine.sequence_parts(tokens[:, :-1], tokens[:, 1:]) as (inputs, targets):  # this rank's part under context parallel
+    with precision.autocast():
+        loss = cross_entropy(engine.forward(inputs), targets)
+    engine.backward(loss, True)
 engine.clip_grad_norm(plan.train.max_grad_norm)
 engine.step()
 params = list(engine.model.parameters())

@@ -23,7 +23,9 @@ PROBE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "memory_probe.p
     (2, {"distributed.strategy": "fsdp2", "precision.mode": "fp8", "precision.torchao.skip_small": False,
          "precision.torchao.fsdp_float8_all_gather": True}),
     (2, {"distributed.strategy": "ddp", "precision.mode": "fp8", "precision.torchao.skip_small": False, "train.optimizer": "sgd"}),
-], ids=["ddp-bf16", "fsdp2-bf16", "fsdp2-fp8-allgather", "ddp-fp8-sgd"])
+    # context parallel: FSDP2 shards over dp_shard x cp, the CP group's 2 ranks included (1 x 2 here)
+    (2, {"distributed.strategy": "fsdp2", "precision.mode": "bf16", "distributed.context_parallel": 2, "train.seq_len": 32}),
+], ids=["ddp-bf16", "fsdp2-bf16", "fsdp2-fp8-allgather", "ddp-fp8-sgd", "fsdp2-cp2"])
 def test_estimate_matches_the_real_tensors_within_5_percent(tmp_path, procs, keys):
     plan, plan_dir = make_plan(tmp_path, **{"distributed.procs_per_node": procs, "train.model": "builtin:llama-debug", **keys})
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
