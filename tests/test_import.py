@@ -362,11 +362,68 @@ def test_axolotl_low_bit_optimizers_map_to_optimizer_states(name, states, status
     assert next(e.status for e in r.report.entries if e.source == "optimizer") == status
 
 
-def test_axolotl_context_parallel_says_what_it_does_to_the_global_batch(tmp_path):
-    spec, entries, r = imported("axolotl/llama3-8b-fsdp2-alst.yaml", tmp_path)
-    entry = next(e for e in r.report.entries if e.source == "gradient_accumulation_steps")
-    # micro 1 x accum 1 x 8 placeholder ranks / context_parallel_size 8 = 1 sequence; fp8launch trains 8
-    assert entry.status == APPROXIMATED and entry.before.startswith("1 sequence per step") and entry.after.startswith("8 sequences")
+def test_axolotl_alst_context_parallel_size_8_imports_as_context_parallel_8_with_axolotls_batch(cli, tmp_path):
+    # the issue's done-when: Axolotl ALST's context_parallel_size: 8 imports as distributed.context_parallel = 8
+    assert cli("import", str(DATA / "axolotl/llama3-8b-fsdp2-alst.yaml"), "--out", "s.toml").exit_code == 0
+    spec = tomllib.loads((tmp_path / "s.toml").read_text())
+    assert spec["distributed"]["context_parallel"] == 8 and spec["train"]["grad_accum_steps"] == 1
+    for world, batch in ((8, 1), (16, 2), (32, 4)):
+        # Axolotl's batch_size: micro 1 x accum 1 x world / context_parallel_size 8 (utils/config/__init__.py)
+        r = cli("plan", "s.toml", "--set", f"distributed.procs_per_node={world}", "--format", "json")
+        assert r.exit_code == 0, r.stderr
+        d = json.loads(r.stdout)["plan"]["distributed"]
+        assert (d["context_parallel"], d["global_batch_size"]) == (8, batch)
+
+
+def _alst(tmp_path: Path, old: str = "context_parallel_size: 8\n", new: str = "context_parallel_size: 8\n"):
+    """The Axolotl ALST example (FSDP2, micro 1 x accum 1, sequence_len 500_000, context_parallel_size 8), edited."""
+    return import_config(_edited(tmp_path, "axolotl/llama3-8b-fsdp2-alst.yaml", old, new), folder=str(tmp_path))
+
+
+def test_axolotl_deprecated_sequence_parallel_degree_is_context_parallel_unless_context_parallel_size_is_set(tmp_path):
+    r = _alst(tmp_path, new="sequence_parallel_degree: 4\n")
+    e = {x.source: x for x in r.report.entries}
+    assert tomllib.loads(r.text)["distributed"]["context_parallel"] == 4 and e["sequence_parallel_degree"].status == MAPPED
+    r = _alst(tmp_path, new="context_parallel_size: 2\nsequence_parallel_degree: 4\n")  # check_context_parallel_size
+    e = {x.source: x for x in r.report.entries}
+    assert tomllib.loads(r.text)["distributed"]["context_parallel"] == 2
+    assert "only without context_parallel_size" in e["sequence_parallel_degree"].note
+
+
+def test_axolotl_ring_attention_options_have_no_equivalent_and_say_so(tmp_path):
+    r = _alst(tmp_path, new="context_parallel_size: 8\nring_attn_func: batch_zigzag\nheads_k_stride: 2\n")
+    e = {x.source: x for x in r.report.entries}
+    assert e["ring_attn_func"].status == NONE and "torch's ring attention" in e["ring_attn_func"].note
+    assert e["heads_k_stride"].status == NONE
+    r = _alst(tmp_path, new="context_parallel_size: 1\nring_attn_func: batch_ring\n")
+    assert next(x for x in r.report.entries if x.source == "ring_attn_func").note.endswith("no effect")
+
+
+def test_axolotl_sequence_not_divisible_by_twice_the_context_parallel_is_rounded_up_naming_the_rule(tmp_path):
+    r = _alst(tmp_path, "sequence_len: 500_000", "sequence_len: 500_001")  # Axolotl pads each batch for its ring
+    entry = next(x for x in r.report.entries if x.source == "sequence_len")
+    assert tomllib.loads(r.text)["train"]["seq_len"] == 500_016  # the next multiple of 2 x 8
+    assert entry.status == APPROXIMATED and "rule CP-SEQ" in entry.note
+
+
+def test_axolotl_context_parallel_with_compile_keeps_context_parallel_and_turns_compile_off(tmp_path):
+    r = _alst(tmp_path, new="context_parallel_size: 8\ntorch_compile: true\n")
+    spec, entry = tomllib.loads(r.text), next(x for x in r.report.entries if x.source == "torch_compile")
+    assert spec["distributed"]["context_parallel"] == 8 and spec["compile"]["enabled"] is False
+    assert entry.status == APPROXIMATED and "rule CP-COMPILE" in entry.note
+
+
+def test_axolotl_context_parallel_on_a_local_hf_model_becomes_data_parallel_naming_the_rule(tmp_path):
+    folder = tmp_path / "src" / "llama-3.2-3b"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text((DATA.parent / "llama-3.2-3b.json").read_text())
+    r = _alst(tmp_path, "base_model: meta-llama/Llama-3.1-8B", "base_model: llama-3.2-3b")
+    spec, e = tomllib.loads(r.text), {x.source: x for x in r.report.entries}
+    assert spec["train"]["model"].startswith("hf:") and spec["distributed"]["context_parallel"] == 1
+    assert e["context_parallel_size"].status == APPROXIMATED and "rule CP-MODEL" in e["context_parallel_size"].note
+    # micro 1 x accum 1 x 8 placeholder ranks / 8 = 1 sequence per step in Axolotl; 8 whole sequences here
+    accum = e["gradient_accumulation_steps"]
+    assert accum.status == APPROXIMATED and accum.before.startswith("1 sequence per step") and accum.after.startswith("8 sequences")
 
 
 def test_torchtitan_pipeline_degree_imports_as_pipeline_parallel_with_its_schedule(tmp_path):
