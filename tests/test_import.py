@@ -450,6 +450,53 @@ def test_torchtitan_pipeline_that_does_not_fit_beside_tensor_parallel_becomes_da
     assert entry.status == APPROXIMATED and "rule PP-DIVIDES-WORLD" in entry.note  # tp 8 x pp 2 on 8 placeholder ranks
 
 
+def _titan_cp(tmp_path: Path, tp: int, more: str = "") -> tuple[dict, dict]:
+    """llama3_405b_2025.toml (batch_size 2 per rank, compile, torchao float8) with tensor_parallel_degree `tp` and
+    context_parallel_degree 2 (and `more` [parallelism] lines): (spec, {source: entry})."""
+    path = _edited(tmp_path, "torchtitan/llama3_405b_2025.toml", "tensor_parallel_degree = 8", f"tensor_parallel_degree = {tp}")
+    path = _edited(tmp_path, path, "enable_async_tensor_parallel = true", "enable_async_tensor_parallel = false")
+    path = _edited(tmp_path, path, "context_parallel_degree = 1", f"context_parallel_degree = 2\n{more}")
+    r = import_config(path, folder=str(tmp_path))
+    return tomllib.loads(r.text), {x.source: x for x in r.report.entries}
+
+
+def test_torchtitan_context_parallel_degree_imports_as_context_parallel_its_options_said(tmp_path):
+    spec, e = _titan_cp(tmp_path, 1, 'context_parallel_rotate_method = "alltoall"\ncontext_parallel_load_balancer = "ptrr"')
+    d = spec["distributed"]
+    assert (d["context_parallel"], d["strategy"]) == (2, "fsdp2") and e["parallelism.context_parallel_degree"].status == MAPPED
+    # torchtitan's batch: batch_size 2 x 8 placeholder ranks / cp 2 = 8 sequences, the spec's micro 2 x accum 1 x 4 ranks
+    assert (spec["train"]["micro_batch_size"], spec["train"].get("grad_accum_steps", 1)) == (2, 1)
+    rotate, balancer = e["parallelism.context_parallel_rotate_method"], e["parallelism.context_parallel_load_balancer"]
+    assert rotate.status == APPROXIMATED and "alltoall" in rotate.before and "allgather" in rotate.after
+    assert balancer.status == APPROXIMATED and "ptrr" in balancer.before and "head-tail" in balancer.after
+    # compile on beside context parallel: compile off (CP-COMPILE), context parallel kept
+    compile_entry = next(x for x in e.values() if ("compile.enabled", False) in x.sets)
+    assert spec["compile"]["enabled"] is False and "rule CP-COMPILE" in compile_entry.note
+    spec, e = _titan_cp(tmp_path, 1, 'context_parallel_rotate_method = "allgather"')  # torch's default, which fp8launch runs
+    assert e["parallelism.context_parallel_rotate_method"].status == MAPPED
+
+
+def test_torchtitan_context_parallel_beside_tensor_parallel_becomes_data_parallel_naming_the_rule(tmp_path):
+    spec, e = _titan_cp(tmp_path, 4)  # tp 4 x cp 2 divides the 8 placeholder ranks: only CP-TENSOR-PARALLEL refuses
+    entry, batch = e["parallelism.context_parallel_degree"], e["training.batch_size"]
+    assert spec["distributed"]["tensor_parallel"] == 4 and spec["distributed"]["context_parallel"] == 1
+    assert entry.status == APPROXIMATED and "rule CP-TENSOR-PARALLEL" in entry.note
+    # torchtitan: batch_size 2 x 8 / (tp 4 x cp 2) = 2 sequences; the spec: 2 x 8 / 4 = 4
+    assert batch.status == APPROXIMATED and batch.before.startswith("2 sequences") and batch.after.startswith("4 sequences")
+
+
+def test_accelerate_cp_size_imports_as_context_parallel(tmp_path):
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    path = _edited(tmp_path, "accelerate/fsdp.yaml", "fsdp_use_orig_params: true\n", "fsdp_use_orig_params: true\nparallelism_config:\n"
+                   "  parallelism_config_cp_size: 2\n  parallelism_config_cp_comm_strategy: alltoall\n")
+    assert config_args.load_config_from_file(path).parallelism_config["parallelism_config_cp_size"] == 2  # Accelerate reads it
+    r = import_config(path, folder=str(tmp_path))
+    e = {x.source: x for x in r.report.entries}
+    assert tomllib.loads(r.text)["distributed"]["context_parallel"] == 2
+    assert e["parallelism_config.parallelism_config_cp_size"].status == MAPPED
+    assert e["parallelism_config.parallelism_config_cp_comm_strategy"].status == APPROXIMATED
+
+
 def test_context_parallel_off_makes_its_ranks_data_parallel_and_a_sequence_rounds_to_twice_its_degree():
     from launcher.commands.importer.draft import Draft
     from launcher.commands.importer.planable import FIXES
