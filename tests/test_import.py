@@ -485,6 +485,33 @@ def test_torchtitan_context_parallel_beside_tensor_parallel_becomes_data_paralle
     assert batch.status == APPROXIMATED and batch.before.startswith("2 sequences") and batch.after.startswith("4 sequences")
 
 
+MEGATRON_CP = """
+    mixed_precision: bf16_mixed
+    model:
+      tensor_model_parallel_size: 1
+      context_parallel_size: 4
+      seq_length: 8192{comm}
+    train:
+      train_iters: 50
+      global_batch_size: 16
+      micro_batch_size: 1
+    """
+
+
+@pytest.mark.parametrize("comm,status", [(None, None), ("all_gather", MAPPED), ("a2a", APPROXIMATED), ("p2p", APPROXIMATED)])
+def test_megatron_context_parallel_size_imports_as_context_parallel_keeping_the_global_batch(comm, status, tmp_path):
+    text = MEGATRON_CP.replace("{comm}", f"\n      cp_comm_type: {comm}" if comm else "")
+    r = import_config(_write(tmp_path, "mb.yaml", text), folder=str(tmp_path))
+    spec, e = tomllib.loads(r.text), {x.source: x for x in r.report.entries}
+    d = spec["distributed"]
+    # 8 placeholder ranks / cp 4 = 2 data-parallel ranks: 16 = micro 1 x accum 8 x 2, as Megatron counts them
+    assert (d["context_parallel"], d["global_batch_size"], spec["train"]["grad_accum_steps"]) == (4, 16, 8)
+    assert e["model.context_parallel_size"].status == MAPPED
+    assert d["strategy"] == "fsdp2" and "rule CP-STRATEGY" in e["(strategy)"].note  # Megatron's DDP: FSDP2 under CP
+    if comm:
+        assert e["model.cp_comm_type"].status == status
+
+
 def test_accelerate_cp_size_imports_as_context_parallel(tmp_path):
     config_args = pytest.importorskip("accelerate.commands.config.config_args")
     path = _edited(tmp_path, "accelerate/fsdp.yaml", "fsdp_use_orig_params: true\n", "fsdp_use_orig_params: true\nparallelism_config:\n"
@@ -671,7 +698,10 @@ def test_megatron_bridge_llama3_8b_fp8_current_scaling(tmp_path):
     t = spec["train"]
     assert (t["model"], t["seq_len"], t["grad_accum_steps"], spec["distributed"]["global_batch_size"]) == \
         ("builtin:llama3-8b", 8192, 96, 768)
-    assert e["mixed_precision.fp8_param_gather"][0] == APPROXIMATED and e["model.context_parallel_size"][0] == NONE
+    assert e["mixed_precision.fp8_param_gather"][0] == APPROXIMATED
+    # context parallel beside Transformer Engine: off, its 2 ranks data-parallel; the global batch 768 kept (96 x 8 ranks)
+    status, sets, note = e["model.context_parallel_size"]
+    assert status == APPROXIMATED and sets == {"distributed.context_parallel": 1} and "rule CP-BACKEND" in note
 
 
 def test_deepspeed_strict_section_misspelt_is_refused_top_level_reported(cli, tmp_path):
