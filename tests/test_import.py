@@ -37,6 +37,50 @@ CONFIGS = sorted(str(p.relative_to(DATA)) for p in DATA.rglob("*") if p.suffix i
                  and "expected" not in p.parts and str(p.relative_to(DATA)) not in BAD)
 
 
+def _cp_standins():
+    """The CP-* rules the import's fixes answer (launcher/commands/importer/planable.py), with the conditions the context
+    parallel work states for them, for those the planner does not define yet (its rules are written beside this change):
+    the fixture below adds only those missing, so once the planner has them these tests hold the import to its own."""
+    from launcher.planning.backends import MSAMP, TE
+    from launcher.planning.rules import Rule
+    from launcher.planning.rules.predicates import fp8
+
+    def cp(f):
+        return f.plan.distributed.context_parallel
+
+    d = lambda f: f.plan.distributed  # noqa: E731
+    conditions = {
+        "CP-DIVIDES-WORLD": lambda f: d(f).world_size % (d(f).tensor_parallel * cp(f) * d(f).pipeline_parallel) != 0,
+        "CP-SEQ": lambda f: f.plan.train.seq_len % (2 * cp(f)) != 0,
+        "CP-STRATEGY": lambda f: d(f).strategy != "fsdp2",
+        "CP-MODEL": lambda f: not f.plan.train.model.startswith("builtin:"),
+        "CP-PIPELINE": lambda f: d(f).pipeline_parallel > 1,
+        "CP-TENSOR-PARALLEL": lambda f: d(f).tensor_parallel > 1,
+        "CP-EXPERT-PARALLEL": lambda f: d(f).expert_parallel > 1,
+        "CP-BACKEND": lambda f: fp8(f, TE) or fp8(f, MSAMP),
+        "CP-COMPILE": lambda f: f.plan.compile.enabled,
+        "CP-EVAL": lambda f: bool(f.plan.eval.data),
+    }
+    return tuple(Rule(id=rule, severity="error", stage="plan", when=f"{rule} (stand-in)", why=f"{rule} (stand-in)", fix="-",
+                      condition=lambda f, c=c: cp(f) > 1 and c(f)) for rule, c in conditions.items())
+
+
+@pytest.fixture(autouse=True)
+def cp_rules(monkeypatch):
+    """The planner with every CP-* rule: its own, and a stand-in (_cp_standins) for each it does not define yet."""
+    from types import MappingProxyType
+
+    from launcher.commands.importer import planable
+    from launcher.planning import rules
+
+    missing = tuple(r for r in _cp_standins() if r.id not in rules.RULES_BY_ID)
+    if missing:
+        by_id = MappingProxyType({**rules.RULES_BY_ID, **{r.id: r for r in missing}})
+        monkeypatch.setattr(rules, "RULES", rules.RULES + missing)
+        monkeypatch.setattr(rules, "RULES_BY_ID", by_id)
+        monkeypatch.setattr(planable, "RULES_BY_ID", by_id)
+
+
 def imported(relative: str, tmp_path: Path):
     """(spec as a dict, {source: (status, sets, note)}, Imported) of one data file."""
     result = import_config(str(DATA / relative), folder=str(tmp_path))
@@ -318,11 +362,68 @@ def test_axolotl_low_bit_optimizers_map_to_optimizer_states(name, states, status
     assert next(e.status for e in r.report.entries if e.source == "optimizer") == status
 
 
-def test_axolotl_context_parallel_says_what_it_does_to_the_global_batch(tmp_path):
-    spec, entries, r = imported("axolotl/llama3-8b-fsdp2-alst.yaml", tmp_path)
-    entry = next(e for e in r.report.entries if e.source == "gradient_accumulation_steps")
-    # micro 1 x accum 1 x 8 placeholder ranks / context_parallel_size 8 = 1 sequence; fp8launch trains 8
-    assert entry.status == APPROXIMATED and entry.before.startswith("1 sequence per step") and entry.after.startswith("8 sequences")
+def test_axolotl_alst_context_parallel_size_8_imports_as_context_parallel_8_with_axolotls_batch(cli, tmp_path):
+    # the issue's done-when: Axolotl ALST's context_parallel_size: 8 imports as distributed.context_parallel = 8
+    assert cli("import", str(DATA / "axolotl/llama3-8b-fsdp2-alst.yaml"), "--out", "s.toml").exit_code == 0
+    spec = tomllib.loads((tmp_path / "s.toml").read_text())
+    assert spec["distributed"]["context_parallel"] == 8 and spec["train"]["grad_accum_steps"] == 1
+    for world, batch in ((8, 1), (16, 2), (32, 4)):
+        # Axolotl's batch_size: micro 1 x accum 1 x world / context_parallel_size 8 (utils/config/__init__.py)
+        r = cli("plan", "s.toml", "--set", f"distributed.procs_per_node={world}", "--format", "json")
+        assert r.exit_code == 0, r.stderr
+        d = json.loads(r.stdout)["plan"]["distributed"]
+        assert (d["context_parallel"], d["global_batch_size"]) == (8, batch)
+
+
+def _alst(tmp_path: Path, old: str = "context_parallel_size: 8\n", new: str = "context_parallel_size: 8\n"):
+    """The Axolotl ALST example (FSDP2, micro 1 x accum 1, sequence_len 500_000, context_parallel_size 8), edited."""
+    return import_config(_edited(tmp_path, "axolotl/llama3-8b-fsdp2-alst.yaml", old, new), folder=str(tmp_path))
+
+
+def test_axolotl_deprecated_sequence_parallel_degree_is_context_parallel_unless_context_parallel_size_is_set(tmp_path):
+    r = _alst(tmp_path, new="sequence_parallel_degree: 4\n")
+    e = {x.source: x for x in r.report.entries}
+    assert tomllib.loads(r.text)["distributed"]["context_parallel"] == 4 and e["sequence_parallel_degree"].status == MAPPED
+    r = _alst(tmp_path, new="context_parallel_size: 2\nsequence_parallel_degree: 4\n")  # check_context_parallel_size
+    e = {x.source: x for x in r.report.entries}
+    assert tomllib.loads(r.text)["distributed"]["context_parallel"] == 2
+    assert "only without context_parallel_size" in e["sequence_parallel_degree"].note
+
+
+def test_axolotl_ring_attention_options_have_no_equivalent_and_say_so(tmp_path):
+    r = _alst(tmp_path, new="context_parallel_size: 8\nring_attn_func: batch_zigzag\nheads_k_stride: 2\n")
+    e = {x.source: x for x in r.report.entries}
+    assert e["ring_attn_func"].status == NONE and "torch's ring attention" in e["ring_attn_func"].note
+    assert e["heads_k_stride"].status == NONE
+    r = _alst(tmp_path, new="context_parallel_size: 1\nring_attn_func: batch_ring\n")
+    assert next(x for x in r.report.entries if x.source == "ring_attn_func").note.endswith("no effect")
+
+
+def test_axolotl_sequence_not_divisible_by_twice_the_context_parallel_is_rounded_up_naming_the_rule(tmp_path):
+    r = _alst(tmp_path, "sequence_len: 500_000", "sequence_len: 500_001")  # Axolotl pads each batch for its ring
+    entry = next(x for x in r.report.entries if x.source == "sequence_len")
+    assert tomllib.loads(r.text)["train"]["seq_len"] == 500_016  # the next multiple of 2 x 8
+    assert entry.status == APPROXIMATED and "rule CP-SEQ" in entry.note
+
+
+def test_axolotl_context_parallel_with_compile_keeps_context_parallel_and_turns_compile_off(tmp_path):
+    r = _alst(tmp_path, new="context_parallel_size: 8\ntorch_compile: true\n")
+    spec, entry = tomllib.loads(r.text), next(x for x in r.report.entries if x.source == "torch_compile")
+    assert spec["distributed"]["context_parallel"] == 8 and spec["compile"]["enabled"] is False
+    assert entry.status == APPROXIMATED and "rule CP-COMPILE" in entry.note
+
+
+def test_axolotl_context_parallel_on_a_local_hf_model_becomes_data_parallel_naming_the_rule(tmp_path):
+    folder = tmp_path / "src" / "llama-3.2-3b"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text((DATA.parent / "llama-3.2-3b.json").read_text())
+    r = _alst(tmp_path, "base_model: meta-llama/Llama-3.1-8B", "base_model: llama-3.2-3b")
+    spec, e = tomllib.loads(r.text), {x.source: x for x in r.report.entries}
+    assert spec["train"]["model"].startswith("hf:") and spec["distributed"]["context_parallel"] == 1
+    assert e["context_parallel_size"].status == APPROXIMATED and "rule CP-MODEL" in e["context_parallel_size"].note
+    # micro 1 x accum 1 x 8 placeholder ranks / 8 = 1 sequence per step in Axolotl; 8 whole sequences here
+    accum = e["gradient_accumulation_steps"]
+    assert accum.status == APPROXIMATED and accum.before.startswith("1 sequence per step") and accum.after.startswith("8 sequences")
 
 
 def test_torchtitan_pipeline_degree_imports_as_pipeline_parallel_with_its_schedule(tmp_path):
@@ -347,6 +448,95 @@ def test_torchtitan_pipeline_that_does_not_fit_beside_tensor_parallel_becomes_da
     assert spec["distributed"]["tensor_parallel"] == 8 and spec["distributed"].get("pipeline_parallel", 1) == 1
     entry = e["parallelism.pipeline_parallel_degree"]
     assert entry.status == APPROXIMATED and "rule PP-DIVIDES-WORLD" in entry.note  # tp 8 x pp 2 on 8 placeholder ranks
+
+
+def _titan_cp(tmp_path: Path, tp: int, more: str = "") -> tuple[dict, dict]:
+    """llama3_405b_2025.toml (batch_size 2 per rank, compile, torchao float8) with tensor_parallel_degree `tp` and
+    context_parallel_degree 2 (and `more` [parallelism] lines): (spec, {source: entry})."""
+    path = _edited(tmp_path, "torchtitan/llama3_405b_2025.toml", "tensor_parallel_degree = 8", f"tensor_parallel_degree = {tp}")
+    path = _edited(tmp_path, path, "enable_async_tensor_parallel = true", "enable_async_tensor_parallel = false")
+    path = _edited(tmp_path, path, "context_parallel_degree = 1", f"context_parallel_degree = 2\n{more}")
+    r = import_config(path, folder=str(tmp_path))
+    return tomllib.loads(r.text), {x.source: x for x in r.report.entries}
+
+
+def test_torchtitan_context_parallel_degree_imports_as_context_parallel_its_options_said(tmp_path):
+    spec, e = _titan_cp(tmp_path, 1, 'context_parallel_rotate_method = "alltoall"\ncontext_parallel_load_balancer = "ptrr"')
+    d = spec["distributed"]
+    assert (d["context_parallel"], d["strategy"]) == (2, "fsdp2") and e["parallelism.context_parallel_degree"].status == MAPPED
+    # torchtitan's batch: batch_size 2 x 8 placeholder ranks / cp 2 = 8 sequences, the spec's micro 2 x accum 1 x 4 ranks
+    assert (spec["train"]["micro_batch_size"], spec["train"].get("grad_accum_steps", 1)) == (2, 1)
+    rotate, balancer = e["parallelism.context_parallel_rotate_method"], e["parallelism.context_parallel_load_balancer"]
+    assert rotate.status == APPROXIMATED and "alltoall" in rotate.before and "allgather" in rotate.after
+    assert balancer.status == APPROXIMATED and "ptrr" in balancer.before and "head-tail" in balancer.after
+    # compile on beside context parallel: compile off (CP-COMPILE), context parallel kept
+    compile_entry = next(x for x in e.values() if ("compile.enabled", False) in x.sets)
+    assert spec["compile"]["enabled"] is False and "rule CP-COMPILE" in compile_entry.note
+    spec, e = _titan_cp(tmp_path, 1, 'context_parallel_rotate_method = "allgather"')  # torch's default, which fp8launch runs
+    assert e["parallelism.context_parallel_rotate_method"].status == MAPPED
+
+
+def test_torchtitan_context_parallel_beside_tensor_parallel_becomes_data_parallel_naming_the_rule(tmp_path):
+    spec, e = _titan_cp(tmp_path, 4)  # tp 4 x cp 2 divides the 8 placeholder ranks: only CP-TENSOR-PARALLEL refuses
+    entry, batch = e["parallelism.context_parallel_degree"], e["training.batch_size"]
+    assert spec["distributed"]["tensor_parallel"] == 4 and spec["distributed"]["context_parallel"] == 1
+    assert entry.status == APPROXIMATED and "rule CP-TENSOR-PARALLEL" in entry.note
+    # torchtitan: batch_size 2 x 8 / (tp 4 x cp 2) = 2 sequences; the spec: 2 x 8 / 4 = 4
+    assert batch.status == APPROXIMATED and batch.before.startswith("2 sequences") and batch.after.startswith("4 sequences")
+
+
+MEGATRON_CP = """
+    mixed_precision: bf16_mixed
+    model:
+      tensor_model_parallel_size: 1
+      context_parallel_size: 4
+      seq_length: 8192{comm}
+    train:
+      train_iters: 50
+      global_batch_size: 16
+      micro_batch_size: 1
+    """
+
+
+@pytest.mark.parametrize("comm,status", [(None, None), ("all_gather", MAPPED), ("a2a", APPROXIMATED), ("p2p", APPROXIMATED)])
+def test_megatron_context_parallel_size_imports_as_context_parallel_keeping_the_global_batch(comm, status, tmp_path):
+    text = MEGATRON_CP.replace("{comm}", f"\n      cp_comm_type: {comm}" if comm else "")
+    r = import_config(_write(tmp_path, "mb.yaml", text), folder=str(tmp_path))
+    spec, e = tomllib.loads(r.text), {x.source: x for x in r.report.entries}
+    d = spec["distributed"]
+    # 8 placeholder ranks / cp 4 = 2 data-parallel ranks: 16 = micro 1 x accum 8 x 2, as Megatron counts them
+    assert (d["context_parallel"], d["global_batch_size"], spec["train"]["grad_accum_steps"]) == (4, 16, 8)
+    assert e["model.context_parallel_size"].status == MAPPED
+    assert d["strategy"] == "fsdp2" and "rule CP-STRATEGY" in e["(strategy)"].note  # Megatron's DDP: FSDP2 under CP
+    if comm:
+        assert e["model.cp_comm_type"].status == status
+
+
+def test_accelerate_cp_size_imports_as_context_parallel(tmp_path):
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    path = _edited(tmp_path, "accelerate/fsdp.yaml", "fsdp_use_orig_params: true\n", "fsdp_use_orig_params: true\nparallelism_config:\n"
+                   "  parallelism_config_cp_size: 2\n  parallelism_config_cp_comm_strategy: alltoall\n")
+    assert config_args.load_config_from_file(path).parallelism_config["parallelism_config_cp_size"] == 2  # Accelerate reads it
+    r = import_config(path, folder=str(tmp_path))
+    e = {x.source: x for x in r.report.entries}
+    assert tomllib.loads(r.text)["distributed"]["context_parallel"] == 2
+    assert e["parallelism_config.parallelism_config_cp_size"].status == MAPPED
+    assert e["parallelism_config.parallelism_config_cp_comm_strategy"].status == APPROXIMATED
+
+
+def test_context_parallel_off_makes_its_ranks_data_parallel_and_a_sequence_rounds_to_twice_its_degree():
+    from launcher.commands.importer.draft import Draft
+    from launcher.commands.importer.planable import FIXES
+
+    d = Draft({}, path="x", title="test")
+    d.set("distributed.context_parallel", 4)
+    d.set("train.seq_len", 1000)
+    assert FIXES["CP-SEQ"].change(d) == []  # already a multiple of 2 x 4
+    d.set("train.seq_len", 1001)
+    assert FIXES["CP-SEQ"].change(d) == [("train.seq_len", 1008)]
+    assert FIXES["CP-BACKEND"].change(d) == [("distributed.context_parallel", 1)] and d.batch.split == 4
+    d.set("distributed.context_parallel", 1)
+    assert FIXES["CP-MODEL"].change(d) == [] and d.batch.split == 4  # nothing left to turn off
 
 
 def test_a_pipeline_whose_stages_do_not_divide_the_blocks_gets_a_split():
@@ -508,7 +698,10 @@ def test_megatron_bridge_llama3_8b_fp8_current_scaling(tmp_path):
     t = spec["train"]
     assert (t["model"], t["seq_len"], t["grad_accum_steps"], spec["distributed"]["global_batch_size"]) == \
         ("builtin:llama3-8b", 8192, 96, 768)
-    assert e["mixed_precision.fp8_param_gather"][0] == APPROXIMATED and e["model.context_parallel_size"][0] == NONE
+    assert e["mixed_precision.fp8_param_gather"][0] == APPROXIMATED
+    # context parallel beside Transformer Engine: off, its 2 ranks data-parallel; the global batch 768 kept (96 x 8 ranks)
+    status, sets, note = e["model.context_parallel_size"]
+    assert status == APPROXIMATED and sets == {"distributed.context_parallel": 1} and "rule CP-BACKEND" in note
 
 
 def test_deepspeed_strict_section_misspelt_is_refused_top_level_reported(cli, tmp_path):

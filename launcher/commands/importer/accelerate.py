@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 
-from . import deepspeed, hub
+from . import context, deepspeed, hub
 from .draft import Draft
 from .kind import Kind, count
 from .known import Unknown, unknown
@@ -402,9 +402,11 @@ def _parallelism(d: Draft) -> None:
         d.mapped(p + "tp_size", ("distributed.tensor_parallel", int(d.get(p + "tp_size"))))
     cp = int(d.get(p + "cp_size", 1))
     if cp > 1:
-        d.none(p + "cp_size", f"fp8launch has no context parallelism: each rank holds whole sequences, so the {cp} ranks that "
-                              f"split a sequence become data-parallel ranks and the script's global batch is {cp}x larger; "
-                              f"divide its per-device batch or accumulation by {cp} to keep it")
+        d.mapped(p + "cp_size", ("distributed.context_parallel", cp),
+                 note="torch's context_parallel, as Accelerate runs it (its cp_backend is torch's): each sequence split over "
+                      f"{cp} ranks that read the same batches")
+        if d.has(p + "cp_comm_strategy"):
+            context.rotate_method(d, p + "cp_comm_strategy", str(d.get(p + "cp_comm_strategy")))
     replicate = int(d.get(p + "dp_replicate_size", 1))
     if replicate > 1:
         d.approximated(p + "dp_replicate_size", before=f"HSDP: {replicate} replicas, each sharded over its own ranks",

@@ -18,7 +18,9 @@ tests name this commit.
   AdamWFp8; lr_scheduler "cosine" by default, decaying to 0, or to cosine_min_lr_ratio x lr
   (core/trainers/mixins/scheduler.py); no warmup_steps or warmup_ratio: min(int(0.03 x steps), 100) warm-up steps,
   and 1 becomes 2 (core/builders/base.py _configure_warmup_and_logging).
-- context_parallel_size splits each sequence over that many ranks: the data-parallel ranks are world / cp.
+- context_parallel_size (sequence_parallel_degree before it) splits each sequence over that many ranks, which read the
+  same batches (utils/config/__init__.py: batch_size counts world / cp / tp ranks); ring-flash-attn's ring attention
+  (ctx_managers/sequence_parallel.py pads each batch to a multiple of cp).
 - The world size comes from `accelerate launch` / torchrun, not the YAML.
 """
 
@@ -191,16 +193,7 @@ def _distributed(d: Draft) -> None:
         d.mapped("tensor_parallel_size", ("distributed.tensor_parallel", int(d.get("tensor_parallel_size"))))
     if d.has("expert_parallel_size"):
         d.mapped("expert_parallel_size", ("distributed.expert_parallel", int(d.get("expert_parallel_size"))))
-    for key in ("context_parallel_size", "sequence_parallel_degree"):
-        if d.has(key):
-            cp = int(d.get(key))
-            if cp == 1:
-                d.mapped(key, note="off")
-            else:
-                d.none(key, f"fp8launch has no context / sequence-dimension parallelism: each rank holds whole sequences of "
-                            f"sequence_len, so the {cp} ranks that split one become data-parallel ranks (the batch line says what "
-                            "that does to the global batch)")
-                d.split_batch(cp, f"{key} {cp}")
+    _context_parallel(d)
     for key in ("dp_shard_size", "dp_replicate_size"):
         if d.has(key):
             d.none(key, "fp8launch's FSDP2 shards over every data-parallel rank (world size / tensor_parallel)")
@@ -229,6 +222,29 @@ def _distributed(d: Draft) -> None:
         d.group(key, "Axolotl plugins (e.g. Liger kernels): fp8launch runs the model's own modules")
     d.bundle(tuple(k for k in d.untaken() if k.startswith("liger_")),
              "Liger kernels: fp8launch runs the model's own modules (FP8 replaces the Linears, compile fuses the rest)")
+
+
+def _context_parallel(d: Draft) -> None:
+    """context_parallel_size (or its deprecated name sequence_parallel_degree, read only without it: check_context_parallel_size)
+    and the ring-flash-attn options that go with it."""
+    key = next((k for k in ("context_parallel_size", "sequence_parallel_degree") if d.get(k)), None)
+    cp = int(d.get(key)) if key else 1
+    if key and cp > 1:
+        d.mapped(key, ("distributed.context_parallel", cp),
+                 note=("Axolotl's deprecated name for context_parallel_size; " if key == "sequence_parallel_degree" else "")
+                 + f"each sequence split over {cp} ranks that read the same batches (world / {cp} data-parallel ranks, as "
+                   "Axolotl's batch_size counts them): ring-flash-attn there, torch's ring attention here, the same attention")
+    elif key:
+        d.mapped(key, note="off")
+    for other in ("context_parallel_size", "sequence_parallel_degree"):
+        if d.has(other) and other != key:
+            d.mapped(other, note="off" if not d.get(other) or int(d.get(other)) <= 1 else
+                     "Axolotl reads the deprecated sequence_parallel_degree only without context_parallel_size")
+    for option, what in (("ring_attn_func", "ring-flash-attn's attention function"),
+                         ("heads_k_stride", "ring-flash-attn's stride over the key heads (memory against speed)")):
+        if d.has(option):
+            d.none(option, f"{what}: " + ("fp8launch's context parallel is torch's ring attention (causal, load-balanced head and "
+                                          "tail), nothing to choose" if cp > 1 else "no context parallelism: no effect"))
 
 
 def _fsdp_config(d: Draft) -> None:

@@ -28,8 +28,9 @@ class Batch:
     global_batch_size): the spec keeps them, whatever the world size."""
     global_source: str = ""
     split: int = 1
-    """The source's ranks that split a sequence or the layers (context / pipeline parallel): fp8launch has neither, so
-    they are data-parallel ranks here. A batch the source does not fix grows with them."""
+    """The source's ranks that split a sequence or the layers (context / pipeline parallel) where the spec does not (a
+    rule refuses it beside the rest of the spec, or the source's kind has no mapping for it): data-parallel ranks here.
+    A batch the source does not fix grows with them."""
     split_what: str = ""
     """Those ranks in the source's words, e.g. "context_parallel_size 8"."""
 
@@ -98,8 +99,9 @@ def _follows(b: Batch, micro: int, ranks: int, where: str) -> Entry:
                   before=f"{_seqs(theirs)} per step (micro_batch_size {micro} x grad_accum_steps {accum} x {ranks} / {b.split} "
                          f"data-parallel ranks: {b.split_what})",
                   after=f"{_seqs(ours)} per step (micro_batch_size {micro} x grad_accum_steps {accum} x {where})",
-                  note=f"{b.split}x the sequences per optimizer step: fp8launch has no context / pipeline parallelism, every "
-                       "rank trains on whole sequences of its own; lower the lr or micro_batch_size to compensate")
+                  note=f"{b.split}x the sequences per optimizer step: the spec does not split the sequences or layers over "
+                       f"those ranks ({b.split_what}), every rank trains on whole sequences of its own; lower the lr or "
+                       "micro_batch_size to compensate")
 
 
 def _seqs(n: int) -> str:

@@ -14,6 +14,7 @@ in the source goes unmentioned.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Any
@@ -254,8 +255,8 @@ class Draft:
         self.report.entries = [e for e in self.report.entries if e.tag != batch.TAG]
         at = len(self.report.entries) if self.batch_at is None else min(self.batch_at, len(self.report.entries))
         d = self.spec.get("distributed", {})
-        ranks = max(1, d.get("nodes", 1) * d.get("procs_per_node", 8)
-                    // (max(1, d.get("tensor_parallel", 1)) * max(1, d.get("pipeline_parallel", 1))))
+        split = math.prod(max(1, d.get(k, 1)) for k in ("tensor_parallel", "context_parallel", "pipeline_parallel"))
+        ranks = max(1, d.get("nodes", 1) * d.get("procs_per_node", 8) // split)  # DistributedConfig.data_parallel
         placeholder = "distributed.procs_per_node" in self.placeholders
         made = batch.entries(self.batch, micro=self.value("train.micro_batch_size"), ranks=ranks, placeholder=placeholder)
         for entry in made:
@@ -275,7 +276,8 @@ class Draft:
             self.batch_at = len(self.report.entries)
 
     def split_batch(self, ranks: int, what: str) -> None:
-        """The source has `ranks` context / pipeline parallel ranks (`what`, in its words), data-parallel ranks here."""
+        """The source has `ranks` context / pipeline parallel ranks (`what`, in its words) that the spec does not split
+        sequences or layers over: data-parallel ranks here."""
         self.batch.split *= ranks
         self.batch.split_what = f"{self.batch.split_what} and {what}" if self.batch.split_what else what
         if self.batch_at is None:

@@ -288,21 +288,42 @@ def _world(d: Draft) -> None:
                  note="stages of torch.distributed.pipelining (1F1B), FSDP2 over each stage's ranks")
     elif pp:
         d.mapped(pp, note="off")
-    for key, what in (("context_parallel_size", "context"), ("virtual_pipeline_model_parallel_size", "virtual pipeline")):
-        where = _at(d, key)
-        if where and int(d.get(where)) > 1:
-            n = int(d.get(where))
-            effect = {"context": "its ranks become data-parallel ranks, each holding whole sequences",
-                      "virtual pipeline": "its interleaved chunks have no equivalent (one stage per rank)"}[what]
-            batch = "" if what == "virtual pipeline" else " (the batch line says what that does to the global batch)"
-            d.none(where, f"fp8launch has no {what} parallelism: {effect}{batch}")
-            if what != "virtual pipeline":
-                d.split_batch(n, f"{key} {n}")
-        elif where:
-            d.mapped(where, note="off")
+    where = _at(d, "virtual_pipeline_model_parallel_size")
+    if where and int(d.get(where)) > 1:
+        d.none(where, "fp8launch has no virtual pipeline parallelism: its interleaved chunks have no equivalent (one stage per rank)")
+    elif where:
+        d.mapped(where, note="off")
+    _context(d)
     ep = _at(d, "expert_model_parallel_size")
     if ep:
         d.mapped(ep, ("distributed.expert_parallel", int(d.get(ep))))
+
+
+CP_COMM = {"p2p": "sent point to point around the ring", "all_gather": "all-gathered", "a2a": "exchanged all-to-all (Ulysses)",
+           "a2a+p2p": "exchanged all-to-all, then point to point (hierarchical)"}
+"""Megatron's cp_comm_type -> how Transformer Engine's attention exchanges the key / value shards (p2p by default)."""
+
+
+def _context(d: Draft) -> None:
+    """context_parallel_size: the data-parallel ranks are world / (tp x cp x pp), each sequence split in 2 x cp chunks dealt
+    head and tail (get_batch_on_this_cp_rank), as torch's load balancer deals them; and the exchange cp_comm_type names."""
+    where = _at(d, "context_parallel_size")
+    if not where or int(d.get(where)) <= 1:
+        if where:
+            d.mapped(where, note="off")
+        return
+    comm = _at(d, "cp_comm_type")
+    d.mapped(where, ("distributed.context_parallel", int(d.get(where))),
+             note="each sequence split over the ranks in 2 x cp chunks dealt head and tail, as Megatron deals them; torch's ring "
+                  "attention all-gathers the key / value shards" + ("" if comm else " (Megatron's default, p2p, sends them around "
+                                                                                    "the ring: the same attention)"))
+    kind = d.get(comm) if comm else None
+    if kind == "all_gather":
+        d.mapped(comm, note="torch's ring attention all-gathers them too")
+    elif comm:
+        d.approximated(comm, before=f"key / value shards {CP_COMM.get(str(kind), f'exchanged by {kind}')}",
+                       after="all-gathered (torch's ring attention's default rotation; no spec key chooses it)",
+                       effect="the same attention; another collective, so the speed and memory differ")
 
 
 def _strategy(d: Draft) -> None:

@@ -41,14 +41,27 @@ def _no_tp(d: Draft) -> list[tuple[str, Any]]:
     return [("distributed.tensor_parallel", 1)] + ([("distributed.async_tp", False)] if _v(d, "distributed.async_tp", False) else [])
 
 
-def _no_pp(d: Draft) -> list[tuple[str, Any]]:
-    """Pipeline parallelism off: its stages' ranks become data-parallel ranks (the batch entries say what that does to
-    the global batch, as for a source whose pipeline had no equivalent)."""
-    pp = _v(d, "distributed.pipeline_parallel", 1)
-    if pp <= 1:
-        return []
-    d.split_batch(pp, f"pipeline_parallel {pp}")
-    return [("distributed.pipeline_parallel", 1)]
+def _off(key: str) -> Callable[[Draft], list[tuple[str, Any]]]:
+    """Pipeline or context parallelism (`key`) off: its ranks become data-parallel ranks (the batch entries say what that
+    does to the global batch: a fixed one is kept, a per-rank one grows by their number)."""
+    def change(d: Draft) -> list[tuple[str, Any]]:
+        n = _v(d, key, 1)
+        if n <= 1:
+            return []
+        d.split_batch(n, f"{key.rsplit('.', 1)[1]} {n}")
+        return [(key, 1)]
+    return change
+
+
+_no_pp = _off("distributed.pipeline_parallel")
+_no_cp = _off("distributed.context_parallel")
+
+
+def _cp_seq(d: Draft) -> list[tuple[str, Any]]:
+    """The sequence rounded up to a multiple of 2 x context_parallel (torch's load balancer deals each rank two of 2 x cp
+    chunks), as Axolotl pads each batch to a multiple of context_parallel_size for its ring."""
+    step, seq = 2 * _v(d, "distributed.context_parallel", 1), d.used("train.seq_len")
+    return [("train.seq_len", step * math.ceil(seq / step))] if step > 2 and seq % step else []
 
 
 def _pp_layers(d: Draft) -> list[tuple[str, Any]]:
@@ -116,10 +129,17 @@ FIXES = {f.rule: f for f in (
     Fix("PP-LAYERS", _pp_layers),
     *(Fix(rule, _no_pp) for rule in ("PP-DIVIDES-WORLD", "PP-MODEL", "PP-EXPERT-PARALLEL", "PP-BACKEND",
                                      "PP-PRECISION-SCHEDULE", "PP-FP16", "PP-GRAD-REDUCE", "PP-MONITOR")),
+    # context parallel: off where fp8launch does not compose it (its ranks become data-parallel), then what it needs of the
+    # rest of the spec where it stays (CP-EVAL has no fix: an import sets no eval data)
+    *(Fix(rule, _no_cp) for rule in ("CP-DIVIDES-WORLD", "CP-MODEL", "CP-PIPELINE", "CP-TENSOR-PARALLEL", "CP-EXPERT-PARALLEL",
+                                     "CP-BACKEND")),
+    Fix("CP-SEQ", _cp_seq),
+    Fix("CP-COMPILE", lambda d: [("compile.enabled", False)]),
     # a strategy change last: the moves above may have made it moot
     Fix("TP-STRATEGY", lambda d: [("distributed.strategy", "fsdp2")]),
     Fix("PP-STRATEGY", lambda d: [("distributed.strategy", "fsdp2")]),
     Fix("EP-STRATEGY", lambda d: [("distributed.strategy", "fsdp2")]),
+    Fix("CP-STRATEGY", lambda d: [("distributed.strategy", "fsdp2")]),
     # DeepSpeed offload
     Fix("DS-OFFLOAD-PARAM-STAGE", lambda d: [("distributed.deepspeed.offload_param", "none")]),
     Fix("DS-OFFLOAD-STAGE0", lambda d: [("distributed.deepspeed.offload_optimizer", "none")]),

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from launcher.errors import SourceError, with_fix
 
-from . import hub
+from . import context, hub
 from .draft import Draft
 from .kind import Kind, count
 from .known import Unknown, unknown
@@ -188,13 +188,7 @@ def _parallelism(d: Draft) -> None:
         d.none("parallelism.disable_loss_parallel", "fp8launch's tensor parallel gathers the logits and every TP rank computes the whole "
                                                     "loss")
     _pipeline(d, w["pp"])
-    key = _key(d, "parallelism.context_parallel_degree", "experimental.context_parallel_degree")
-    if key and w["cp"] > 1:
-        d.none(key, "fp8launch has no context parallelism: every rank holds whole sequences"
-               + f"; its {w['cp']} ranks become data-parallel ranks (the batch line says what that does to the global batch)")
-        d.split_batch(w["cp"], f"{key.rsplit('.', 1)[1]} {w['cp']}")
-    elif key:
-        d.mapped(key, note="off")
+    _context(d, w["cp"])
     ep = _key(d, "parallelism.expert_parallel_degree")
     if ep:
         d.mapped(ep, ("distributed.expert_parallel", w["ep"]))
@@ -206,8 +200,34 @@ def _parallelism(d: Draft) -> None:
     if reshard is not None:
         d.mapped("parallelism.fsdp_reshard_after_forward", ("distributed.fsdp2.reshard_after_forward", reshard != "never"),
                  note='"default" reshards (without pipeline parallel), as "always" does')
-    d.group("parallelism", "fp8launch has no context parallelism, and none of torchtitan's pipeline split and schedule tuning "
-                           "(split points, first / last stage sizes, schedule CSVs); the rest are their schedules and tuning")
+    d.group("parallelism", "fp8launch has none of torchtitan's pipeline split and schedule tuning (split points, first / last "
+                           "stage sizes, schedule CSVs); the rest are their schedules and tuning, or context parallel's options "
+                           "without context parallelism")
+
+
+def _context(d: Draft, cp: int) -> None:
+    """torchtitan's context parallel degree and, where it is above 1, its rotation and load balancer (job_config.py
+    Parallelism: "allgather" and "headtail" by default, torch's own defaults, which fp8launch runs)."""
+    key = _key(d, "parallelism.context_parallel_degree", "experimental.context_parallel_degree")
+    if not key:
+        return
+    if cp <= 1:
+        d.mapped(key, note="off")
+        return
+    d.mapped(key, ("distributed.context_parallel", cp), note="torch's context_parallel, as torchtitan runs it: the mesh "
+             "pp x dp_shard x cp x tp, FSDP2 over dp_shard x cp, each sequence's chunks load-balanced head and tail")
+    rotate = _key(d, "parallelism.context_parallel_rotate_method", "experimental.context_parallel_rotate_method")
+    if rotate:
+        context.rotate_method(d, rotate, str(d.get(rotate)))
+    balancer = _key(d, "parallelism.context_parallel_load_balancer")
+    if balancer:
+        name = str(d.get(balancer))
+        if name == "headtail":
+            d.mapped(balancer, note="torch's head-tail load balancer for causal SDPA, what fp8launch runs")
+        else:
+            d.approximated(balancer, before=f'the "{name}" load balancer' + (" (FlexAttention's)" if name == "ptrr" else ""),
+                           after="head-tail (torch's default for causal SDPA; fp8launch's attention is SDPA)",
+                           effect="the same attention; another split of the sequence over the ranks")
 
 
 PP_SCHEDULES = ("1F1B", "GPipe")
