@@ -37,50 +37,6 @@ CONFIGS = sorted(str(p.relative_to(DATA)) for p in DATA.rglob("*") if p.suffix i
                  and "expected" not in p.parts and str(p.relative_to(DATA)) not in BAD)
 
 
-def _cp_standins():
-    """The CP-* rules the import's fixes answer (launcher/commands/importer/planable.py), with the conditions the context
-    parallel work states for them, for those the planner does not define yet (its rules are written beside this change):
-    the fixture below adds only those missing, so once the planner has them these tests hold the import to its own."""
-    from launcher.planning.backends import MSAMP, TE
-    from launcher.planning.rules import Rule
-    from launcher.planning.rules.predicates import fp8
-
-    def cp(f):
-        return f.plan.distributed.context_parallel
-
-    d = lambda f: f.plan.distributed  # noqa: E731
-    conditions = {
-        "CP-DIVIDES-WORLD": lambda f: d(f).world_size % (d(f).tensor_parallel * cp(f) * d(f).pipeline_parallel) != 0,
-        "CP-SEQ": lambda f: f.plan.train.seq_len % (2 * cp(f)) != 0,
-        "CP-STRATEGY": lambda f: d(f).strategy != "fsdp2",
-        "CP-MODEL": lambda f: not f.plan.train.model.startswith("builtin:"),
-        "CP-PIPELINE": lambda f: d(f).pipeline_parallel > 1,
-        "CP-TENSOR-PARALLEL": lambda f: d(f).tensor_parallel > 1,
-        "CP-EXPERT-PARALLEL": lambda f: d(f).expert_parallel > 1,
-        "CP-BACKEND": lambda f: fp8(f, TE) or fp8(f, MSAMP),
-        "CP-COMPILE": lambda f: f.plan.compile.enabled,
-        "CP-EVAL": lambda f: bool(f.plan.eval.data),
-    }
-    return tuple(Rule(id=rule, severity="error", stage="plan", when=f"{rule} (stand-in)", why=f"{rule} (stand-in)", fix="-",
-                      condition=lambda f, c=c: cp(f) > 1 and c(f)) for rule, c in conditions.items())
-
-
-@pytest.fixture(autouse=True)
-def cp_rules(monkeypatch):
-    """The planner with every CP-* rule: its own, and a stand-in (_cp_standins) for each it does not define yet."""
-    from types import MappingProxyType
-
-    from launcher.commands.importer import planable
-    from launcher.planning import rules
-
-    missing = tuple(r for r in _cp_standins() if r.id not in rules.RULES_BY_ID)
-    if missing:
-        by_id = MappingProxyType({**rules.RULES_BY_ID, **{r.id: r for r in missing}})
-        monkeypatch.setattr(rules, "RULES", rules.RULES + missing)
-        monkeypatch.setattr(rules, "RULES_BY_ID", by_id)
-        monkeypatch.setattr(planable, "RULES_BY_ID", by_id)
-
-
 def imported(relative: str, tmp_path: Path):
     """(spec as a dict, {source: (status, sets, note)}, Imported) of one data file."""
     result = import_config(str(DATA / relative), folder=str(tmp_path))
