@@ -374,3 +374,56 @@ def test_the_prediction_counts_the_gradient_reductions_bytes_in_its_payload():
     fp32, bf16, fp8 = bytes_of(), bytes_of(grad_reduce="bf16"), bytes_of(grad_reduce="fp8")
     params = model_params("builtin:llama-debug")
     assert fp32 == 2 * 3 / 4 * 4 * params and bf16 == fp32 / 2 and fp8 == pytest.approx(bf16 / 2 * (1 + 4 / 256))
+
+
+BLOCK_PARTS = ("linear_gemms", "fp8_casts", "attention", "elementwise")
+
+
+def test_pipeline_parallel_costs_the_busiest_stage_and_adds_the_bubble(tmp_path):
+    """pp 2 over llama3-8b's 32 blocks: each rank computes its stage's 16 blocks, the last stage the output layer and the
+    loss too (the busiest: it sets the pace); the schedule's fill and drain leave each stage idle for pp - 1 micro-batches'
+    time: (pp - 1) / micro-batches of the step's compute, the same for 1F1B and GPipe (they differ in memory)."""
+    sets = ["train.micro_batch_size=4"]
+    whole = planned(tmp_path / "1", sets).prediction
+    one = whole.breakdown["plan"]
+    pp = ["distributed.pipeline_parallel=2", "distributed.pipeline.microbatches=4"]
+    two = planned(tmp_path / "2", sets + pp).prediction.breakdown["plan"]
+    assert "pipeline_bubble" not in one
+    output = next(r for r in whole.layers if r.layer == "output")  # kept in bf16 (keep_first_last)
+    assert output.fp8_s is None
+    for part in BLOCK_PARTS:  # half the blocks; the output layer's GEMMs whole on the last stage
+        extra = output.bf16_s if part == "linear_gemms" else 0.0
+        assert two[part] == pytest.approx((one[part] - extra) / 2 + extra, rel=1e-9), part
+    assert two["loss"] == pytest.approx(one["loss"], rel=1e-9)
+    compute = sum(two[k] for k in (*BLOCK_PARTS, "recompute", "loss"))
+    assert two["pipeline_bubble"] == pytest.approx(compute / 4, rel=1e-9)  # (2 - 1) / 4
+    gpipe = planned(tmp_path / "g", sets + pp + ['distributed.pipeline.schedule="GPipe"']).prediction.breakdown["plan"]
+    assert gpipe["pipeline_bubble"] == pytest.approx(two["pipeline_bubble"], rel=1e-9)
+    more = planned(tmp_path / "8", ["train.micro_batch_size=8", *pp[:1], "distributed.pipeline.microbatches=8"]).prediction
+    assert more.breakdown["plan"]["pipeline_bubble"] / sum(more.breakdown["plan"].values()) < two["pipeline_bubble"] / sum(two.values())
+    # an uneven split: the stage with 24 blocks is the busiest, though it does not hold the output layer
+    uneven = planned(tmp_path / "u", sets + pp + ["distributed.pipeline.layers_per_stage=[24, 8]"]).prediction.breakdown["plan"]
+    assert uneven["attention"] == pytest.approx(one["attention"] * 24 / 32, rel=1e-9) and uneven["loss"] == 0.0
+
+
+def test_context_parallel_divides_each_ranks_tokens_and_adds_the_ring_it_cannot_hide(tmp_path):
+    """cp 2: each rank holds half of every sequence, so half the GEMM rows and half the causal attention (torch's
+    head-tail balancing); the ring sends cp - 1 K/V shards a block in forward and K/V plus their gradients in backward,
+    hidden behind attention on NVLink at seq 8192, not across nodes at 32k with 16-way CP."""
+    sets = ["compile.enabled=false", "train.seq_len=8192"]
+    one = planned(tmp_path / "1", sets).prediction
+    two = planned(tmp_path / "2", sets + ["distributed.context_parallel=2"]).prediction
+    rows = lambda p: {r.layer: r for r in p.layers}  # noqa: E731
+    assert rows(two)["layers.*.attention.wq"].m == rows(one)["layers.*.attention.wq"].m // 2 == 4096
+    from launcher.planning.predict import cost
+
+    fixed = 32 * 4 * cost.KERNEL_FIXED_S  # each block's attention kernels' launch, whatever their size
+    assert two.breakdown["plan"]["attention"] - fixed == pytest.approx((one.breakdown["plan"]["attention"] - fixed) / 2, rel=1e-9)
+    assert "ring_exchange" not in one.breakdown["plan"] and two.breakdown["plan"]["ring_exchange"] == 0.0
+    far = planned(tmp_path / "16", ["compile.enabled=false", "train.seq_len=32768", "distributed.nodes=2",
+                                    "distributed.context_parallel=16"]).prediction.breakdown["plan"]
+    shape = model_shape("builtin:llama3-8b")[0]
+    shard = 2 * 1 * (32768 // 16) * shape.kv_heads * shape.head_dim * 2  # K and V, bf16, one sequence
+    ring = 3 * 15 * shard / (cost.INTER_NODE_GBPS * cost.LINK_EFF * 1e9)
+    attention_block = far["attention"] / shape.n_layers
+    assert far["ring_exchange"] == pytest.approx(shape.n_layers * (ring - attention_block), rel=1e-9) and far["ring_exchange"] > 0

@@ -266,9 +266,10 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
     """Seconds of one optimizer step per GPU, by part; with fp8, the per-layer rows too."""
     p, d, t = plan.precision, plan.distributed, plan.train
     tp, dp = max(1, d.tensor_parallel), max(1, d.data_parallel)
+    cp, pp = max(1, d.context_parallel), max(1, d.pipeline_parallel)
     compiled = plan.compile.enabled
     recompute = RECOMPUTE[plan.activation_checkpointing.mode]
-    m = t.micro_batch_size * t.seq_len
+    m = t.micro_batch_size * t.seq_len // cp  # context parallel: each rank holds seq_len / cp of every sequence
     backend = p.backend
     fp8_all_gather = fp8 and BACKENDS[backend].float8_all_gather(p, d.strategy)
 
@@ -282,7 +283,9 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
     ends = shape.linears[0].name.format(i=0), shape.linears[-1].name.format(i=shape.linears[-1].count - 1)
     first_last = set(ends) if p.keep_first_last and shape.linears else set()
     rows, gemms, casts, recomputed, fp8_weight_params = [], 0.0, 0.0, 0.0, 0
+    head = {"linear_gemms": 0.0, "fp8_casts": 0.0, "recompute": 0.0}  # the Linears outside the blocks (the output layer)
     for s in shape.linears:
+        before = gemms, casts, recomputed
         k, n = (s.in_features // tp, s.out_features) if s.parallel == "row" else (s.in_features, s.out_features // tp)
         shapes3 = _three_gemms(m, k, n)
         bf16_one = sum(gemm_s(dev, *g, "bf16") for g in shapes3)
@@ -306,6 +309,9 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
         n_bf16 = s.count - n_fp8
         gemms += n_bf16 * bf16_one
         recomputed += recompute * n_bf16 * fwd_bf16
+        if "{i}" not in s.name:
+            for key, was, now in zip(head, before, (gemms, casts, recomputed)):
+                head[key] += now - was
         if fp8:
             rows.append(LayerRow(s.name.replace("{i}", "*"), s.count, n_fp8, kept if n_fp8 < s.count else None,
                                  m, k, n, bf16_one, fp8_one, cast_one))
@@ -317,7 +323,7 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
 
     # attention (bf16 in every recipe): causal flash attention, forward 2*s^2*d FLOPs per sequence and block, backward 2.5x
     d_attn = shape.n_heads * shape.head_dim // tp
-    attn_fwd = 2.0 * t.seq_len ** 2 * d_attn * t.micro_batch_size
+    attn_fwd = 2.0 * t.seq_len ** 2 * d_attn * t.micro_batch_size / cp  # under CP each rank's queries, balanced (head-tail)
     attention = shape.n_layers * ((1 + 2.5 + recompute) * attn_fwd / (dev.peak("bf16") * cost.ATTN_EFF) + 4 * cost.KERNEL_FIXED_S)
     # norms, residual adds, RoPE, SwiGLU: elements per token and block, forward + backward
     mult, kernels = ELEMENTWISE[compiled]
@@ -327,18 +333,50 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
     loss = stream_s(dev, m * (22 * shape.vocab_size // tp + 6 * shape.dim), 8)
 
     accum = t.grad_accum_steps
-    micro = gemms + casts + recomputed + attention + elementwise + loss
-    compute = accum * micro
-    local = shape.params / tp / (dp if d.strategy == "fsdp2" or (d.strategy == "deepspeed" and d.deepspeed.zero_stage >= 1) else 1)
+    parts = {"linear_gemms": gemms, "fp8_casts": casts, "recompute": recomputed, "attention": attention,
+             "elementwise": elementwise, "loss": loss}
+    head["loss"] = loss
+    parts = {k: accum * v for k, v in _busiest_stage(plan, shape, parts, head).items()}
+    compute = sum(parts.values())
+    shards = dp * cp  # FSDP2 shards over dp x cp
+    local = shape.params / pp / tp / (shards if d.strategy == "fsdp2" or (d.strategy == "deepspeed" and d.deepspeed.zero_stage >= 1) else 1)
     per_param = 36 if t.optimizer in ("adam", "adamw") else 16
     optimizer = stream_s(dev, per_param * local, 24)
     if fp8_all_gather and p.torchao.precompute_scale:
-        optimizer += stream_s(dev, 4 * fp8_weight_params / tp / dp, 2)
+        optimizer += stream_s(dev, 4 * fp8_weight_params / pp / tp / shards, 2)
     comm = _exposed_comm(plan, shape, dev, compute, m, fp8_weight_params if fp8_all_gather else 0)
-    parts = {"linear_gemms": accum * gemms, "fp8_casts": accum * casts, "recompute": accum * recomputed,
-             "attention": accum * attention, "elementwise": accum * elementwise, "loss": accum * loss,
-             "optimizer": optimizer, "exposed_comm": comm}
+    parts.update(optimizer=optimizer, exposed_comm=comm)
+    if cp > 1:
+        parts["ring_exchange"] = accum * shape.n_layers * ring_exposed_s(plan, shape, dev, attention / shape.n_layers)
+    if pp > 1:  # the schedule's fill and drain: pp - 1 micro-batches' time on each stage with nothing to do
+        parts["pipeline_bubble"] = (pp - 1) / plan.pipeline_microbatches * compute
     return parts, rows
+
+
+def _busiest_stage(plan, shape: ModelShape, parts: dict[str, float], head: dict[str, float]) -> dict[str, float]:
+    """Under pipeline parallelism, what the busiest stage computes of each part (of which `head` is outside the blocks:
+    the output layer and the loss, on the last stage): its blocks' share of the rest, and the head if it is the last.
+    The parts as they are without."""
+    d = plan.distributed
+    if d.pipeline_parallel <= 1:
+        return parts
+    split = d.stage_split(shape.n_layers)
+    last = len(split) - 1
+    blocks = {k: v - head.get(k, 0.0) for k, v in parts.items()}
+    share = lambda s: {k: split[s] / shape.n_layers * blocks[k] + (s == last) * head.get(k, 0.0) for k in parts}  # noqa: E731
+    return max((share(s) for s in range(len(split))), key=lambda p: sum(p.values()))
+
+
+def ring_exposed_s(plan, shape: ModelShape, dev: Device, attention_block_s: float) -> float:
+    """Seconds of one block's context-parallel ring (torch's: cp - 1 rotations of the local K and V in forward; K, V
+    and their gradients in backward) that its attention does not hide: each rotation is sent while the chunk in hand is
+    computed (torch's _templated_ring_attention), so only what exceeds the attention's time shows."""
+    d, t = plan.distributed, plan.train
+    cp = max(1, d.context_parallel)
+    gbps = (cost.INTER_NODE_GBPS if d.nodes > 1 else dev.link_gbps) * cost.LINK_EFF * 1e9
+    kv_shard = 2 * t.micro_batch_size * (t.seq_len // cp) * shape.kv_heads * shape.head_dim * 2  # K and V in bf16
+    ring = 3 * (cp - 1) * kv_shard / gbps
+    return max(0.0, ring - attention_block_s)
 
 
 def _experts(plan, shape: ModelShape, dev: Device, m: int, fp8: bool, costs_of, recompute: float):
@@ -390,7 +428,9 @@ def _exposed_comm(plan, shape: ModelShape, dev: Device, compute: float, m: int, 
     d, t = plan.distributed, plan.train
     tp, dp = max(1, d.tensor_parallel), max(1, d.data_parallel)
     gbps = (cost.INTER_NODE_GBPS if d.nodes > 1 else dev.link_gbps) * cost.LINK_EFF * 1e9
-    params = shape.params / tp
+    params = shape.params / tp / max(1, d.pipeline_parallel)  # a stage's
+    if d.strategy == "fsdp2":
+        dp *= max(1, d.context_parallel)  # FSDP2 shards over dp x cp
     share = (dp - 1) / dp
     accum = t.grad_accum_steps
     if dp == 1:
@@ -402,7 +442,7 @@ def _exposed_comm(plan, shape: ModelShape, dev: Device, compute: float, m: int, 
         ep = max(1, d.expert_parallel) if shape.experts else 1
         experts = shape.experts.params / ep if shape.experts and ep > 1 else 0.0
         dense = params - (shape.experts.params if experts else 0.0)
-        weights = 2 * dense - fp8_params / tp  # bf16, or 1 byte for the FP8 all-gathered weights
+        weights = 2 * dense - fp8_params / tp / max(1, d.pipeline_parallel)  # bf16, or 1 byte for the FP8 all-gathered weights
         volume = accum * share * (gathers * weights + reduce_bytes * dense)
         efsdp = dp // ep
         if experts and efsdp > 1:
