@@ -272,8 +272,13 @@ CPU_BASE = {
     "train.lr": 1e-3,
     "train.log_every": 1,
     "train.checkpoint_at_end": False,
+    "precision.keep_first_last": False,
 }
-"""Every CPU run: the smallest shapes that still train every engine (2 blocks of llama-debug, 32 tokens)."""
+"""Every CPU run: the smallest shapes that still train every engine (2 blocks of llama-debug, 32 tokens). keep_first_last
+off: both blocks then hold the same layers, so a compiled FP8 run builds one graph per block kind instead of two (the
+first block's kept wq recompiles it: m12 from an empty Inductor cache 100 s with it, 72 s without, 2026-11-27). Which
+layers it keeps is tests/train/test_precision_select.py's; a compiled FP8 run with it on (two graphs):
+tests/e2e/test_moe.py's compiled MXFP8 run."""
 
 MOE_MODEL = "builtin:moe-debug"
 MOE_BASE = {**CPU_BASE, "train.model": MOE_MODEL, "train.micro_batch_size": 2}
@@ -644,7 +649,8 @@ def render_markdown(cpu: Matrix | None = None, gpu: Matrix | None = None, gpu_re
         "## On CPU: trained for real in CI",
         "",
         "tests/e2e/test_support_matrix.py runs every row below through `fp8launch run` (torchrun, 2 processes over",
-        f"gloo, `{MODEL}`, 32 tokens, 2 steps, inductor for compile) and checks that it trains and that",
+        f"gloo, `{MODEL}`, 32 tokens, 2 steps, inductor for compile, every Linear in FP8 in an FP8 run) and checks that",
+        "it trains and that",
         "the start record's `effects` and `layers` follow the spec, computed there from the spec alone. Every refused",
         "pair must stop before torchrun with the rule named: exit 2 at planning, 3 for a run-stage rule.",
         "",
