@@ -416,6 +416,15 @@ def test_pipeline_rules_name_what_is_wrong_with_the_split_and_the_micro_batches(
     assert "PP-MICROBATCHES" not in fired(two)
 
 
+def test_context_parallel_names_every_factor_that_must_divide_the_world():
+    """The split a world must divide is tp x cp x pp: the detail names each factor above 1 (CP-PIPELINE refuses pp with cp
+    as well, for another reason)."""
+    both = {"distributed": {**CP2, "procs_per_node": 6, "pipeline_parallel": 2, "tensor_parallel": 2}, "train": CP_TRAIN}
+    assert ("distributed.context_parallel = 2 x tensor_parallel = 2 x pipeline_parallel = 2 does not divide the world size 6"
+            in detail(both, "CP-DIVIDES-WORLD"))
+    assert "pipeline_parallel" not in detail({"distributed": {**CP2, "procs_per_node": 3}, "train": CP_TRAIN}, "CP-DIVIDES-WORLD")
+
+
 @pytest.mark.parametrize("rule_id", sorted(PLAN_CASES))
 def test_plan_rule_fires_and_its_fix_silences_it(rule_id):
     bad, fixed = PLAN_CASES[rule_id]

@@ -12,6 +12,10 @@ def cp(f: Facts) -> int:
     return f.plan.distributed.context_parallel
 
 
+def pp(f: Facts) -> int:
+    return f.plan.distributed.pipeline_parallel
+
+
 def _split(f: Facts) -> int:
     d = f.plan.distributed
     return d.tensor_parallel * d.context_parallel * d.pipeline_parallel
@@ -26,6 +30,7 @@ RULES: tuple[Rule, ...] = (
          fix="set distributed.context_parallel to a divisor of distributed.nodes x procs_per_node",
          condition=lambda f: cp(f) > 1 and f.plan.world_size % _split(f) != 0,
          detail=lambda f: f"distributed.context_parallel = {cp(f)}" + (f" x tensor_parallel = {tp(f)}" if tp(f) > 1 else "")
+                          + (f" x pipeline_parallel = {pp(f)}" if pp(f) > 1 else "")
                           + f" does not divide the world size {f.plan.world_size}."),
     Rule(id="CP-SEQ", severity="error", stage="plan",
          when="train.seq_len is not divisible by 2 x distributed.context_parallel",
