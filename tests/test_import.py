@@ -495,6 +495,26 @@ def test_context_parallel_off_makes_its_ranks_data_parallel_and_a_sequence_round
     assert FIXES["CP-MODEL"].change(d) == [] and d.batch.split == 4  # nothing left to turn off
 
 
+@pytest.mark.parametrize("rule", ["TP-STRATEGY", "PP-STRATEGY", "EP-STRATEGY", "CP-STRATEGY"])
+def test_a_deepspeed_config_moved_to_fsdp2_keeps_its_offload_as_fsdp2s(rule):
+    """Moving off DeepSpeed for a parallelism it does not run here carries its CPU / NVMe offload to FSDP2's CPU offload
+    (the ALST corpus file shows it end to end); a DeepSpeed config without offload, or a DDP one, moves alone."""
+    from launcher.commands.importer.draft import Draft
+    from launcher.commands.importer.planable import FIXES
+
+    d = Draft({}, path="x", title="test")
+    d.set("distributed.strategy", "deepspeed")
+    assert FIXES[rule].change(d) == [("distributed.strategy", "fsdp2")]
+    d.set("distributed.deepspeed.offload_optimizer", "nvme")
+    (move, (key, value, note)) = FIXES[rule].change(d)
+    assert move == ("distributed.strategy", "fsdp2") and (key, value) == ("distributed.fsdp2.cpu_offload", True)
+    assert "distributed.deepspeed.offload_optimizer = 'nvme'" in note and "offload_param" not in note
+    d.set("distributed.strategy", "ddp")
+    assert FIXES[rule].change(d) == [("distributed.strategy", "fsdp2")]
+    # FSDP2's CPU offload leaves torchao's precomputed float8 scale without effect (FP8-PRECOMPUTE-OFFLOAD): it goes
+    assert FIXES["FP8-PRECOMPUTE-OFFLOAD"].change(d) == [("precision.torchao.precompute_scale", False)]
+
+
 def test_a_pipeline_whose_stages_do_not_divide_the_blocks_gets_a_split():
     from launcher.commands.importer.draft import Draft
     from launcher.commands.importer.planable import FIXES

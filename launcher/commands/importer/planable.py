@@ -25,8 +25,9 @@ MAX_ROUNDS = 12
 @dataclass(frozen=True, slots=True)
 class Fix:
     rule: str
-    change: Callable[[Draft], list[tuple[str, Any]]]
-    """(spec key, new value) pairs; [] when this fix cannot help any more."""
+    change: Callable[[Draft], list[tuple]]
+    """(spec key, new value) pairs, each refused by the rule; or (spec key, new value, note) for a key set along with them,
+    which the rule did not refuse (the note says why); [] when this fix cannot help any more."""
 
 
 def _v(d: Draft, key: str, default: Any) -> Any:
@@ -80,6 +81,19 @@ def _pp_microbatches(d: Draft) -> list[tuple[str, Any]]:
     if _v(d, "distributed.pipeline.microbatches", 0):
         return [("distributed.pipeline.microbatches", 0)]
     return _no_pp(d)
+
+
+def _to_fsdp2(d: Draft) -> list[tuple]:
+    """The strategy FSDP2; DeepSpeed's CPU / NVMe offload (of parameters or optimizer states) carried over as FSDP2's CPU
+    offload (parameters, gradients and the optimizer step on the CPU), which holds at least as little on the GPU."""
+    changes: list[tuple] = [("distributed.strategy", "fsdp2")]
+    offloaded = [f"distributed.deepspeed.offload_{what} = {_v(d, f'distributed.deepspeed.offload_{what}', 'none')!r}"
+                 for what in ("param", "optimizer") if _v(d, f"distributed.deepspeed.offload_{what}", "none") != "none"]
+    if d.used("distributed.strategy") == "deepspeed" and offloaded and not _v(d, "distributed.fsdp2.cpu_offload", False):
+        changes.append(("distributed.fsdp2.cpu_offload", True,
+                        f"DeepSpeed's offload ({', '.join(offloaded)}) carried to FSDP2 as its CPU offload (parameters, "
+                        "gradients and the optimizer step on the CPU)"))
+    return changes
 
 
 def _halve(key: str) -> Callable[[Draft], list[tuple[str, Any]]]:
@@ -136,10 +150,11 @@ FIXES = {f.rule: f for f in (
     Fix("CP-SEQ", _cp_seq),
     Fix("CP-COMPILE", lambda d: [("compile.enabled", False)]),
     # a strategy change last: the moves above may have made it moot
-    Fix("TP-STRATEGY", lambda d: [("distributed.strategy", "fsdp2")]),
-    Fix("PP-STRATEGY", lambda d: [("distributed.strategy", "fsdp2")]),
-    Fix("EP-STRATEGY", lambda d: [("distributed.strategy", "fsdp2")]),
-    Fix("CP-STRATEGY", lambda d: [("distributed.strategy", "fsdp2")]),
+    Fix("TP-STRATEGY", lambda d: _to_fsdp2(d)),
+    Fix("PP-STRATEGY", lambda d: _to_fsdp2(d)),
+    Fix("EP-STRATEGY", lambda d: _to_fsdp2(d)),
+    Fix("CP-STRATEGY", lambda d: _to_fsdp2(d)),
+    Fix("FP8-PRECOMPUTE-OFFLOAD", lambda d: [("precision.torchao.precompute_scale", False)]),
     # DeepSpeed offload
     Fix("DS-OFFLOAD-PARAM-STAGE", lambda d: [("distributed.deepspeed.offload_param", "none")]),
     Fix("DS-OFFLOAD-STAGE0", lambda d: [("distributed.deepspeed.offload_optimizer", "none")]),
@@ -189,8 +204,11 @@ def apply_fixes(draft: Draft, rules: list[str | None]) -> bool:
     changes = FIXES[rule].change(draft)
     if not changes:
         return False
-    for key, value in changes:
+    for key, value, *note in changes:
         old = draft.used(key)
         draft.set(key, value)
-        draft.report.refused(key, old, value, rule, RULES_BY_ID[rule].when)
+        if note:
+            draft.report.carried(key, old, value, rule, note[0])
+        else:
+            draft.report.refused(key, old, value, rule, RULES_BY_ID[rule].when)
     return True

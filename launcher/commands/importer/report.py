@@ -105,6 +105,11 @@ class Report:
                 e.status, e.before, e.after = APPROXIMATED, was, now
             e.note = (e.note + "; " if e.note else "") + effect
 
+    def carried(self, key: str, old: Any, value: Any, rule: str, note: str) -> None:
+        """`key = value` set beside the fix of `rule` (which did not refuse it), for the reason `note`."""
+        self.add(Entry(source=f"(with rule {rule})", status=APPROXIMATED, sets=[(key, value)], before=f"{key} = {shown(old)}",
+                       after=f"{key} = {shown(value)}", note=note))
+
     def summary(self) -> str:
         counts = {s: len(self.of(s)) for s in STATUSES}
         return f"{counts[MAPPED]} mapped, {counts[APPROXIMATED]} approximated, {counts[NONE]} with no equivalent"
