@@ -98,7 +98,7 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
 
         emesh, mesh = ep_mesh(env, ep)
     else:  # pp x dp_shard x tp; with pipeline parallelism (launcher/train/parallel/pipeline.py) this rank's stage
-        pmesh = mesh = device_mesh(env, tp, pp, cp)
+        pmesh = mesh = device_mesh(env, d)
     kwargs = fsdp2_kwargs(config, precision, env.device)
     if pending is None and not config["cpu_offload"]:
         model.to(env.device)

@@ -20,6 +20,9 @@ import torch.distributed as dist
 
 from launcher.errors import EnvironmentProblem
 
+if typing.TYPE_CHECKING:
+    from launcher.planning.plan import DistributedConfig
+
 ERROR_KEY = "fp8launch/error_reported"
 """Store key the first rank to report an error sets, so the message is printed once."""
 
@@ -167,17 +170,18 @@ def first_to_report(wait_s: float = 2.0) -> bool:
         return True
 
 
-def device_mesh(env: DistEnv, tensor_parallel: int = 1, pipeline_parallel: int = 1, context_parallel: int = 1):
-    """The job's DeviceMesh: ("dp_shard",), with tensor parallelism ("dp_shard", "tp") of shape
-    (world_size / tp, tp), with context parallelism "cp" between them and with pipeline parallelism "pp" before them
-    (torchtitan's order: pp x dp_shard x cp x tp). Ranks are laid out row-major, so the ranks of one TP group are adjacent
-    (rank = dp_rank * tp + tp_rank): inside one node when tp divides procs_per_node (rule TP-DIVIDES-PROCS), where the TP
-    collectives are fastest; then a CP group's, which exchange keys and values every attention; and a stage's ranks are
-    adjacent, so the pipeline's point-to-point sends are what crosses nodes. FSDP2 shards over "dp_shard_cp" (dp_shard and
-    cp flattened) with context parallelism, as torchtitan does."""
+def device_mesh(env: DistEnv, distributed: DistributedConfig):
+    """The job's DeviceMesh, laid out as the plan's `distributed.mesh(world_size)` says (the layout fsdp2.json shows):
+    ("dp_shard",), with tensor parallelism ("dp_shard", "tp") of shape (world_size / tp, tp), with context parallelism
+    "cp" between them and with pipeline parallelism "pp" before them (torchtitan's order: pp x dp_shard x cp x tp). Ranks
+    are laid out row-major, so the ranks of one TP group are adjacent (rank = dp_rank * tp + tp_rank): inside one node when
+    tp divides procs_per_node (rule TP-DIVIDES-PROCS), where the TP collectives are fastest; then a CP group's, which
+    exchange keys and values every attention; and a stage's ranks are adjacent, so the pipeline's point-to-point sends are
+    what crosses nodes. FSDP2 shards over "dp_shard_cp" (dp_shard and cp flattened) with context parallelism, as
+    torchtitan does."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    tp, pp, cp = max(1, tensor_parallel), max(1, pipeline_parallel), max(1, context_parallel)
+    tp, pp, cp = distributed.tensor_parallel, distributed.pipeline_parallel, distributed.context_parallel
     if env.world_size % (tp * pp * cp):
         if pp == 1 and cp == 1:
             raise EnvironmentProblem(f"distributed.tensor_parallel = {tp} does not divide the world size {env.world_size}; "
@@ -187,7 +191,7 @@ def device_mesh(env: DistEnv, tensor_parallel: int = 1, pipeline_parallel: int =
         raise EnvironmentProblem(f"distributed.{degrees} does not divide the world size {env.world_size}; "
                                  "fix: set them to divisors of distributed.nodes x procs_per_node",
                                  rule="PP-DIVIDES-WORLD" if pp > 1 else "CP-DIVIDES-WORLD")
-    dims = [("pp", pp)] * (pp > 1) + [("dp_shard", env.world_size // (tp * pp * cp))] + [("cp", cp)] * (cp > 1) + [("tp", tp)] * (tp > 1)
+    dims = distributed.mesh(env.world_size)
     mesh = init_device_mesh(env.device.type, tuple(n for _, n in dims), mesh_dim_names=tuple(name for name, _ in dims))
     if tp > 1:
         # A flattened view of both dimensions lets DTensor reduce a 2D partial value (the gradient norm)
