@@ -2,6 +2,9 @@
 optimizer states, as the engine holds them (local shards for FSDP2). Run under torchrun:
 
     torchrun --standalone --nproc-per-node N tests/memory_probe.py PLAN_DIR   # prints one JSON line on rank 0
+
+With pipeline parallelism each rank cuts its stage as the entrypoint does, steps through the schedule, and every rank
+prints its line (its stage's states differ).
 """
 
 import json
@@ -32,13 +35,23 @@ env = distributed.init("cpu")
 torch.manual_seed(0)
 model = build_model(plan.train.model, ".")
 precision = apply_precision(model, plan, env.device)
+pp = plan.distributed.pipeline_parallel
+if pp > 1:  # this rank's stage, cut as launcher/train/build.py cuts it
+    from launcher.train.models import transformer_blocks
+    from launcher.train.parallel.pipeline import cut_stage, split_for, stage_of
+
+    cut_stage(model, stage_of(env.rank, env.world_size, pp), split_for(plan, len(transformer_blocks(model))))
 blocks = prepare_blocks(model, plan)
 engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks)
+torch.manual_seed(0)  # every rank the same batch: a pipeline's stages read the same one
 tokens = torch.randint(0, model.vocab_size, (plan.train.micro_batch_size, plan.train.seq_len + 1))
-with engine.sequence_parts(tokens[:, :-1], tokens[:, 1:]) as (inputs, targets):  # this rank's part under context parallel
-    with precision.autocast():
-        loss = cross_entropy(engine.forward(inputs), targets)
-    engine.backward(loss, True)
+if hasattr(engine, "pipeline_step"):
+    engine.pipeline_step(tokens)
+else:
+    with engine.sequence_parts(tokens[:, :-1], tokens[:, 1:]) as (inputs, targets):  # this rank's part under context parallel
+        with precision.autocast():
+            loss = cross_entropy(engine.forward(inputs), targets)
+        engine.backward(loss, True)
 engine.clip_grad_norm(plan.train.max_grad_norm)
 engine.step()
 params = list(engine.model.parameters())
@@ -49,8 +62,9 @@ record = {
     "optimizer_states": sum(local_bytes(v) for v in state_tensors),
     "param_count": sum(p.numel() for p in model.parameters()) if plan.distributed.strategy != "fsdp2"
     else sum((p.full_tensor() if isinstance(p, DTensor) else p).numel() for p in model.parameters()),
+    "rank": env.rank,
 }
-if env.rank == 0:
+if env.rank == 0 or pp > 1:
     print(json.dumps(record), flush=True)
 distributed.destroy()
 distributed.exit_now(0)  # as the entrypoint leaves after a gloo run (gloo's threads abort a finalizing interpreter)
