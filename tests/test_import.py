@@ -534,6 +534,27 @@ def test_megatron_pipeline_with_transformer_engine_becomes_data_parallel_naming_
     assert spec["distributed"]["global_batch_size"] == 8  # the source's global batch, its stages' ranks data-parallel
 
 
+def test_a_refused_line_says_the_rule_before_what_the_mapping_would_have_done(tmp_path):
+    """torchtitan's context_parallel_degree beside tensor parallel: the line reads as what the spec runs (cp 1, rule
+    CP-TENSOR-PARALLEL), the note on how CP would have run comes after, marked as the mapping before the rule."""
+    path = _write(tmp_path, "cp-tp.toml", """
+        [model]
+        name = "llama3"
+        flavor = "debugmodel"
+        [training]
+        local_batch_size = 2
+        seq_len = 2048
+        [parallelism]
+        tensor_parallel_degree = 2
+        context_parallel_degree = 2
+        """)
+    r = import_config(path, folder=str(tmp_path))
+    entry = next(x for x in r.report.entries if x.source == "parallelism.context_parallel_degree")
+    assert entry.status == APPROXIMATED and entry.sets == [("distributed.context_parallel", 1)]
+    assert entry.note.startswith("rule CP-TENSOR-PARALLEL refuses distributed.context_parallel = 2")
+    assert "; as mapped, before the rule: torch's context_parallel" in entry.note
+
+
 def test_a_pipeline_with_fewer_sequences_per_step_than_stages_becomes_data_parallel(tmp_path):
     path = _edited(tmp_path, "torchtitan/llama3_405b_2025.toml", "tensor_parallel_degree = 8", "tensor_parallel_degree = 1")
     path = _edited(tmp_path, path, "pipeline_parallel_degree = 1", "pipeline_parallel_degree = 4")  # batch_size 2 per rank

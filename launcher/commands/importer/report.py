@@ -101,9 +101,11 @@ class Report:
             e.sets = [(k, value if k == key else v) for k, v in e.sets]
             if e.status == APPROXIMATED and (e.before or e.after):
                 e.after = f"{e.after}, then {now}"
+                e.note = (e.note + "; " if e.note else "") + effect
             else:
                 e.status, e.before, e.after = APPROXIMATED, was, now
-            e.note = (e.note + "; " if e.note else "") + effect
+                # the refusal first: what the entry's own note says of the value it mapped no longer holds for the spec
+                e.note = effect + (f"; as mapped, before the rule: {e.note}" if e.note else "")
 
     def carried(self, key: str, old: Any, value: Any, rule: str, note: str) -> None:
         """`key = value` set beside the fix of `rule` (which did not refuse it), for the reason `note`."""
