@@ -203,6 +203,7 @@ def test_each_pipeline_stage_holds_what_its_estimate_says_at_the_schedules_peak(
         assert est == pytest.approx(steady, rel=0.15), (rank, est, steady, how)
         extra = first - steady
         assert (0 < extra < one) if rank == 0 else extra == 0, (rank, first, steady, one)
+        assert ("at step 1 up to one more" in how) == (rank == 0), how  # what the plan says of it
 
 
 def _context_saved(rank: int, world: int, port: int, folder, keys: dict) -> None:
