@@ -402,7 +402,6 @@ PLAN_CASES.update({
     "CP-BACKEND": ({"precision": {**TE, "te": {"recipe": "current"}}, "distributed": CP2, "train": CP_TRAIN},
                    {"precision": TAO, "distributed": CP2, "train": CP_TRAIN}),
     "CP-COMPILE": ({"distributed": CP2, "train": CP_TRAIN, **COMPILED}, {"distributed": CP2, "train": CP_TRAIN}),
-    "CP-EVAL": ({"distributed": CP2, "train": CP_TRAIN, "eval": {"data": "synthetic"}}, {"distributed": CP2, "train": CP_TRAIN}),
 })
 
 def test_pipeline_rules_name_what_is_wrong_with_the_split_and_the_micro_batches():

@@ -127,7 +127,10 @@ class Evaluator:
         pipeline_eval = getattr(self.engine, "pipeline_eval", None)
         if pipeline_eval is not None:
             return pipeline_eval(tokens)
-        return cross_entropy(self.engine.forward(tokens[:, :-1]), tokens[:, 1:]).float()
+        # under context parallel each rank's part of every sequence, through the ring: its mean over its tokens, as many
+        # on every rank of the group, so the mean over all ranks below is the whole sequences' mean
+        with self.engine.sequence_parts(tokens[:, :-1], tokens[:, 1:]) as (inputs, targets):
+            return cross_entropy(self.engine.forward(inputs), targets).float()
 
     def _rewound(self):
         """The eval stream at its start: the one built before, put back (a corpus is read and tokenized once), or a

@@ -3,8 +3,8 @@ processes (torchrun, gloo, this CPU), builtin:llama-debug?layers=4 with FSDP2 ov
 tokens split over 2 ranks (torch's context_parallel, head-tail load balancing, ring attention over the CPU kernel),
 against one process on the same batches.
 
-- bf16, cp 2 on 2 processes: the first steps' losses and gradient norms equal the one-process run's to bf16 rounding;
-  the start record says each attention took its rank's positions.
+- bf16, cp 2 on 2 processes: the first steps' losses and gradient norms equal the one-process run's to bf16 rounding,
+  and so does the held-out loss of [eval] after them; the start record says each attention took its rank's positions.
 - torchao FP8 tensorwise: the mean loss over 20 steps within CP_GAP of the one-process FP8 run's (each rank's FP8 scales
   are its own tokens', as a data-parallel rank's are).
 - resume from step 10 is bit for bit; the cp 2 checkpoint resumed in one process (cp 1) trains on as the cp 2 run does.
@@ -32,6 +32,7 @@ CP2 = dict(distributed__procs_per_node=2, distributed__context_parallel=2)
 BF16 = dict(precision__mode="bf16")
 TAO = {k.replace(".", "__"): v for k, v in FP8.items()}
 MOE = dict(train__model="builtin:moe-debug", train__steps=4)
+EVAL = dict(eval__data="synthetic", eval__steps=2)  # once, after the last step
 STEPS = 20
 # Bounds from the runs below at seeds 0-2 on the AMX development machine, 2026-11-27 (benchmarks/context_parallel_bounds.py,
 # benchmarks/results/context_parallel_bounds.json); each is several times the largest measured.
@@ -50,6 +51,10 @@ RESHARD = 0.005
 """|loss at step 11, and mean loss of steps 11-20, of the cp 2 checkpoint resumed in one process - the cp 2 run's| / its.
 Measured (seed 0): 0.0054% and 0.0013% (the same weights and batches; FP8 scales over each rank's
 tokens against over all of them)."""
+EVAL_REL = 0.005
+"""|held-out loss after step 3 - the one-process run's| / its, bf16 ([eval], 2 batches of 2 x 32 tokens: each rank's half
+of every sequence through the ring). Measured: 0.037%, 0.040%, 0.098% (the weights after 3 steps differ as the losses of
+steps 2-3 do)."""
 MOE_STEPS_REL = 2e-3
 """|loss - the one-process run's| / its at each of the 4 bf16 steps of moe-debug under cp 2. Measured (seed 0): max 0.0085%."""
 
@@ -61,8 +66,8 @@ def _run(folder: Path, name: str, *extra: str, **keys) -> Path:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("cp")
-    _run(folder, "one-bf16", **ONE, **BF16, train__steps=3)
-    _run(folder, "cp2-bf16", **CP2, **BF16, train__steps=3)
+    _run(folder, "one-bf16", **ONE, **BF16, **EVAL, train__steps=3)
+    _run(folder, "cp2-bf16", **CP2, **BF16, **EVAL, train__steps=3)
     _run(folder, "one-fp8", **ONE, **TAO)
     _run(folder, "cp2-fp8", **CP2, **TAO, train__checkpoint_every=10)
     _run(folder, "one-moe-bf16", **ONE, **BF16, **MOE)
@@ -80,6 +85,10 @@ def test_bf16_context_parallel_computes_what_one_process_computes(runs):
         assert abs(b["loss"] - a["loss"]) / a["loss"] < LATER_STEPS_REL, (a["loss"], b["loss"])
     assert cp.start["effects"]["context"] == {"ranks": 2, "positioned_attentions": 4}
     assert "context parallel 2" in (runs / "cp2-bf16.stdout").read_text()
+    # [eval] after step 3: each rank's part of every held-out sequence through the ring, the mean over all ranks
+    (a,), (b,) = ([r for r in metrics(runs / "runs" / name) if r["event"] == "eval"] for name in ("one-bf16", "cp2-bf16"))
+    assert a["eval_tokens"] == b["eval_tokens"] == 2 * 2 * 32
+    assert abs(b["eval_loss"] - a["eval_loss"]) / a["eval_loss"] < EVAL_REL, (a["eval_loss"], b["eval_loss"])
 
 
 def test_fp8_context_parallel_trains_like_one_process(runs):

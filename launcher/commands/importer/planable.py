@@ -144,7 +144,7 @@ FIXES = {f.rule: f for f in (
     *(Fix(rule, _no_pp) for rule in ("PP-DIVIDES-WORLD", "PP-MODEL", "PP-EXPERT-PARALLEL", "PP-BACKEND",
                                      "PP-PRECISION-SCHEDULE", "PP-FP16", "PP-GRAD-REDUCE", "PP-MONITOR")),
     # context parallel: off where fp8launch does not compose it (its ranks become data-parallel), then what it needs of the
-    # rest of the spec where it stays (CP-EVAL has no fix: an import sets no eval data)
+    # rest of the spec where it stays
     *(Fix(rule, _no_cp) for rule in ("CP-DIVIDES-WORLD", "CP-MODEL", "CP-PIPELINE", "CP-TENSOR-PARALLEL", "CP-EXPERT-PARALLEL",
                                      "CP-BACKEND")),
     Fix("CP-SEQ", _cp_seq),

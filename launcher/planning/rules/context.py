@@ -84,10 +84,4 @@ RULES: tuple[Rule, ...] = (
              "DTensors for the ring, and fp8launch has not trained it inside compiled blocks.",
          fix="set compile.enabled = false, or distributed.context_parallel = 1",
          condition=lambda f: cp(f) > 1 and f.plan.compile.enabled),
-    Rule(id="CP-EVAL", severity="error", stage="plan",
-         when="distributed.context_parallel > 1 with [eval] enabled",
-         why="not composed yet: the evaluation's forward runs outside the training step, whose micro-batches context "
-             "parallel shards.",
-         fix="set eval.enabled = false, or distributed.context_parallel = 1",
-         condition=lambda f: cp(f) > 1 and f.plan.eval.enabled),
 )
