@@ -373,10 +373,18 @@ def ring_exposed_s(plan, shape: ModelShape, dev: Device, attention_block_s: floa
     computed (torch's _templated_ring_attention), so only what exceeds the attention's time shows."""
     d, t = plan.distributed, plan.train
     cp = max(1, d.context_parallel)
-    gbps = (cost.INTER_NODE_GBPS if d.nodes > 1 else dev.link_gbps) * cost.LINK_EFF * 1e9
     kv_shard = 2 * t.micro_batch_size * (t.seq_len // cp) * shape.kv_heads * shape.head_dim * 2  # K and V in bf16
-    ring = 3 * (cp - 1) * kv_shard / gbps
+    ring = 3 * (cp - 1) * kv_shard / link_bytes_per_s(plan, dev, plan.world_size)
     return max(0.0, ring - attention_block_s)
+
+
+def link_bytes_per_s(plan, dev: Device, group: int) -> float:
+    """Bytes a second per GPU of a collective among `group` adjacent ranks (the mesh puts a TP, CP or EP group's ranks
+    next to each other): the GPU's own link (NVLink, Infinity Fabric) while the group fits in a node, the network once it
+    spans nodes; at the collectives' bus efficiency."""
+    d = plan.distributed
+    gbps = cost.INTER_NODE_GBPS if d.nodes > 1 and group > d.procs_per_node else dev.link_gbps
+    return gbps * cost.LINK_EFF * 1e9
 
 
 def _experts(plan, shape: ModelShape, dev: Device, m: int, fp8: bool, costs_of, recompute: float):
@@ -417,18 +425,16 @@ def all_to_all_s(plan, shape: ModelShape, dev: Device, m: int) -> float:
     e, ep = shape.experts, max(1, plan.distributed.expert_parallel)
     if e is None or ep == 1:
         return 0.0
-    gbps = (cost.INTER_NODE_GBPS if plan.distributed.nodes > 1 and ep > plan.distributed.procs_per_node else dev.link_gbps)
     volume = e.count * 4 * (ep - 1) / ep * m * e.top_k * shape.dim * 2
-    return volume / (gbps * cost.LINK_EFF * 1e9) + e.count * 4 * cost.KERNEL_FIXED_S
+    return volume / link_bytes_per_s(plan, dev, ep) + e.count * 4 * cost.KERNEL_FIXED_S
 
 
 def _exposed_comm(plan, shape: ModelShape, dev: Device, compute: float, m: int, fp8_params: int) -> float:
     """Communication the engine cannot overlap with compute: what exceeds the compute, plus the first
     all-gather and the last reduce-scatter (one block's worth), plus tensor-parallel collectives."""
     d, t = plan.distributed, plan.train
-    tp, dp = max(1, d.tensor_parallel), max(1, d.data_parallel)
-    gbps = (cost.INTER_NODE_GBPS if d.nodes > 1 else dev.link_gbps) * cost.LINK_EFF * 1e9
-    params = shape.params / tp / max(1, d.pipeline_parallel)  # a stage's
+    tp, dp, pp = max(1, d.tensor_parallel), max(1, d.data_parallel), max(1, d.pipeline_parallel)
+    params = shape.params / tp / pp  # a stage's
     if d.strategy == "fsdp2":
         dp *= max(1, d.context_parallel)  # FSDP2 shards over dp x cp
     share = (dp - 1) / dp
@@ -442,7 +448,7 @@ def _exposed_comm(plan, shape: ModelShape, dev: Device, compute: float, m: int, 
         ep = max(1, d.expert_parallel) if shape.experts else 1
         experts = shape.experts.params / ep if shape.experts and ep > 1 else 0.0
         dense = params - (shape.experts.params if experts else 0.0)
-        weights = 2 * dense - fp8_params / tp / max(1, d.pipeline_parallel)  # bf16, or 1 byte for the FP8 all-gathered weights
+        weights = 2 * dense - fp8_params / tp / pp  # bf16, or 1 byte for the FP8 all-gathered weights
         volume = accum * share * (gathers * weights + reduce_bytes * dense)
         efsdp = dp // ep
         if experts and efsdp > 1:
@@ -452,10 +458,10 @@ def _exposed_comm(plan, shape: ModelShape, dev: Device, compute: float, m: int, 
     else:
         z = d.deepspeed.zero_stage
         volume = 2 * share * 2 * params if z < 3 else accum * share * (2 * 2 * params + 2 * params)
-    data = volume / gbps
+    data = volume / link_bytes_per_s(plan, dev, plan.world_size)  # the data-parallel ranks span the job
     exposed = max(0.0, data - compute) + data / max(1, shape.n_layers)
     if tp > 1:  # per block: all-gather + reduce-scatter of the activations in forward and in backward
-        act = accum * shape.n_layers * 4 * 2 * (tp - 1) / tp * m * shape.dim * 2 / (dev.link_gbps * cost.LINK_EFF * 1e9)
+        act = accum * shape.n_layers * 4 * 2 * (tp - 1) / tp * m * shape.dim * 2 / link_bytes_per_s(plan, dev, tp)
         exposed += act * (0.3 if d.async_tp else 1.0)
     return exposed + accum * all_to_all_s(plan, shape, dev, m)
 
