@@ -427,3 +427,11 @@ def test_context_parallel_divides_each_ranks_tokens_and_adds_the_ring_it_cannot_
     ring = 3 * 15 * shard / (cost.INTER_NODE_GBPS * cost.LINK_EFF * 1e9)
     attention_block = far["attention"] / shape.n_layers
     assert far["ring_exchange"] == pytest.approx(shape.n_layers * (ring - attention_block), rel=1e-9) and far["ring_exchange"] > 0
+    # 2-way CP on the same 2 nodes: a CP group's ranks are adjacent in the mesh, so its ring stays on the node's link
+    from launcher.planning.predict import device, ring_exposed_s
+
+    near = planned(tmp_path / "2n", ["compile.enabled=false", "train.seq_len=32768", "distributed.nodes=2",
+                                     "distributed.context_parallel=2"])
+    shard = 2 * 1 * (32768 // 2) * shape.kv_heads * shape.head_dim * 2
+    nvlink = device("h100").link_gbps * cost.LINK_EFF * 1e9
+    assert ring_exposed_s(near.plan, shape, device("h100"), 0.0) == pytest.approx(3 * 1 * shard / nvlink, rel=1e-9)

@@ -374,7 +374,7 @@ def ring_exposed_s(plan, shape: ModelShape, dev: Device, attention_block_s: floa
     d, t = plan.distributed, plan.train
     cp = max(1, d.context_parallel)
     kv_shard = 2 * t.micro_batch_size * (t.seq_len // cp) * shape.kv_heads * shape.head_dim * 2  # K and V in bf16
-    ring = 3 * (cp - 1) * kv_shard / link_bytes_per_s(plan, dev, plan.world_size)
+    ring = 3 * (cp - 1) * kv_shard / link_bytes_per_s(plan, dev, cp)  # a CP group's ranks are adjacent
     return max(0.0, ring - attention_block_s)
 
 
