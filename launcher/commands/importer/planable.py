@@ -87,8 +87,8 @@ def _to_fsdp2(d: Draft) -> list[tuple]:
     """The strategy FSDP2; DeepSpeed's CPU / NVMe offload (of parameters or optimizer states) carried over as FSDP2's CPU
     offload (parameters, gradients and the optimizer step on the CPU), which holds at least as little on the GPU."""
     changes: list[tuple] = [("distributed.strategy", "fsdp2")]
-    offloaded = [f"distributed.deepspeed.offload_{what} = {_v(d, f'distributed.deepspeed.offload_{what}', 'none')!r}"
-                 for what in ("param", "optimizer") if _v(d, f"distributed.deepspeed.offload_{what}", "none") != "none"]
+    keys = (f"distributed.deepspeed.offload_{what}" for what in ("param", "optimizer"))
+    offloaded = [f"{key} = {where!r}" for key in keys if (where := _v(d, key, "none")) != "none"]
     if d.used("distributed.strategy") == "deepspeed" and offloaded and not _v(d, "distributed.fsdp2.cpu_offload", False):
         changes.append(("distributed.fsdp2.cpu_offload", True,
                         f"DeepSpeed's offload ({', '.join(offloaded)}) carried to FSDP2 as its CPU offload (parameters, "
@@ -150,10 +150,7 @@ FIXES = {f.rule: f for f in (
     Fix("CP-SEQ", _cp_seq),
     Fix("CP-COMPILE", lambda d: [("compile.enabled", False)]),
     # a strategy change last: the moves above may have made it moot
-    Fix("TP-STRATEGY", lambda d: _to_fsdp2(d)),
-    Fix("PP-STRATEGY", lambda d: _to_fsdp2(d)),
-    Fix("EP-STRATEGY", lambda d: _to_fsdp2(d)),
-    Fix("CP-STRATEGY", lambda d: _to_fsdp2(d)),
+    *(Fix(rule, _to_fsdp2) for rule in ("TP-STRATEGY", "PP-STRATEGY", "EP-STRATEGY", "CP-STRATEGY")),
     Fix("FP8-PRECOMPUTE-OFFLOAD", lambda d: [("precision.torchao.precompute_scale", False)]),
     # DeepSpeed offload
     Fix("DS-OFFLOAD-PARAM-STAGE", lambda d: [("distributed.deepspeed.offload_param", "none")]),
