@@ -17,6 +17,15 @@ pytestmark = pytest.mark.slow
 PROBE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "memory_probe.py")
 
 
+def probe(plan_dir, procs: int) -> dict[int, dict]:
+    """tests/memory_probe.py under torchrun on `procs` processes: {rank: its record} (rank 0's, or every rank's under pp)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs), PROBE, plan_dir],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {rec["rank"]: rec for rec in (json.loads(line) for line in r.stdout.splitlines() if line.startswith("{"))}
+
+
 @pytest.mark.parametrize("procs, keys", [
     (1, {"distributed.strategy": "ddp", "precision.mode": "bf16"}),
     (2, {"distributed.strategy": "fsdp2", "precision.mode": "bf16"}),
@@ -28,11 +37,7 @@ PROBE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "memory_probe.p
 ], ids=["ddp-bf16", "fsdp2-bf16", "fsdp2-fp8-allgather", "ddp-fp8-sgd", "fsdp2-cp2"])
 def test_estimate_matches_the_real_tensors_within_5_percent(tmp_path, procs, keys):
     plan, plan_dir = make_plan(tmp_path, **{"distributed.procs_per_node": procs, "train.model": "builtin:llama-debug", **keys})
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs), PROBE, plan_dir],
-                       capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    real = json.loads(r.stdout.strip().splitlines()[-1])
+    real = probe(plan_dir, procs)[0]
     params = model_params(plan.train.model)
     assert real["param_count"] == params
     est = {row.name: row.bytes_per_gpu(params) for row in estimate(plan, params).rows}
@@ -52,11 +57,7 @@ def test_each_pipeline_stage_holds_the_states_its_estimate_says(tmp_path, keys):
     plan, plan_dir = make_plan(tmp_path, **{"distributed.procs_per_node": 2, "distributed.strategy": "fsdp2",
                                             "distributed.pipeline_parallel": 2, "distributed.pipeline.microbatches": 2,
                                             "train.micro_batch_size": 2, "train.model": "builtin:llama-debug", **keys})
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", PROBE, plan_dir],
-                       capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    real = {rec["rank"]: rec for rec in (json.loads(line) for line in r.stdout.splitlines() if line.startswith("{"))}
+    real = probe(plan_dir, 2)
     assert sorted(real) == [0, 1]
     cfg = model_config(plan.train.model)
     stages = [stage_estimate(plan, cfg, s) for s in (0, 1)]
