@@ -45,22 +45,25 @@ def load(records: Path) -> list[dict]:
     return rows
 
 
+NO_TEST = "(no test: the pytest workers, with the in-process tests)"
+
+
 def summary(rows: list[dict]) -> dict:
     kinds = collections.Counter()
     count = collections.Counter()
     tests: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    launches = collections.Counter()  # a torchrun agent a launch
     for r in rows:
+        name = r["test"] or NO_TEST
         kinds[r["kind"]] += r["cpu_s"]
         count[r["kind"]] += 1
-        tests[r["test"] or "(no test: the pytest workers, with the in-process tests)"][r["kind"]] += r["cpu_s"]
-        if r["kind"] == "agent":
-            tests[r["test"] or "(no test: the pytest workers, with the in-process tests)"]["launches"] += 1
+        tests[name][r["kind"]] += r["cpu_s"]
+        launches[name] += r["kind"] == "agent"
     return {
         "cpu_s": round(sum(kinds.values()), 1),
         "kinds": {k: {"cpu_s": round(v, 1), "processes": count[k]} for k, v in kinds.most_common()},
-        "tests": sorted(({"test": t, "cpu_s": round(sum(v for k, v in c.items() if k != "launches"), 1), "launches": c["launches"],
-                          **{k: round(v, 1) for k, v in c.items() if k != "launches"}} for t, c in tests.items()),
-                        key=lambda t: -t["cpu_s"]),
+        "tests": sorted(({"test": t, "cpu_s": round(sum(c.values()), 1), "launches": launches[t], **{k: round(v, 1) for k, v in c.items()}}
+                         for t, c in tests.items()), key=lambda t: -t["cpu_s"]),
     }
 
 

@@ -16,7 +16,7 @@ _written = False
 
 def _record() -> None:
     global _written
-    if _written or not _DIR:
+    if _written:
         return
     _written = True
     try:
