@@ -28,5 +28,5 @@ rc=$?
 total=$(( $(date +%s) - t0 ))
 echo "ci_time: .ci/run exited $rc after $total s (log $work/ci.log)"
 python3 "$repo/benchmarks/ci_time_record.py" "$times" "$work/ci.log" "$total" "$rc" "$commit" "$repo/benchmarks/results" \
-  "$work/timeline"
+  "$work/timeline" "$clone/.venv/bin/python"
 exit $rc

@@ -1,7 +1,11 @@
 """benchmarks/results/ci_time.{json,md} from one `.ci/run` that benchmarks/ci_time.sh timed: its phases (the JSON lines
 .ci/phase appended to CI_TIMES) and the slowest tests each pytest phase printed (`--durations`) in its log.
 
-    python benchmarks/ci_time_record.py PHASES.jsonl CI.log TOTAL_S EXIT COMMIT OUT_DIR [TIMELINE_DIR]
+    python benchmarks/ci_time_record.py PHASES.jsonl CI.log TOTAL_S EXIT COMMIT OUT_DIR [TIMELINE_DIR [PYTHON]]
+
+With PYTHON (the clone's venv), the machine's speed beside its minutes: the CPU seconds of `import torch` (median of 5),
+which is most of what a run's processes spend starting and so moves CI's minutes with it. This machine kind has been an
+AMX Xeon and an AMD EPYC on different days; the same commit's cold run takes longer on the slower one.
 
 With TIMELINE_DIR (.ci/phase's CI_TIMELINE_DIR), each pytest phase's two workers are summed too: busy seconds, and how
 long each stood idle at the end while the other finished (benchmarks/ci_timeline.py).
@@ -13,6 +17,9 @@ import json
 import os
 import platform
 import re
+import resource
+import statistics
+import subprocess
 import sys
 
 PHASE_LINE = re.compile(r"^ci-phase: (\S+) ([\d.]+) s exit (\d+)$")
@@ -56,7 +63,26 @@ def workers(timeline_dir: str | None) -> dict[str, dict]:
     return out
 
 
-def main(phases_path: str, log_path: str, total: str, rc: str, commit: str, out: str, timeline_dir: str | None = None) -> None:
+def import_torch_cpu_s(python: str, times: int = 5) -> float:
+    """The median CPU seconds of `PYTHON -c "import torch"`, each run a new process (bytecode already written)."""
+    cpu = []
+    for _ in range(times):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([python, "-c", "import torch"], check=True, capture_output=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return round(statistics.median(cpu), 2)
+
+
+def cpu_model() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def main(phases_path: str, log_path: str, total: str, rc: str, commit: str, out: str, timeline_dir: str | None = None,
+         python: str | None = None) -> None:
     log = open(log_path, encoding="utf-8", errors="replace").read()
     phases = phases_of(log) or [json.loads(line) for line in open(phases_path) if line.strip()]
     flags = []
@@ -70,8 +96,9 @@ def main(phases_path: str, log_path: str, total: str, rc: str, commit: str, out:
                 "(TORCH_EXTENSIONS_DIR) caches: benchmarks/ci_time.sh",
         "commit": commit, "exit": int(rc), "total_s": total_s, "total_min": round(total_s / 60, 1),
         "phases": phases, "slowest": slowest(log), "workers": workers(timeline_dir),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "amx": any(f.startswith("amx") for f in flags), "avx512": "avx512f" in flags},
+        "machine": {"cpus": os.cpu_count(), "model": cpu_model(), "python": platform.python_version(),
+                    "amx": any(f.startswith("amx") for f in flags), "avx512": "avx512f" in flags,
+                    "import_torch_cpu_s": import_torch_cpu_s(python) if python and os.path.exists(python) else None},
     }
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "ci_time.json"), "w") as f:
@@ -79,8 +106,12 @@ def main(phases_path: str, log_path: str, total: str, rc: str, commit: str, out:
         f.write("\n")
     lines = ["# CI time from a cold machine", "",
              f"`bash benchmarks/ci_time.sh` at {commit}: `.ci/run` on a fresh clone, empty pip / Inductor / torch-extension "
-             f"caches, {record['machine']['cpus']} CPUs (AMX: {record['machine']['amx']}). Exit {rc}, **{record['total_min']} min** "
-             "in all (CI's limit is 90, the budget 35).", "", "| phase | minutes | exit |", "|---|---:|---:|"]
+             f"caches, {record['machine']['cpus']} CPUs ({record['machine']['model']}, AMX: {record['machine']['amx']}). Exit {rc}, "
+             f"**{record['total_min']} min** in all (CI's limit is 90, the budget 35).", "",
+             f"The machine's speed: `import torch` takes {record['machine']['import_torch_cpu_s']} CPU-s here (median of 5; 1.2-1.3 "
+             "on the AMX Xeon that measured 37-48 min for earlier commits, 2026-11-26/27). Most of a run's CPU seconds are its "
+             "processes starting (benchmarks/results/ci_cpu.md), so the minutes scale with it.", "",
+             "| phase | minutes | exit |", "|---|---:|---:|"]
     lines += [f"| {p['phase']} | {p['seconds'] / 60:.1f} | {p['exit']} |" for p in phases]
     lines += ["", "Phases: setup (venv and packages from nothing), lint (`ruff check`), fast (`make test-fast`), slow (the "
               "multi-process tests but the support matrix, the SLURM cluster's install included), matrix "

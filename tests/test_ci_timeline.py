@@ -59,3 +59,21 @@ def test_the_ci_record_carries_each_phases_workers(tmp_path):
     assert record["workers"]["slow"]["workers"]["gw0"]["idle_at_end_s"] == 30.0
     assert "gw0 busy 1.2 min (2 tests), idle at the end 30 s" in (out / "ci_time.md").read_text()
     assert ci_time_record.workers(str(tmp_path / "missing")) == {}
+
+
+def test_the_ci_record_reads_the_machines_speed_from_the_clones_python(tmp_path):
+    """The 8th argument is the clone's Python: its `import torch` CPU seconds, the median of 5 new processes. Here a stand-in
+    Python that burns 0.2 CPU-s whatever it is asked, so the median must be at least that and not the wall time of a sleep."""
+    fake = tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\nimport time\nt = time.process_time()\nwhile time.process_time() - t < 0.2:\n    pass\n"
+                    "time.sleep(0.3)\n")
+    fake.chmod(0o755)
+    log = tmp_path / "ci.log"
+    log.write_text("ci-phase: setup 10.0 s exit 0\n")
+    out = tmp_path / "results"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "ci_time_record.py"), str(tmp_path / "none.jsonl"), str(log),
+                           "10", "0", "abc1234", str(out), str(tmp_path / "none"), str(fake)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    machine = json.loads((out / "ci_time.json").read_text())["machine"]
+    assert 0.2 <= machine["import_torch_cpu_s"] < 0.45, machine
+    assert f"`import torch` takes {machine['import_torch_cpu_s']} CPU-s here" in (out / "ci_time.md").read_text()

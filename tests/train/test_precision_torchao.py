@@ -240,3 +240,37 @@ def test_a_rule_mode_gives_layers_their_own_dtype_outside_autocast():
         lm_loss(model, torch.randint(0, 256, (2, 33))).backward()
     assert outputs == {"layers.1.feed_forward.w2": torch.float32, "layers.1.feed_forward.w3": torch.bfloat16}
     assert w2.weight.grad is not None and w2.weight.grad.abs().sum() > 0
+
+
+_CONVERT_IN_A_FRESH_PROCESS = """
+import sys, torch
+from launcher.train.precision import apply_precision
+from tests.train._precision import TinyLlama, fp8_plan
+from torchao.float8 import _inductor_patch
+from torchao.float8.float8_linear import Float8Linear
+model = TinyLlama()
+apply_precision(model, fp8_plan(torchao={"skip_small": False}), torch.device("cpu"))
+print(sum(isinstance(m, Float8Linear) for m in model.modules()), "torch._inductor.codegen.triton" in sys.modules,
+      _inductor_patch._PATCHED)
+"""
+
+
+def test_a_cpu_conversion_leaves_torchaos_triton_patch_and_its_import_out():
+    """convert_to_float8_training imports Inductor's Triton code generator to patch it (torchao 0.18); on CPU the
+    conversion is the same 13 Float8Linears without that import (in a fresh process: this one may hold it already)."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _CONVERT_IN_A_FRESH_PROCESS], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["13", "False", "True"], out.stderr[-2000:]
+
+
+def test_on_cuda_torchaos_triton_patch_is_left_to_torchao(monkeypatch):
+    from torchao.float8 import _inductor_patch
+
+    from launcher.train.precision.torchao_fp8 import skip_triton_codegen_patch
+
+    monkeypatch.setattr(_inductor_patch, "_PATCHED", False)
+    assert skip_triton_codegen_patch(torch.device("cuda")) is False and _inductor_patch._PATCHED is False
+    assert skip_triton_codegen_patch(CPU) is True and _inductor_patch._PATCHED is True
+    monkeypatch.delattr(_inductor_patch, "_PATCHED")  # a torchao without the flag: its patch runs as it means to
+    assert skip_triton_codegen_patch(CPU) is False

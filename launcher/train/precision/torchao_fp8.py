@@ -164,6 +164,23 @@ def _emulated_mx_input(module: nn.Module, args: tuple) -> tuple | None:
     return None
 
 
+def skip_triton_codegen_patch(device: torch.device) -> bool:
+    """Off CUDA, mark torchao's Triton-only Inductor patch as applied, so that convert_to_float8_training does not import
+    it. The patch (torchao/float8/_inductor_patch.py, applied by every convert_to_float8_training call) rewrites how
+    Inductor's Triton code generator emits min/max, against a Triton fp8-store miscompile; importing that generator
+    (torch._inductor.codegen.triton and what it pulls in) is 15-20% of a CPU rank's start, and a CPU graph is C++.
+    Returns whether it was skipped: False on CUDA, and where torchao no longer keeps the `_PATCHED` flag (then the
+    patch runs as torchao means it to)."""
+    if device.type == "cuda":
+        return False
+    from torchao.float8 import _inductor_patch
+
+    if not isinstance(getattr(_inductor_patch, "_PATCHED", None), bool):
+        return False
+    _inductor_patch._PATCHED = True
+    return True
+
+
 def apply_torchao(model: nn.Module, plan: Plan, device: torch.device) -> TorchaoPrecision:
     """Convert each chosen Linear with its recipe: the plan's, or a `[[precision.rules]]` entry's (one
     conversion per recipe, each over its own layers)."""
@@ -182,6 +199,7 @@ def apply_torchao(model: nn.Module, plan: Plan, device: torch.device) -> Torchao
             quantize_(model, config, filter_fn=only)
         else:
             _, convert, _, _ = _torchao()
+            skip_triton_codegen_patch(device)
             config = float8_config(plan, recipe)
             all_gather = all_gather or config.enable_fsdp_float8_all_gather
             convert(model, config=config, module_filter_fn=only)
