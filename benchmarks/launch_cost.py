@@ -6,9 +6,11 @@ it costs (benchmarks/results/ci_cpu.md): most of a 2-step CPU run is its process
 The baseline: torchao's Triton-only Inductor patch applied in every rank, as before fp8launch skipped it off CUDA
 (benchmarks/launch_cost/sitecustomize.py on PYTHONPATH). The runs: the support matrix's shape (2 processes, 2 blocks
 of llama-debug, 32 tokens, 2 steps, eager), torchao FP8 tensorwise on FSDP2 and rowwise on DDP, and bf16 on FSDP2,
-where nothing differs (the control).
+where nothing differs (the control). A launch's CPU seconds spread by ~10% on a shared 2-core machine, as much as the
+difference measured, so the same difference is also measured where it happens alone: a new process that builds a
+2-block llama-debug and converts it to torchao FP8 tensorwise on CPU, as a rank does (--conversions pairs of them).
 
-    .venv/bin/python benchmarks/launch_cost.py [--pairs 3] [--out benchmarks/results/launch_cost.json]
+    .venv/bin/python benchmarks/launch_cost.py [--pairs 3] [--conversions 8] [--out benchmarks/results/launch_cost.json]
 """
 
 from __future__ import annotations
@@ -55,18 +57,37 @@ def one_run(spec: Path, folder: Path, variant: str) -> tuple[float, float]:
     return _cpu_children() - cpu, time.monotonic() - t0
 
 
+CONVERT = """
+import sys, torch
+import launcher.train.precision.torchao_fp8 as torchao_fp8
+from launcher.train.precision import apply_precision
+from tests.train._precision import TinyLlama, fp8_plan
+if sys.argv[1] == "baseline":
+    torchao_fp8.skip_triton_codegen_patch = lambda device: False
+apply_precision(TinyLlama(), fp8_plan(torchao={"skip_small": False}), torch.device("cpu"))
+"""
+
+
+def one_conversion(variant: str) -> float:
+    cpu = _cpu_children()
+    subprocess.run([sys.executable, "-c", CONVERT, variant], cwd=REPO, check=True, capture_output=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+    return _cpu_children() - cpu
+
+
 def main() -> None:
     from launcher.planning.support_matrix import spec_of
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--conversions", type=int, default=8)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "launch_cost.json"))
     args = parser.parse_args()
 
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        for label, config in RUNS.items():
+        for label, config in RUNS.items() if args.pairs else ():
             name = "r" + str(len(results))
             spec = folder / f"{name}.json"
             spec.write_text(json.dumps(spec_of(config, name), indent=1))
@@ -79,6 +100,15 @@ def main() -> None:
             print(f"{label:24s} now {now:6.2f} CPU-s  baseline {base:6.2f}  ratio {now / base:.3f}  "
                   f"(now {min(cpu['now']):.2f}-{max(cpu['now']):.2f}, baseline {min(cpu['baseline']):.2f}-{max(cpu['baseline']):.2f})")
 
+    conversion = {v: [] for v in VARIANTS}
+    for i in range(args.conversions):
+        for v in VARIANTS if i % 2 == 0 else VARIANTS[::-1]:
+            conversion[v].append(one_conversion(v))
+    now, base = statistics.median(conversion["now"]), statistics.median(conversion["baseline"])
+    print(f"{'conversion, one process':24s} now {now:6.2f} CPU-s  baseline {base:6.2f}  ratio {now / base:.3f}  "
+          f"(now {min(conversion['now']):.2f}-{max(conversion['now']):.2f}, "
+          f"baseline {min(conversion['baseline']):.2f}-{max(conversion['baseline']):.2f})")
+
     record = {
         "benchmark": "launch_cost",
         "what": "CPU seconds of one 2-process, 2-step eager `fp8launch run` (the CLI, torchrun, both ranks), now vs the baseline "
@@ -86,6 +116,9 @@ def main() -> None:
         "pairs": args.pairs,
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": _torch_version()},
         "runs": results,
+        "conversion": {"what": "CPU seconds of a new process that builds a 2-block llama-debug and converts it to torchao FP8 "
+                               "tensorwise on CPU, now vs the baseline, alternating", "pairs": args.conversions,
+                       "cpu_s": conversion, "median_cpu_s": {"now": now, "baseline": base}, "ratio_now_to_baseline": now / base},
     }
     Path(args.out).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     print(f"wrote {args.out}")
