@@ -255,6 +255,26 @@ print(sum(isinstance(m, Float8Linear) for m in model.modules()), "torch._inducto
 """
 
 
+def test_a_cpu_conversion_finds_torchaos_triton_patch_marked_applied(monkeypatch):
+    """torchao 0.18's convert_to_float8_training calls _patch_inductor_min_max_codegen, which returns at once where
+    `_PATCHED` is set, before it imports Inductor's Triton code generator: on CPU fp8launch sets it first. (If torchao
+    stopped calling it, `calls` would be empty and the skip would be dead code.)"""
+    from torchao.float8 import _inductor_patch
+
+    real, calls = _inductor_patch._patch_inductor_min_max_codegen, []
+
+    def patch():
+        calls.append(_inductor_patch._PATCHED)
+        real()
+
+    monkeypatch.setattr(_inductor_patch, "_PATCHED", False)
+    monkeypatch.setattr(_inductor_patch, "_patch_inductor_min_max_codegen", patch)
+    model = TinyLlama()
+    apply_precision(model, fp8_plan(torchao={"skip_small": False}), CPU)
+    assert calls == [True] and len(_fp8_linears(model)) == 13
+
+
+@pytest.mark.slow  # a new process importing torch and torchao: ~6 s
 def test_a_cpu_conversion_leaves_torchaos_triton_patch_and_its_import_out():
     """convert_to_float8_training imports Inductor's Triton code generator to patch it (torchao 0.18); on CPU the
     conversion is the same 13 Float8Linears without that import (in a fresh process: this one may hold it already)."""
