@@ -75,6 +75,23 @@ def one_conversion(variant: str) -> float:
     return _cpu_children() - cpu
 
 
+def alternating(pairs: int, measure) -> dict[str, list[float]]:
+    """`measure(variant)` `pairs` times for each variant, the order flipped every pair."""
+    cpu = {v: [] for v in VARIANTS}
+    for i in range(pairs):
+        for v in VARIANTS if i % 2 == 0 else VARIANTS[::-1]:
+            cpu[v].append(measure(v))
+    return cpu
+
+
+def compared(label: str, cpu: dict[str, list[float]]) -> dict:
+    """The medians and their ratio, printed as one line of the table."""
+    now, base = statistics.median(cpu["now"]), statistics.median(cpu["baseline"])
+    print(f"{label:24s} now {now:6.2f} CPU-s  baseline {base:6.2f}  ratio {now / base:.3f}  "
+          f"(now {min(cpu['now']):.2f}-{max(cpu['now']):.2f}, baseline {min(cpu['baseline']):.2f}-{max(cpu['baseline']):.2f})")
+    return {"cpu_s": cpu, "median_cpu_s": {"now": now, "baseline": base}, "ratio_now_to_baseline": now / base}
+
+
 def main() -> None:
     from launcher.planning.support_matrix import spec_of
 
@@ -91,23 +108,8 @@ def main() -> None:
             name = "r" + str(len(results))
             spec = folder / f"{name}.json"
             spec.write_text(json.dumps(spec_of(config, name), indent=1))
-            cpu = {v: [] for v in VARIANTS}
-            for i in range(args.pairs):
-                for v in VARIANTS if i % 2 == 0 else VARIANTS[::-1]:
-                    cpu[v].append(one_run(spec, folder, v)[0])
-            now, base = statistics.median(cpu["now"]), statistics.median(cpu["baseline"])
-            results[label] = {"cpu_s": cpu, "median_cpu_s": {"now": now, "baseline": base}, "ratio_now_to_baseline": now / base}
-            print(f"{label:24s} now {now:6.2f} CPU-s  baseline {base:6.2f}  ratio {now / base:.3f}  "
-                  f"(now {min(cpu['now']):.2f}-{max(cpu['now']):.2f}, baseline {min(cpu['baseline']):.2f}-{max(cpu['baseline']):.2f})")
-
-    conversion = {v: [] for v in VARIANTS}
-    for i in range(args.conversions):
-        for v in VARIANTS if i % 2 == 0 else VARIANTS[::-1]:
-            conversion[v].append(one_conversion(v))
-    now, base = statistics.median(conversion["now"]), statistics.median(conversion["baseline"])
-    print(f"{'conversion, one process':24s} now {now:6.2f} CPU-s  baseline {base:6.2f}  ratio {now / base:.3f}  "
-          f"(now {min(conversion['now']):.2f}-{max(conversion['now']):.2f}, "
-          f"baseline {min(conversion['baseline']):.2f}-{max(conversion['baseline']):.2f})")
+            results[label] = compared(label, alternating(args.pairs, lambda v: one_run(spec, folder, v)[0]))
+    conversion = compared("conversion, one process", alternating(args.conversions, one_conversion))
 
     record = {
         "benchmark": "launch_cost",
@@ -118,7 +120,7 @@ def main() -> None:
         "runs": results,
         "conversion": {"what": "CPU seconds of a new process that builds a 2-block llama-debug and converts it to torchao FP8 "
                                "tensorwise on CPU, now vs the baseline, alternating", "pairs": args.conversions,
-                       "cpu_s": conversion, "median_cpu_s": {"now": now, "baseline": base}, "ratio_now_to_baseline": now / base},
+                       **conversion},
     }
     Path(args.out).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     print(f"wrote {args.out}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -280,7 +281,7 @@ def test_a_cpu_conversion_leaves_torchaos_triton_patch_and_its_import_out():
     conversion is the same 13 Float8Linears without that import (in a fresh process: this one may hold it already)."""
     import subprocess
 
-    repo = __file__.rsplit("/tests/", 1)[0]  # where `tests` imports from
+    repo = Path(__file__).resolve().parents[2]  # where `tests` imports from
     out = subprocess.run([sys.executable, "-c", _CONVERT_IN_A_FRESH_PROCESS], cwd=repo, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["13", "False", "True"], out.stderr[-2000:]
 
