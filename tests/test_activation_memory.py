@@ -133,31 +133,29 @@ PARALLEL = {"distributed.strategy": "fsdp2", "distributed.procs_per_node": 2, "t
 
 def _pipeline_peak(rank: int, world: int, port: int, folder, keys: dict) -> None:
     import torch.distributed as dist
-    from torch.distributed import pipelining
 
     from launcher.planning.memory import in_flight, model_config, stage_estimate
     from launcher.train.models import transformer_blocks
-    from launcher.train.parallel.pipeline import SCHEDULES, cut_stage, split_for
+    from launcher.train.parallel.pipeline import cut_stage, make_schedule, split_for
     from tests.train._engine_setup import gloo_world
 
     plan, _ = make_plan(folder / str(rank), **{**PARALLEL, **keys})
     with gloo_world(rank, world, port):
         model, precision = _rank_model(plan)
         split = split_for(plan, len(transformer_blocks(model)))
-        cut_stage(model, rank, split)
+        cut_stage(model, plan.distributed.rank_stages(rank), split)
         prepare_blocks(model, plan)
         model.to(precision.param_dtype)  # FSDP2's MixedPrecisionPolicy computes on param_dtype copies of the weights
-        stage = pipelining.PipelineStage(model, rank, world, torch.device("cpu"), group=dist.group.WORLD)
-        schedule = getattr(pipelining, SCHEDULES[plan.distributed.pipeline.schedule])(
-            stage, n_microbatches=plan.pipeline_microbatches, loss_fn=loss_function(plan), scale_grads=True)
+        stages, schedule = make_schedule(model, plan, torch.device("cpu"), dist.group.WORLD, loss_function(plan))
         t = plan.train
         tokens = torch.randint(0, model.vocab_size, (t.micro_batch_size, t.seq_len + 1), generator=torch.Generator().manual_seed(0))
-        args = (tokens[:, :-1],) if rank == 0 else ()
+        args = (tokens[:, :-1],) if any(s.is_first for s in stages) else ()
+        last = any(s.is_last for s in stages)
         peaks = []
         for _ in range(2):  # the first step infers the stages' shapes too (torch 2.13's PipelineStage)
             live = LiveSaved({p.untyped_storage().data_ptr() for p in model.parameters()})
             with torch.autograd.graph.saved_tensors_hooks(live.pack, live.unpack), precision.autocast():
-                schedule.step(*args, target=tokens[:, 1:] if rank == world - 1 else None)
+                schedule.step(*args, target=tokens[:, 1:] if last else None)
             peaks.append(live.peak)
         est = stage_estimate(plan, model_config(plan.train.model), rank).activations
         one = est.bytes / in_flight(plan, rank)
@@ -177,7 +175,10 @@ def _spawn_collect(fn, world: int, folder, keys: dict) -> dict[int, list]:
     {"precision.mode": "bf16"},
     {"precision.mode": "bf16", "distributed.pipeline.schedule": "GPipe"},
     {**FP8, "activation_checkpointing.mode": "selective"},
-], ids=["bf16-1f1b", "bf16-gpipe", "fp8-selective-1f1b"])
+    {"precision.mode": "bf16", "distributed.pipeline.schedule": "Interleaved1F1B", "train.model": "builtin:llama-debug?layers=8"},
+    {"precision.mode": "bf16", "distributed.pipeline.schedule": "ZBVZeroBubble", "train.model": "builtin:llama-debug?layers=8",
+     "distributed.fsdp2.reshard_after_forward": False},
+], ids=["bf16-1f1b", "bf16-gpipe", "fp8-selective-1f1b", "bf16-interleaved", "bf16-zbv"])
 def test_each_pipeline_stage_holds_what_its_estimate_says_at_the_schedules_peak(tmp_path, keys):
     """pp 2, 4 micro-batches of one sequence: under 1F1B the first stage holds 2 micro-batches' activations at once and
     the last 1 (its backward follows each forward); under GPipe both hold all 4. The estimate of each stage (its blocks,
@@ -185,15 +186,20 @@ def test_each_pipeline_stage_holds_what_its_estimate_says_at_the_schedules_peak(
 
     The first step holds more on every stage but the last: torch 2.13's PipelineStage infers the shapes by running the
     first micro-batch once more, and keeps part of that forward through the step (measured: 0.71 of a micro-batch at
-    seq 128 and at 256, bf16). The estimate is the steady state's; the extra is held to less than one micro-batch."""
+    seq 128 and at 256, bf16). The estimate is the steady state's; the extra is held to less than one micro-batch.
+
+    Two stages a rank of 8 blocks: Interleaved1F1B's order (its warm-up) within 3% at 2, 4 and 8 micro-batches; torch
+    2.13's ZBVZeroBubble keeps more than its order says (launcher/planning/memory.py in_flight): measured against the
+    estimate -4% to +13% here, and -12% to +19% over 2-8 micro-batches on pp 2 and 4 (2026-11-28)."""
     got = _spawn_collect(_pipeline_peak, 2, tmp_path, {"distributed.pipeline_parallel": 2,
                                                          "distributed.pipeline.microbatches": 4, **keys})
     assert sorted(got) == [0, 1]
+    several = keys.get("distributed.pipeline.schedule") in ("Interleaved1F1B", "ZBVZeroBubble")  # both ranks hold a first stage
     for rank, (est, (first, steady), one, how) in got.items():
         assert est == pytest.approx(steady, rel=0.15), (rank, est, steady, how)
         extra = first - steady
-        assert (0 < extra < one) if rank == 0 else extra == 0, (rank, first, steady, one)
-        assert ("at step 1 up to one more" in how) == (rank == 0), how  # what the plan says of it
+        assert (0 <= extra < one) if several else (0 < extra < one) if rank == 0 else extra == 0, (rank, first, steady, one)
+        assert ("at step 1 up to one more" in how) == (several or rank == 0), how  # what the plan says of it
 
 
 def _context_saved(rank: int, world: int, port: int, folder, keys: dict) -> None:

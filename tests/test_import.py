@@ -391,10 +391,30 @@ def test_torchtitan_pipeline_degree_imports_as_pipeline_parallel_with_its_schedu
     spec, e = tomllib.loads(r.text), {x.source: x for x in r.report.entries}
     assert spec["distributed"]["pipeline_parallel"] == 2 and spec["distributed"]["strategy"] == "fsdp2"
     assert e["parallelism.pipeline_parallel_degree"].status == MAPPED
-    schedule = e["parallelism.pipeline_parallel_schedule"]
-    assert schedule.status == APPROXIMATED and schedule.before.startswith("Interleaved1F1B") and "1F1B" in schedule.after
-    # 126 blocks, 2 stages of 63; torchtitan's batch_size 2 per rank: 2 micro-batches of one sequence
-    assert spec["distributed"].get("pipeline", {}).get("layers_per_stage", []) == []
+    assert e["parallelism.pipeline_parallel_schedule"].status == MAPPED
+    assert spec["distributed"]["pipeline"]["schedule"] == "Interleaved1F1B"
+    # llama3-70b's 80 blocks over 2 ranks x 2 stages (torchtitan's stages a rank for a multi-stage schedule), 20 each;
+    # torchtitan's batch_size 2 per rank: 2 micro-batches of one sequence
+    assert spec["distributed"]["pipeline"].get("layers_per_stage", []) == [] and "stages_per_rank" not in spec["distributed"]["pipeline"]
+    # torchtitan's fsdp_reshard_after_forward "default" (unset here) keeps the weights gathered under pipeline parallel
+    assert spec["distributed"]["fsdp2"]["reshard_after_forward"] is False
+    assert e["(parallelism.fsdp_reshard_after_forward)"].status == MAPPED
+
+
+@pytest.mark.parametrize("name,expected,status", [("ZBVZeroBubble", "ZBVZeroBubble", MAPPED), ("gpipe", "GPipe", MAPPED),
+                                                  ("InterleavedZeroBubble", "Interleaved1F1B", APPROXIMATED),
+                                                  ("DualPipeV", "ZBVZeroBubble", APPROXIMATED)])
+def test_torchtitan_pipeline_schedules_import_as_the_schedule_with_their_stages_a_rank(tmp_path, name, expected, status):
+    """torch's get_schedule_class reads the name in any case; InterleavedZeroBubble (a loop of stages) and DualPipeV (a V)
+    become the schedule of fp8launch's that holds the same stages on each rank. compile = true in the source: ZBV's
+    refusal of compiled stages (PP-ZBV-COMPILE) moves it to Interleaved1F1B, naming the rule."""
+    path = _edited(tmp_path, "torchtitan/llama3_405b_2025.toml", "tensor_parallel_degree = 8", "tensor_parallel_degree = 1")
+    path = _edited(tmp_path, path, "enable_async_tensor_parallel = true", "enable_async_tensor_parallel = false")
+    path = _edited(tmp_path, path, "compile = true", "compile = false")
+    path = _edited(tmp_path, path, "pipeline_parallel_degree = 1", f'pipeline_parallel_degree = 2\npipeline_parallel_schedule = "{name}"')
+    r = import_config(path, folder=str(tmp_path))
+    spec, e = tomllib.loads(r.text), {x.source: x for x in r.report.entries}
+    assert spec["distributed"]["pipeline"]["schedule"] == expected and e["parallelism.pipeline_parallel_schedule"].status == status
 
 
 def test_torchtitan_pipeline_that_does_not_fit_beside_tensor_parallel_becomes_data_parallel_naming_the_rule(tmp_path):
@@ -531,6 +551,9 @@ def test_megatron_pipeline_with_transformer_engine_becomes_data_parallel_naming_
     spec, e, _ = imported("nemo/gpt3_mlperf.yaml", tmp_path)
     status, sets, note = e["model.pipeline_model_parallel_size"]
     assert status == APPROXIMATED and sets == {"distributed.pipeline_parallel": 1} and "rule PP-BACKEND" in note
+    # its virtual stages (3 a rank: Interleaved1F1B) are more than llama-debug's 4 blocks hold: 1F1B first (rule PP-LAYERS)
+    status, sets, note = e["model.virtual_pipeline_model_parallel_size"]
+    assert status == APPROXIMATED and sets["distributed.pipeline.schedule"] == "1F1B" and "rule PP-LAYERS" in note
     assert spec["distributed"]["global_batch_size"] == 8  # the source's global batch, its stages' ranks data-parallel
 
 

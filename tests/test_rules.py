@@ -357,6 +357,7 @@ PLAN_CASES.update({
 
 # -- pipeline parallel (issue 38): each rule on its bad combination and on its fixed twin ---------------
 PP2 = {"strategy": "fsdp2", "procs_per_node": 2, "pipeline_parallel": 2}
+KEPT = {"fsdp2": {"reshard_after_forward": False}}  # the weights gathered through the step: what ZBV needs (PP-ZBV-RESHARD)
 PP_TRAIN = {"model": "builtin:llama-debug", "micro_batch_size": 2}  # 4 blocks; 2 pipeline micro-batches of one sequence
 PP_MOE = {**PP_TRAIN, "model": "builtin:moe-debug"}  # 2 MoE blocks, 8 experts
 PLAN_CASES.update({
@@ -381,6 +382,18 @@ PLAN_CASES.update({
                        {"precision": TAO, "distributed": PP2, "train": PP_TRAIN}),
     "PP-MONITOR": ({"precision": TAO, "distributed": PP2, "train": PP_TRAIN, **MONITORED},
                    {"precision": TAO, "distributed": PP2, "train": PP_TRAIN}),
+    "PP-STAGES-PER-RANK": ({"distributed": {**PP2, "pipeline": {"schedule": "ZBVZeroBubble", "stages_per_rank": 3}, **KEPT},
+                            "train": {**PP_TRAIN, "model": "builtin:llama-debug?layers=6"}},
+                           {"distributed": {**PP2, "pipeline": {"schedule": "Interleaved1F1B", "stages_per_rank": 3}},
+                            "train": {**PP_TRAIN, "model": "builtin:llama-debug?layers=6"}}),
+    "PP-ZBV-COMPILE": ({"distributed": {**PP2, "pipeline": {"schedule": "ZBVZeroBubble"}, **KEPT}, "train": PP_TRAIN, **COMPILED},
+                       {"distributed": {**PP2, "pipeline": {"schedule": "Interleaved1F1B"}}, "train": PP_TRAIN, **COMPILED}),
+    "PP-ZBV-EVAL": ({"distributed": {**PP2, "pipeline": {"schedule": "ZBVZeroBubble"}, **KEPT}, "train": PP_TRAIN,
+                     "eval": {"data": "synthetic"}},
+                    {"distributed": {**PP2, "pipeline": {"schedule": "Interleaved1F1B"}}, "train": PP_TRAIN,
+                     "eval": {"data": "synthetic"}}),
+    "PP-ZBV-RESHARD": ({"distributed": {**PP2, "pipeline": {"schedule": "ZBVZeroBubble"}}, "train": PP_TRAIN},
+                       {"distributed": {**PP2, "pipeline": {"schedule": "ZBVZeroBubble"}, **KEPT}, "train": PP_TRAIN}),
 })
 
 
@@ -413,6 +426,26 @@ def test_pipeline_rules_name_what_is_wrong_with_the_split_and_the_micro_batches(
     assert "3 pipeline micro-batches do not divide the step's 4 sequences" in detail(odd, "PP-MICROBATCHES")
     two = {"distributed": {**PP2, "pipeline": {"microbatches": 2}}, "train": {**PP_TRAIN, "micro_batch_size": 4}}
     assert "PP-MICROBATCHES" not in fired(two)
+
+
+def test_several_stages_a_rank_cut_the_model_into_pp_times_as_many_stages():
+    """Interleaved1F1B holds 2 stages a rank unless told: 4 stages of builtin:llama-debug's 4 blocks under pp 2; 3 stages a
+    rank do not divide them; ScheduleInterleaved1F1B's rounds (micro-batches // pp) must divide the micro-batches; a
+    single-stage schedule with several stages a rank, and ZBV with other than 2, are refused by name."""
+    looped = {"distributed": {**PP2, "pipeline": {"schedule": "Interleaved1F1B"}}, "train": PP_TRAIN}
+    assert not {"PP-LAYERS", "PP-STAGES-PER-RANK", "PP-MICROBATCHES"} & set(fired(looped))
+    three = {"distributed": {**PP2, "pipeline": {"schedule": "Interleaved1F1B", "stages_per_rank": 3}}, "train": PP_TRAIN}
+    assert "the 6 pipeline stages (2 x stages_per_rank 3) do not divide builtin:llama-debug's 4 blocks" in detail(three, "PP-LAYERS")
+    listed = {"distributed": {**PP2, "pipeline": {"schedule": "Interleaved1F1B", "layers_per_stage": [2, 2]}}, "train": PP_TRAIN}
+    assert "names 2 stages, not the 4 stages of pipeline_parallel = 2 x stages_per_rank 2" in detail(listed, "PP-LAYERS")
+    rounds = {"distributed": {**PP2, "pipeline": {"schedule": "Interleaved1F1B", "microbatches": 5}},
+              "train": {**PP_TRAIN, "micro_batch_size": 5}}
+    assert "5 pipeline micro-batches are not a multiple of Interleaved1F1B's 2 rounds" in detail(rounds, "PP-MICROBATCHES")
+    assert "PP-MICROBATCHES" not in fired({**rounds, "distributed": {**PP2, "pipeline": {"microbatches": 5}}})  # 1F1B has none
+    single = {"distributed": {**PP2, "pipeline": {"stages_per_rank": 2}}, "train": PP_TRAIN}
+    assert "schedule 1F1B runs one stage a rank, not stages_per_rank = 2" in detail(single, "PP-STAGES-PER-RANK")
+    one = {"distributed": {**PP2, "pipeline": {"schedule": "Interleaved1F1B", "stages_per_rank": 1}}, "train": PP_TRAIN}
+    assert "stages_per_rank = 1 is schedule 1F1B" in detail(one, "PP-STAGES-PER-RANK")
 
 
 def test_context_parallel_names_every_factor_that_must_divide_the_world():

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from launcher.planning.backends import BACKENDS, backend_of
 from launcher.planning.levels import MOMENTS, STATE_BYTES
 from launcher.planning.models import builtin_config
-from launcher.planning.plan import Plan, stage_blocks
+from launcher.planning.plan import Plan, block_ranges, stage_blocks
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 STATES_PER_PARAM = MOMENTS  # exp_avg + exp_avg_sq; plain SGD (no momentum) keeps none
@@ -123,48 +123,81 @@ def estimate(plan: Plan, params: int, spec_folder: str | None = None) -> MemoryE
     """Bytes per GPU for `params` parameters trained as `plan` says: the model states, and for a builtin model (or,
     with `spec_folder`, an hf: model whose config.json is read there) the activations; the initialisation peak."""
     cfg = model_config(plan.train.model, spec_folder)
-    if plan.distributed.pipeline_parallel > 1 and cfg is not None:
+    d = plan.distributed
+    if d.pipeline_parallel > 1 and cfg is not None and len(d.stage_split(cfg.n_layers)) == d.pipeline_stages:  # else PP-LAYERS
         return max((stage_estimate(plan, cfg, s) for s in range(plan.distributed.pipeline_parallel)), key=lambda e: e.peak_bytes)
     rows = model_states(plan, params, spec_folder)
     return MemoryEstimate(params, rows, activations(plan, cfg) if cfg else None, init_peak(plan, params, cfg))
 
 
-def in_flight(plan: Plan, stage: int) -> int:
-    """Pipeline micro-batches whose activations stage `stage` holds at once: GPipe runs every forward before any
-    backward; 1F1B's warm-up puts pp - stage forwards ahead of the first backward (torch.distributed.pipelining)."""
+def in_flight(plan: Plan, rank: int) -> int:
+    """Forward activations pipeline rank `rank` holds at once at its schedule's peak, each one micro-batch through one of
+    its stages (torch.distributed.pipelining's order of actions, counted there as forwards less the backwards that free
+    them: tests/test_pipeline_plan.py counts them in torch's own schedules): GPipe every micro-batch; 1F1B's warm-up puts
+    pp - rank forwards ahead of the first backward; Interleaved1F1B's puts (stages a rank - 1) x micro-batches a round +
+    2 x (pp - 1 - rank) (schedules.py _get_warmup_ops), one more in its steady state. ZBVZeroBubble's order holds at most
+    2 x pp, and micro-batches + 1 + rank where there are fewer (`schedule_in_flight`); torch 2.13 holds more: each
+    micro-batch's graph, retained by its input-gradient pass for the weight pass, keeps part of what it saved until the
+    step ends (measured on pp 2 and 4, bf16: up to micro-batches + 2 micro-batch-stages, 0-12% above that;
+    tests/test_activation_memory.py), so the estimate takes the larger."""
     d = plan.distributed
-    n = plan.pipeline_microbatches
-    return n if d.pipeline.schedule == "GPipe" else min(n, d.pipeline_parallel - stage)
+    n, pp, schedule = plan.pipeline_microbatches, d.pipeline_parallel, d.pipeline.schedule
+    if schedule == "GPipe":
+        return n
+    if schedule == "ZBVZeroBubble":
+        return max(schedule_in_flight(plan, rank), n + 2)
+    if schedule == "Interleaved1F1B":
+        v = d.pipeline.local_stages
+        per_round = n // max(1, n // pp)
+        return min((v - 1) * per_round + 2 * (pp - 1 - rank) + 1, n * v)
+    return min(n, pp - rank)
 
 
-def stage_estimate(plan: Plan, cfg, stage: int) -> MemoryEstimate:
-    """The estimate for one pipeline stage of the builtin dense decoder: its parameters (its blocks; the embedding on
-    the first stage, the final norm and the output layer on the last) sharded over its world_size / pp ranks, and the
-    activations of its blocks for the micro-batches it holds at once (launcher/train/parallel/pipeline.py)."""
+def schedule_in_flight(plan: Plan, rank: int) -> int:
+    """`in_flight` as the schedule's order of actions has it (forwards less the backwards that free them), before what
+    torch's ZBVZeroBubble keeps beyond it."""
+    if plan.distributed.pipeline.schedule == "ZBVZeroBubble":
+        return min(2 * plan.distributed.pipeline_parallel, plan.pipeline_microbatches + 1 + rank)
+    return in_flight(plan, rank)
+
+
+def stage_estimate(plan: Plan, cfg, rank: int) -> MemoryEstimate:
+    """The estimate for pipeline rank `rank` of the builtin dense decoder: the parameters of its stages (their blocks; the
+    embedding with the first stage, the final norm and the output layer with the last) sharded over its world_size / pp
+    ranks, and the activations of its stages' blocks for the micro-batches it holds at once, the head's for the last
+    stage's (one: its backward follows each forward, but under GPipe) (launcher/train/parallel/pipeline.py)."""
     from launcher.planning.models import linear_params_per_layer
 
     d, t = plan.distributed, plan.train
-    split = d.stage_split(cfg.n_layers)
-    blocks, first, last = split[stage], stage == 0, stage == len(split) - 1
+    split, stages = d.stage_split(cfg.n_layers), d.rank_stages(rank)
+    blocks, first, last = sum(split[s] for s in stages), 0 in stages, len(split) - 1 in stages
     params = blocks * (linear_params_per_layer(cfg) + 2 * cfg.dim) + first * cfg.vocab_size * cfg.dim
     params += last * (cfg.dim + cfg.dim * cfg.vocab_size)
     tp = f" x tp {d.tensor_parallel}" if d.tensor_parallel > 1 else ""
-    layout = f"dp {d.data_parallel}{tp}, one of {d.pipeline_parallel} stages"
+    held_stages = f"stages {', '.join(map(str, stages))} of {len(split)}" if len(stages) > 1 else f"one of {len(split)} stages"
+    layout = f"dp {d.data_parallel}{tp}, {held_stages}"
     rows = tuple(dataclasses.replace(r, layout=layout) for r in model_states(plan, params))
     n = plan.pipeline_microbatches
-    tokens, held = t.micro_batch_size * t.grad_accum_steps * t.seq_len // n, in_flight(plan, stage)
-    act = activations(plan, cfg, layers=blocks, tokens=tokens * held, outside=last)
+    tokens, held = t.micro_batch_size * t.grad_accum_steps * t.seq_len // n, in_flight(plan, rank)
+    act = activations(plan, cfg, layers=max(split[s] for s in stages), tokens=tokens * held, outside=False)
+    if last:  # the head's activations: the last stage's micro-batches in flight
+        whole = d.pipeline.schedule in ("GPipe", "ZBVZeroBubble")  # every micro-batch's, to the step's end (see in_flight)
+        head = activations(plan, cfg, layers=0, tokens=tokens * (n if whole else 1), outside=True)
+        act = dataclasses.replace(act, bytes=act.bytes + head.bytes)
     # torch 2.13's PipelineStage runs the first micro-batch once more at step 1 to infer shapes and keeps part of that
     # forward through the step on every stage but the last (tests/test_activation_memory.py measures 0.46-0.73 of one)
-    first_step = "" if last else "; at step 1 up to one more (torch infers the stages' shapes with a forward of its own)"
-    act = dataclasses.replace(act, how=f"{held} micro-batch{'es' * (held != 1)} of {tokens // t.seq_len} x seq {t.seq_len} in flight "
+    first_step = ("" if last and len(stages) == 1 else
+                  "; at step 1 up to one more (torch infers the stages' shapes with a forward of its own)")
+    units = f"{held} micro-batch{'es' * (held != 1)}" + (" x stage" if len(stages) > 1 else "")
+    act = dataclasses.replace(act, how=f"{units} of {tokens // t.seq_len} x seq {t.seq_len} in flight "
                                        f"({d.pipeline.schedule}), checkpointing {plan.activation_checkpointing.mode}{first_step}")
-    held_blocks = stage_blocks(split, stage)
-    parts = [f"blocks {held_blocks[0]}-{held_blocks[-1]}"] + ["the embedding"] * first + ["the output layer"] * last
+    held_blocks = [b for s in stages for b in stage_blocks(split, s)]
+    parts = [f"blocks {block_ranges(held_blocks)}"] + ["the embedding"] * first + ["the output layer"] * last
     largest = 4.0 * max(cfg.vocab_size * cfg.dim if first or last else 0, cfg.dim * cfg.ffn_dim)
     peak = InitPeak(4.0 * params / rows[0].shards + largest, "host" if d.fsdp2.cpu_offload else "on the GPU",
                     "its stage's fp32 shard; plus one module's full tensors at a time in host memory while initialising")
-    return MemoryEstimate(params, rows, act, peak, stage=f"stage {stage} of {len(split)}: {', '.join(parts)}")
+    where = f"stage {stages[0]} of {len(split)}" if len(stages) == 1 else f"pipeline rank {rank}, {held_stages}"
+    return MemoryEstimate(params, rows, act, peak, stage=f"{where}: {', '.join(parts)}")
 
 
 def model_config(model: str, spec_dir: str | None = None):

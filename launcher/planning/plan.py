@@ -35,7 +35,11 @@ Strategy = Literal["ddp", "fsdp2", "deepspeed"]
 Offload = Literal["none", "cpu", "nvme"]
 """distributed.deepspeed.offload_optimizer / offload_param."""
 ZeroStage = Literal[0, 1, 2, 3]
-PipelineSchedule = Literal["1F1B", "GPipe"]
+PipelineSchedule = Literal["1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble"]
+MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "ZBVZeroBubble")
+"""The schedules that run several stages on each pipeline rank (torch.distributed.pipelining's PipelineScheduleMulti)."""
+V_SCHEDULES = ("ZBVZeroBubble",)
+"""The schedules whose stages go to the ranks in a V (rank r holds stages r and 2 x pp - 1 - r), not in a loop."""
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 ACMode = Literal["none", "full", "selective"]
 Launcher = Literal["torchrun", "slurm", "kubernetes"]
@@ -185,6 +189,16 @@ def stage_blocks(split: typing.Sequence[int], stage: int) -> range:
     return range(first, first + split[stage])
 
 
+def block_ranges(indices: list[int]) -> str:
+    """[0, 1, 4, 5] -> "0-1, 4-5"; [3] -> "3-3" (as a single stage's blocks have always read)."""
+    out, start = [], 0
+    for i in range(1, len(indices) + 1):
+        if i == len(indices) or indices[i] != indices[i - 1] + 1:
+            out.append(f"{indices[start]}-{indices[i - 1]}")
+            start = i
+    return ", ".join(out)
+
+
 @frozen
 class PipelineConfig:
     schedule: PipelineSchedule
@@ -193,6 +207,14 @@ class PipelineConfig:
     """Pipeline micro-batches per optimizer step (0 = one sequence each)."""
     layers_per_stage: tuple[int, ...]
     """Blocks on each stage, first stage first; () = an even split."""
+    stages_per_rank: int = 0
+    """Stages each pipeline rank holds; 0 = the schedule's own (1, or 2 for Interleaved1F1B / ZBVZeroBubble). Defaulted: a
+    plan.json written before the key existed reads as 0."""
+
+    @property
+    def local_stages(self) -> int:
+        """Stages on each pipeline rank, resolved."""
+        return self.stages_per_rank or (2 if self.schedule in MULTI_STAGE_SCHEDULES else 1)
 
 
 @frozen
@@ -236,10 +258,24 @@ class DistributedConfig:
         return tuple((name, n) for name, n in (("pp", self.pipeline_parallel), ("dp_shard", dp), ("cp", self.context_parallel),
                                                ("tp", self.tensor_parallel)) if name == "dp_shard" or n > 1)
 
+    @property
+    def pipeline_stages(self) -> int:
+        """Pipeline stages in all: pipeline_parallel x the stages each pipeline rank holds."""
+        return self.pipeline_parallel * self.pipeline.local_stages
+
     def stage_split(self, n_layers: int) -> tuple[int, ...]:
         """Blocks on each pipeline stage, first stage first: layers_per_stage, or an even split (rule PP-LAYERS refuses
         an uneven one at plan time)."""
-        return tuple(self.pipeline.layers_per_stage) or even_split(n_layers, self.pipeline_parallel)
+        return tuple(self.pipeline.layers_per_stage) or even_split(n_layers, self.pipeline_stages)
+
+    def rank_stages(self, pp_rank: int) -> tuple[int, ...]:
+        """The stages pipeline rank `pp_rank` holds, in order: itself, or with several stages a rank, every pp-th stage from
+        it (a loop), or for a V schedule stage pp_rank and stage 2 x pp - 1 - pp_rank (torch.distributed.pipelining's
+        generate_stage_to_rank_mapping; tests/test_pipeline_plan.py compares the two)."""
+        pp, v = self.pipeline_parallel, self.pipeline.local_stages
+        if self.pipeline.schedule in V_SCHEDULES:
+            return tuple(sorted(s for s in range(pp * v) if (s % pp if (s // pp) % 2 == 0 else pp - 1 - s % pp) == pp_rank))
+        return tuple(range(pp_rank, pp * v, pp))
 
 
 @frozen

@@ -161,7 +161,11 @@ ELSEWHERE: dict[str, str] = {
                                      "torchao FP8, "
                                      "against one process; resume, and a pp 2 checkpoint resumed without a pipeline); "
                                      "tests/train/test_pipeline_stage.py; rules PP-*",
-    "distributed.pipeline.schedule": "tests/e2e/test_pipeline.py (1F1B on pp 2, GPipe on pp 2 x dp 2)",
+    "distributed.pipeline.schedule": "tests/e2e/test_pipeline.py (1F1B on pp 2, GPipe on pp 2 x dp 2, Interleaved1F1B and "
+                                     "ZBVZeroBubble on pp 2); tests/train/test_pipeline_stage.py; rules PP-ZBV-*",
+    "distributed.pipeline.stages_per_rank": "tests/e2e/test_pipeline.py (2 stages a rank, Interleaved1F1B and ZBVZeroBubble); "
+                                            "tests/test_pipeline_plan.py (the stages of each rank against torch's); "
+                                            "rule PP-STAGES-PER-RANK",
     "distributed.pipeline.microbatches": "tests/e2e/test_pipeline.py (4 and 2 per step); rule PP-MICROBATCHES",
     "distributed.pipeline.layers_per_stage": "tests/e2e/test_pipeline.py (1 + 3 blocks); tests/train/test_pipeline_stage.py; "
                                              "rule PP-LAYERS",

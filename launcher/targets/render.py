@@ -115,14 +115,16 @@ def render(plan: Plan, plan_dir: str = "generated") -> dict[str, str]:
 
 
 def pipeline_section(plan: Plan) -> dict | None:
-    """fsdp2.json's "pipeline": the schedule, the micro-batches of a step and the blocks of each stage (the builtin
-    model's even split where the spec leaves it empty; [] for a model planning cannot size); None without it."""
+    """fsdp2.json's "pipeline": the stages (and stages_per_rank where above 1), the schedule, the micro-batches of a step
+    and the blocks of each stage (the builtin model's even split where the spec leaves it empty; [] for a model planning
+    cannot size); None without it."""
     d, t = plan.distributed, plan.train
     if d.pipeline_parallel <= 1:
         return None
     cfg = builtin_config(t.model)
     split = d.stage_split(cfg.n_layers) if cfg is not None else d.pipeline.layers_per_stage
-    return {"stages": d.pipeline_parallel, "schedule": d.pipeline.schedule,
+    several = {"stages_per_rank": d.pipeline.local_stages} if d.pipeline.local_stages > 1 else {}
+    return {"stages": d.pipeline_stages, **several, "schedule": d.pipeline.schedule,
             "microbatches": plan.pipeline_microbatches, "layers_per_stage": list(split)}
 
 

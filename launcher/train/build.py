@@ -167,10 +167,10 @@ def build_engine(run: Run, model: Model, precision: Precision) -> Engine:
     pp = run.plan.distributed.pipeline_parallel
     if pp > 1:  # this rank's pipeline stage, cut from the whole model once its precision chose every layer's recipe
         from launcher.train.models import transformer_blocks
-        from launcher.train.parallel.pipeline import cut_stage, split_for, stage_of
+        from launcher.train.parallel.pipeline import cut_stage, split_for, stages_of
 
         split = split_for(run.plan, len(transformer_blocks(model.module)))
-        cut_stage(model.module, stage_of(run.env.rank, run.env.world_size, pp), split)
+        cut_stage(model.module, stages_of(run.plan, run.env.rank, run.env.world_size), split)
     blocks = prepare_blocks(model.module, run.plan, precision, run.env.device)
     return wrap(model.module, run.plan, precision, run.plan_dir, env=run.env, blocks=blocks, pending=model.pending)
 

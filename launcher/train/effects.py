@@ -34,7 +34,8 @@ Each effect, and where it is read:
   optimizer also rounds into them stochastically;
 - pipeline (only under pipeline parallelism: launcher/train/parallel/pipeline.py): {"stages", "stage": this rank's,
   "schedule": the torch.distributed.pipelining class that runs the steps, "microbatches": its micro-batches per step,
-  "blocks": the indices of the blocks this rank's stage holds}, read from the live PipelineStage and schedule;
+  "blocks": the indices of the blocks this rank's stages hold, "stages_per_rank", "rank_stages": the stages this rank
+  holds}, read from the live PipelineStages and schedule;
 - context (only under context parallelism: launcher/train/parallel/context.py): {"ranks": the size of the mesh dimension
   each sequence is split over, "positioned_attentions": the attentions that take this rank's sequence positions};
 - msamp_level: the MS-AMP opt level the run is: "<level> (MS-AMP)" where MS-AMP itself converted the model, "<level>
@@ -282,13 +283,14 @@ def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None
 
 def pipeline(engine: Engine) -> dict[str, Any] | None:
     """This rank's pipeline stage and the schedule that runs it (None without pipeline parallelism)."""
-    stage, schedule = getattr(engine, "stage", None), getattr(engine, "schedule", None)
-    if stage is None or schedule is None:
+    stages, schedule = getattr(engine, "stages", None), getattr(engine, "schedule", None)
+    if not stages or schedule is None:
         return None
     layers = getattr(engine.module, "layers", None)
     blocks = [int(k) for k in layers.keys()] if isinstance(layers, nn.ModuleDict) else []
-    return {"stages": stage.num_stages, "stage": stage.stage_index, "schedule": type(schedule).__name__,
-            "microbatches": schedule._n_microbatches, "blocks": blocks}
+    return {"stages": stages[0].num_stages, "stage": stages[0].stage_index, "schedule": type(schedule).__name__,
+            "microbatches": schedule._n_microbatches, "blocks": blocks, "stages_per_rank": len(stages),
+            "rank_stages": [s.stage_index for s in stages]}
 
 
 def context(engine: Engine) -> dict[str, int] | None:
@@ -379,7 +381,8 @@ def expected(plan: Plan, n_blocks: int) -> dict[str, tuple[str, Any]]:
     if d.pipeline_parallel > 1:
         from launcher.train.parallel.pipeline import SCHEDULES
 
-        out["pipeline.stages"] = ("distributed.pipeline_parallel", d.pipeline_parallel)
+        out["pipeline.stages"] = ("distributed.pipeline_parallel", d.pipeline_stages)
+        out["pipeline.stages_per_rank"] = ("distributed.pipeline.stages_per_rank", d.pipeline.local_stages)
         out["pipeline.schedule"] = ("distributed.pipeline.schedule", SCHEDULES[d.pipeline.schedule])
         out["pipeline.microbatches"] = ("distributed.pipeline.microbatches", plan.pipeline_microbatches)
     if d.context_parallel > 1:
@@ -466,8 +469,12 @@ def effects_line(effects: dict[str, Any]) -> str:
         parts.append(f"context parallel {effects['context']['ranks']}")
     if effects.get("pipeline"):
         pp = effects["pipeline"]
-        blocks = f"blocks {pp['blocks'][0]}-{pp['blocks'][-1]}" if pp["blocks"] else "no blocks"
-        parts.append(f"pipeline stage {pp['stage']} of {pp['stages']} ({blocks}; {pp['schedule']}, {pp['microbatches']} micro-batches)")
+        from launcher.planning.plan import block_ranges
+
+        blocks = f"blocks {block_ranges(pp['blocks'])}" if pp["blocks"] else "no blocks"
+        held = pp.get("rank_stages", [pp["stage"]])
+        which = f"stage {held[0]}" if len(held) == 1 else f"stages {', '.join(map(str, held))}"
+        parts.append(f"pipeline {which} of {pp['stages']} ({blocks}; {pp['schedule']}, {pp['microbatches']} micro-batches)")
     if effects["monitor_hooks"]:
         parts.append(f"monitor hooks {effects['monitor_hooks']} FP8 layers")
     if effects.get("fp8_weights"):

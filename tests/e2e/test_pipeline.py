@@ -8,8 +8,11 @@ with distributed.pipeline_parallel = 2, FSDP2 over each stage's ranks, against o
 - bf16 pp 2 x tp 2 on 4 processes: the same first steps as one process; in torchao FP8 (float8 TP all-gathers) the same
   first step.
 - An MoE model (builtin:moe-debug) under pp 2: the one-process losses, expert load balancing included.
-- torchao MXFP8 (emulated): pp 2's first steps equal the one-process run's to rounding (its block scales do not depend
-  on how the batch is split into micro-batches).
+- torchao MXFP8 (emulated) under Interleaved1F1B (2 stages a rank: 4 stages of one block, rank 0 holding stages 0 and 2):
+  pp 2's first steps equal the one-process run's to rounding (its block scales do not depend on how the batch is split
+  into micro-batches).
+- bf16 under ZBVZeroBubble (rank 0 holds stages 0 and 3, the embedding and the output layer; FSDP2 keeping the weights
+  gathered, rule PP-ZBV-RESHARD): the one-process run's first steps, the weight gradients computed apart.
 - torchao FP8 tensorwise: pp 2, and pp 2 x dp 2 on 4 processes (GPipe, an uneven split 1 + 3 blocks), train like their
   twins on the same batches without a pipeline (one process; FSDP2 over 2): the first step's gradient norm, and the mean
   loss over the 20 steps within PP_GAP of the twin's. (Not closer: each pipeline micro-batch casts to FP8 with scales of
@@ -47,6 +50,8 @@ BF16 = dict(precision__mode="bf16")
 MOE = dict(train__model="builtin:moe-debug", train__steps=4)  # 2 MoE blocks of 8 experts (top 2 + a shared one)
 MXFP8 = dict(FP8, precision__torchao__recipe="mxfp8")
 EVAL = dict(eval__data="synthetic", eval__steps=2)  # once, after the last step: the schedule's forward-only pass
+INTERLEAVED = dict(distributed__pipeline__schedule="Interleaved1F1B")  # 2 stages a rank (its default)
+ZBV = dict(distributed__pipeline__schedule="ZBVZeroBubble", distributed__fsdp2__reshard_after_forward=False)
 STEPS = 20
 # The bounds, from `benchmarks/test_bounds.py pp` and `pp-resume` (seeds 0-2 x {AMX, AVX2} kernels; the table in
 # benchmarks/results/test_bounds.md).
@@ -90,7 +95,8 @@ def runs(tmp_path_factory) -> Path:
     _run(folder, "one-moe-bf16", **ONE, **BF16, **MOE)
     _run(folder, "pp2-moe-bf16", **PP2, **BF16, **MOE)
     _run(folder, "one-mxfp8", **ONE, **MXFP8, train__steps=3)
-    _run(folder, "pp2-mxfp8", **PP2, **MXFP8, train__steps=3)
+    _run(folder, "pp2-mxfp8", **PP2, **INTERLEAVED, **MXFP8, **EVAL, train__steps=3)
+    _run(folder, "pp2-zbv-bf16", **PP2, **ZBV, **BF16, train__steps=3)
     _run(folder, "one-fp8", **ONE, **FP8)
     _run(folder, "pp2-fp8", **PP2, **FP8, train__checkpoint_every=10)
     _run(folder, "dp2-fp8", **DP2, **FP8)
@@ -107,7 +113,8 @@ def test_bf16_pipeline_computes_what_one_process_computes(runs):
     (a,), (b,) = ([r for r in metrics(runs / "runs" / name) if r["event"] == "eval"] for name in ("one-bf16", "pp2-bf16"))
     assert a["eval_tokens"] == b["eval_tokens"] == 2 * 4 * 32 and abs(b["eval_loss"] - a["eval_loss"]) / a["eval_loss"] < EVAL_REL
     effects = pp.start["effects"]["pipeline"]  # rank 0's stage
-    assert effects == {"stages": 2, "stage": 0, "schedule": "Schedule1F1B", "microbatches": 4, "blocks": [0, 1]}
+    assert effects == {"stages": 2, "stage": 0, "schedule": "Schedule1F1B", "microbatches": 4, "blocks": [0, 1], "stages_per_rank": 1,
+                       "rank_stages": [0]}
     assert "pipeline stage 0 of 2 (blocks 0-1; Schedule1F1B, 4 micro-batches)" in (runs / "pp2-bf16.stdout").read_text()
 
 
@@ -167,11 +174,39 @@ def test_mxfp8_pipeline_computes_what_one_process_computes(runs):
     assert "fp8 mxfp8" in pp.start["layers"].values() and pp.start["recipe"] == "mxfp8"
     for a, b in zip(one.losses, pp.losses, strict=True):
         assert abs(b - a) / a < MX_STEPS_REL, (a, b)
+    assert pp.start["effects"]["pipeline"] == {"stages": 4, "stage": 0, "schedule": "ScheduleInterleaved1F1B", "microbatches": 4,
+                                               "blocks": [0, 2], "stages_per_rank": 2, "rank_stages": [0, 2]}
+    assert "pipeline stages 0, 2 of 4 (blocks 0-0, 2-2; ScheduleInterleaved1F1B" in (runs / "pp2-mxfp8.stdout").read_text()
+    (held_out,) = [r for r in metrics(runs / "runs" / "pp2-mxfp8") if r["event"] == "eval"]  # the interleaved forward-only pass
+    assert held_out["eval_tokens"] == 2 * 4 * 32 and held_out["eval_loss"] < one.losses[0]
+
+
+def test_zero_bubble_v_computes_what_one_process_computes(runs):
+    """ZBVZeroBubble: each micro-batch's input gradients, then (later, filling the bubble) its weight gradients; rank 0
+    holds the first and the last stage. The same losses and gradient norms as one process at the first bf16 steps."""
+    one, pp = records(runs / "runs" / "one-bf16"), records(runs / "runs" / "pp2-zbv-bf16")
+    for a, b in zip(one.steps, pp.steps, strict=True):
+        assert abs(b["loss"] - a["loss"]) / a["loss"] < FIRST_STEPS_REL, (a["loss"], b["loss"])
+        assert abs(b["grad_norm"] - a["grad_norm"]) / a["grad_norm"] < FIRST_STEPS_NORM_REL, (a["grad_norm"], b["grad_norm"])
+    effects = pp.start["effects"]["pipeline"]
+    assert effects["schedule"] == "ScheduleZBVZeroBubble" and effects["rank_stages"] == [0, 3] and effects["blocks"] == [0, 3]
+
+
+def test_two_stages_a_rank_checkpoint_the_whole_model_under_its_names(runs, tmp_path):
+    """Each rank's model (both its stages, the views' modules) writes its parameters under the whole model's names: the
+    step-3 checkpoints of the ZBV and the Interleaved1F1B runs hold what the one-process runs' hold, name for name and
+    shape for shape. (Their values are not compared: Adam's first steps move the weights whose gradients are near zero by
+    +-lr on rounding; the losses and gradient norms above compare what they compute.)"""
+    zbv, one = (exported(runs / "runs" / name / "checkpoints" / "step-3" / "model", tmp_path) for name in ("pp2-zbv-bf16", "one-bf16"))
+    looped = exported(runs / "runs" / "pp2-mxfp8" / "checkpoints" / "step-3" / "model", tmp_path)
+    assert len(one) == 39 and {k: v.shape for k, v in zbv.items()} == {k: v.shape for k, v in one.items()}
+    assert {k: v.shape for k, v in looped.items()} == {k: v.shape for k, v in one.items()}
 
 
 def test_an_uneven_split_and_gpipe_take_effect(runs):
     effects = records(runs / "runs" / "pp2dp2-fp8").start["effects"]["pipeline"]
-    assert effects == {"stages": 2, "stage": 0, "schedule": "ScheduleGPipe", "microbatches": 2, "blocks": [0]}
+    assert effects == {"stages": 2, "stage": 0, "schedule": "ScheduleGPipe", "microbatches": 2, "blocks": [0], "stages_per_rank": 1,
+                       "rank_stages": [0]}
 
 
 def test_pipeline_resume_is_bit_identical_and_its_checkpoint_loads_without_a_pipeline(runs, tmp_path):

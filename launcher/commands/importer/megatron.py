@@ -285,12 +285,15 @@ def _world(d: Draft) -> None:
     pp = _at(d, "pipeline_model_parallel_size")
     if pp and int(d.get(pp)) > 1:
         d.mapped(pp, ("distributed.pipeline_parallel", int(d.get(pp))),
-                 note="stages of torch.distributed.pipelining (1F1B), FSDP2 over each stage's ranks")
+                 note="stages of torch.distributed.pipelining (1F1B, or interleaved with virtual stages), FSDP2 over each stage's ranks")
     elif pp:
         d.mapped(pp, note="off")
     where = _at(d, "virtual_pipeline_model_parallel_size")
-    if where and int(d.get(where)) > 1:
-        d.none(where, "fp8launch has no virtual pipeline parallelism: its interleaved chunks have no equivalent (one stage per rank)")
+    if where and int(d.get(where)) > 1 and pp and int(d.get(pp)) > 1:
+        d.mapped(where, ("distributed.pipeline.schedule", "Interleaved1F1B"), ("distributed.pipeline.stages_per_rank", int(d.get(where))),
+                 note="Megatron's interleaved 1F1B over virtual stages: torch's ScheduleInterleaved1F1B, as many stages a rank")
+    elif where and int(d.get(where)) > 1:
+        d.mapped(where, note="no pipeline parallel: no virtual stages either")
     elif where:
         d.mapped(where, note="off")
     _context(d)

@@ -54,8 +54,15 @@ def _off(key: str) -> Callable[[Draft], list[tuple[str, Any]]]:
     return change
 
 
-_no_pp = _off("distributed.pipeline_parallel")
 _no_cp = _off("distributed.context_parallel")
+
+
+def _no_pp(d: Draft) -> list[tuple[str, Any]]:
+    """No pipeline, and none of its virtual stages (a source's several stages a rank: their entry goes with it)."""
+    changes = _off("distributed.pipeline_parallel")(d)
+    if changes and _v(d, "distributed.pipeline.stages_per_rank", 0):
+        changes += [("distributed.pipeline.schedule", "1F1B"), ("distributed.pipeline.stages_per_rank", 0)]
+    return changes
 
 
 def _cp_seq(d: Draft) -> list[tuple[str, Any]]:
@@ -68,12 +75,18 @@ def _cp_seq(d: Draft) -> list[tuple[str, Any]]:
 def _pp_layers(d: Draft) -> list[tuple[str, Any]]:
     """The blocks split over the stages as evenly as they go (the first stages one more), or no pipeline."""
     from launcher.planning.models import builtin_config
-    from launcher.planning.plan import even_split
+    from launcher.planning.plan import MULTI_STAGE_SCHEDULES, even_split
 
     cfg, pp = builtin_config(str(_v(d, "train.model", ""))), _v(d, "distributed.pipeline_parallel", 1)
-    if cfg is None or cfg.n_layers < pp or _v(d, "distributed.pipeline.layers_per_stage", []):
+    several = _v(d, "distributed.pipeline.schedule", "1F1B") in MULTI_STAGE_SCHEDULES
+    per_rank = _v(d, "distributed.pipeline.stages_per_rank", 0) or (2 if several else 1)
+    if cfg is not None and several and pp <= cfg.n_layers < pp * per_rank:  # fewer stages a rank first, then one (1F1B)
+        fewer = cfg.n_layers // pp
+        return ([("distributed.pipeline.stages_per_rank", fewer)] if fewer >= 2 and _v(d, "distributed.pipeline.schedule", "") !=
+                "ZBVZeroBubble" else [("distributed.pipeline.schedule", "1F1B"), ("distributed.pipeline.stages_per_rank", 0)])
+    if cfg is None or cfg.n_layers < pp * per_rank or _v(d, "distributed.pipeline.layers_per_stage", []):
         return _no_pp(d)
-    return [("distributed.pipeline.layers_per_stage", list(even_split(cfg.n_layers, pp)))]
+    return [("distributed.pipeline.layers_per_stage", list(even_split(cfg.n_layers, pp * per_rank)))]
 
 
 def _pp_microbatches(d: Draft) -> list[tuple[str, Any]]:
@@ -149,6 +162,9 @@ FIXES = {f.rule: f for f in (
                                      "CP-BACKEND")),
     Fix("CP-SEQ", _cp_seq),
     Fix("CP-COMPILE", lambda d: [("compile.enabled", False)]),
+    Fix("PP-ZBV-RESHARD", lambda d: [("distributed.fsdp2.reshard_after_forward", False)]),
+    *(Fix(rule, lambda d: [("distributed.pipeline.schedule", "Interleaved1F1B")]) for rule in ("PP-ZBV-COMPILE", "PP-ZBV-EVAL")),
+    Fix("PP-STAGES-PER-RANK", lambda d: [("distributed.pipeline.stages_per_rank", 0)]),
     # a strategy change last: the moves above may have made it moot
     *(Fix(rule, _to_fsdp2) for rule in ("TP-STRATEGY", "PP-STRATEGY", "EP-STRATEGY", "CP-STRATEGY")),
     Fix("FP8-PRECOMPUTE-OFFLOAD", lambda d: [("precision.torchao.precompute_scale", False)]),

@@ -197,9 +197,15 @@ def _parallelism(d: Draft) -> None:
         (d.mapped(etp, note="off") if int(d.get(etp)) == 1 else
          d.none(etp, "fp8launch does not split experts over tensor-parallel ranks (EP-TENSOR-PARALLEL)"))
     reshard = d.get("parallelism.fsdp_reshard_after_forward")
+    # torchtitan's "default" (also when unset) reshards except under pipeline parallelism, where every micro-batch would
+    # gather the weights again (torchtitan/distributed/parallel_dims + apply_fsdp)
+    kept = w["pp"] > 1 and reshard in (None, "default")
     if reshard is not None:
-        d.mapped("parallelism.fsdp_reshard_after_forward", ("distributed.fsdp2.reshard_after_forward", reshard != "never"),
-                 note='"default" reshards (without pipeline parallel), as "always" does')
+        d.mapped("parallelism.fsdp_reshard_after_forward", ("distributed.fsdp2.reshard_after_forward", reshard != "never" and not kept),
+                 note='"default" keeps the weights gathered under pipeline parallel, reshards without it, as "always" does')
+    elif kept:
+        d.mapped("(parallelism.fsdp_reshard_after_forward)", ("distributed.fsdp2.reshard_after_forward", False),
+                 note='torchtitan\'s "default": the weights kept gathered under pipeline parallel')
     d.group("parallelism", "fp8launch has none of torchtitan's pipeline split and schedule tuning (split points, first / last "
                            "stage sizes, schedule CSVs); the rest are their schedules and tuning, or context parallel's options "
                            "without context parallelism")
@@ -230,8 +236,11 @@ def _context(d: Draft, cp: int) -> None:
                            effect="the same attention; another split of the sequence over the ranks")
 
 
-PP_SCHEDULES = ("1F1B", "GPipe")
-"""torchtitan's pipeline_parallel_schedule values that are distributed.pipeline.schedule values."""
+PP_SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble")
+"""torchtitan's pipeline_parallel_schedule values that are distributed.pipeline.schedule values (torch's
+get_schedule_class reads them case-insensitively)."""
+PP_NEAREST = {"loopedbfs": "Interleaved1F1B", "interleavedzerobubble": "Interleaved1F1B", "dualpipev": "ZBVZeroBubble"}
+"""torchtitan's other schedules -> the schedule of fp8launch's with the same stages a rank (a loop, or a V)."""
 
 
 def _pipeline(d: Draft, pp: int) -> None:
@@ -246,8 +255,14 @@ def _pipeline(d: Draft, pp: int) -> None:
     schedule = _key(d, "parallelism.pipeline_parallel_schedule", "experimental.pipeline_parallel_schedule")
     if schedule:
         name = str(d.get(schedule))
-        if name in PP_SCHEDULES:
-            d.mapped(schedule, ("distributed.pipeline.schedule", name))
+        known = {s.lower(): s for s in PP_SCHEDULES}
+        if name.lower() in known:
+            d.mapped(schedule, ("distributed.pipeline.schedule", known[name.lower()]))
+        elif name.lower() in PP_NEAREST:
+            nearest = PP_NEAREST[name.lower()]
+            d.approximated(schedule, ("distributed.pipeline.schedule", nearest), before=f"{name} (torch.distributed.pipelining)",
+                           after=f"{nearest}, the same stages on each rank", effect="another order of the same micro-batches "
+                           "(another bubble and activation memory); the same numerics")
         else:
             d.approximated(schedule, before=f"{name} (torch.distributed.pipelining)", after="1F1B (Schedule1F1B), one stage per rank",
                            effect="a larger pipeline bubble than an interleaved or zero-bubble schedule; the same numerics")

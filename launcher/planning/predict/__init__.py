@@ -348,8 +348,11 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
     parts.update(optimizer=optimizer, exposed_comm=comm)
     if cp > 1:
         parts["ring_exchange"] = accum * shape.n_layers * ring_exposed_s(plan, shape, dev, attention / shape.n_layers)
-    if pp > 1:  # the schedule's fill and drain: pp - 1 micro-batches' time on each stage with nothing to do
-        parts["pipeline_bubble"] = (pp - 1) / plan.pipeline_microbatches * compute
+    if pp > 1:  # the schedule's fill and drain: pp - 1 micro-batches' time on each stage with nothing to do, a stage's
+        # micro-batch 1 / stages_per_rank of the rank's with several stages a rank (Megatron's interleaved bubble; counted
+        # so for ZBVZeroBubble too, whose weight-gradient passes fill it only where forward, input- and weight-gradient
+        # passes take equal time)
+        parts["pipeline_bubble"] = (pp - 1) / (plan.pipeline_microbatches * d.pipeline.local_stages) * compute
     return parts, rows
 
 
@@ -361,10 +364,16 @@ def _busiest_stage(plan, shape: ModelShape, parts: dict[str, float], head: dict[
     if d.pipeline_parallel <= 1:
         return parts
     split = d.stage_split(shape.n_layers)
+    if len(split) != d.pipeline_stages:  # rule PP-LAYERS refuses the plan
+        return parts
     last = len(split) - 1
     blocks = {k: v - head.get(k, 0.0) for k, v in parts.items()}
-    share = lambda s: {k: split[s] / shape.n_layers * blocks[k] + (s == last) * head.get(k, 0.0) for k in parts}  # noqa: E731
-    return max((share(s) for s in range(len(split))), key=lambda p: sum(p.values()))
+
+    def share(stages: tuple[int, ...]) -> dict[str, float]:  # a pipeline rank's stages
+        held = sum(split[s] for s in stages)
+        return {k: held / shape.n_layers * blocks[k] + (last in stages) * head.get(k, 0.0) for k in parts}
+
+    return max((share(d.rank_stages(r)) for r in range(d.pipeline_parallel)), key=lambda p: sum(p.values()))
 
 
 def ring_exposed_s(plan, shape: ModelShape, dev: Device, attention_block_s: float) -> float:

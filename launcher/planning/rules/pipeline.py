@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from launcher.planning.backends import MSAMP, TE
 from launcher.planning.models import builtin_config
+from launcher.planning.plan import MULTI_STAGE_SCHEDULES, V_SCHEDULES
 from launcher.planning.rules.core import Facts, Rule
 from launcher.planning.rules.predicates import fp8, strategy, tp
 
@@ -18,16 +19,19 @@ def _layers(f: Facts) -> str:
     cfg, d = builtin_config(f.plan.train.model), f.plan.distributed
     if pp(f) <= 1 or cfg is None:
         return ""
-    split = d.pipeline.layers_per_stage
+    split, stages = d.pipeline.layers_per_stage, d.pipeline_stages
+    several = f" ({pp(f)} x stages_per_rank {d.pipeline.local_stages})" if stages != pp(f) else ""
     if split:
-        if len(split) != pp(f):
-            return f"distributed.pipeline.layers_per_stage = {list(split)} names {len(split)} stages, not pipeline_parallel = {pp(f)}"
+        if len(split) != stages:
+            of = f"the {stages} stages of pipeline_parallel = {pp(f)} x stages_per_rank {d.pipeline.local_stages}" if several else \
+                f"pipeline_parallel = {pp(f)}"
+            return f"distributed.pipeline.layers_per_stage = {list(split)} names {len(split)} stages, not {of}"
         if sum(split) != cfg.n_layers:
             return (f"distributed.pipeline.layers_per_stage = {list(split)} holds {sum(split)} blocks, not {f.plan.train.model}'s "
                     f"{cfg.n_layers}")
         return ""
-    if cfg.n_layers % pp(f):
-        return f"distributed.pipeline_parallel = {pp(f)} does not divide {f.plan.train.model}'s {cfg.n_layers} blocks"
+    if cfg.n_layers % stages:
+        return f"the {stages} pipeline stages{several} do not divide {f.plan.train.model}'s {cfg.n_layers} blocks"
     return ""
 
 
@@ -48,6 +52,24 @@ def _microbatches(f: Facts) -> str:
     if _local_batch(f) % n:
         return (f"{what} do not divide the step's {_local_batch(f)} sequences a rank reads (train.micro_batch_size "
                 f"{t.micro_batch_size} x train.grad_accum_steps {t.grad_accum_steps})")
+    rounds = max(1, n // pp(f))
+    if d.pipeline.schedule == "Interleaved1F1B" and n % rounds:
+        return (f"{what} are not a multiple of Interleaved1F1B's {rounds} rounds (micro-batches // pipeline_parallel: "
+                "ScheduleInterleaved1F1B raises)")
+    return ""
+
+
+def _stages_per_rank(f: Facts) -> str:
+    """What is wrong with distributed.pipeline.stages_per_rank for the schedule ("" when nothing)."""
+    p = f.plan.distributed.pipeline
+    if pp(f) <= 1 or not p.stages_per_rank:
+        return ""
+    if p.schedule not in MULTI_STAGE_SCHEDULES and p.stages_per_rank != 1:
+        return f"schedule {p.schedule} runs one stage a rank, not stages_per_rank = {p.stages_per_rank}"
+    if p.schedule in V_SCHEDULES and p.stages_per_rank != 2:
+        return f"schedule {p.schedule} runs exactly 2 stages a rank (a V), not stages_per_rank = {p.stages_per_rank}"
+    if p.schedule in MULTI_STAGE_SCHEDULES and p.stages_per_rank < 2:
+        return f"schedule {p.schedule} interleaves several stages a rank; stages_per_rank = 1 is schedule 1F1B"
     return ""
 
 
@@ -61,24 +83,59 @@ RULES: tuple[Rule, ...] = (
          detail=lambda f: f"distributed.pipeline_parallel = {pp(f)}" + (f" x tensor_parallel = {tp(f)}" if tp(f) > 1 else "")
                           + f" does not divide the world size {f.plan.world_size}."),
     Rule(id="PP-LAYERS", severity="error", stage="plan",
-         when="distributed.pipeline_parallel does not divide a builtin model's blocks and distributed.pipeline.layers_per_stage is "
-              "empty, or layers_per_stage does not hold one count per stage summing to the model's blocks",
+         when="the pipeline's stages (distributed.pipeline_parallel x stages_per_rank) do not divide a builtin model's blocks and "
+              "distributed.pipeline.layers_per_stage is empty, or layers_per_stage does not hold one count per stage summing to "
+              "the model's blocks",
          why="each stage holds whole transformer blocks; an even split needs the stages to divide the blocks, an uneven one must "
              "place every block exactly once (torchtitan asserts the same).",
          fix="set distributed.pipeline.layers_per_stage (one count per stage, summing to the model's blocks, e.g. [3, 5]), or a "
-             "distributed.pipeline_parallel that divides the blocks",
+             "distributed.pipeline_parallel (x stages_per_rank) that divides the blocks",
          condition=lambda f: bool(_layers(f)),
          detail=lambda f: _layers(f) + "."),
     Rule(id="PP-MICROBATCHES", severity="error", stage="plan",
          when="distributed.pipeline.microbatches (0: one sequence each) is below distributed.pipeline_parallel, or does not divide "
-              "train.micro_batch_size x train.grad_accum_steps",
+              "train.micro_batch_size x train.grad_accum_steps, or with Interleaved1F1B is not a multiple of its rounds "
+              "(microbatches // pipeline_parallel)",
          why="torch.distributed.pipelining splits each rank's batch of the step into equal micro-batches (torch.tensor_split), and "
              "with fewer micro-batches than stages some stage idles for the whole step (torchtitan warns; 1F1B's warm-up needs "
-             "one micro-batch per stage).",
+             "one micro-batch per stage); ScheduleInterleaved1F1B runs them in rounds of equal size.",
          fix="set distributed.pipeline.microbatches to a divisor of train.micro_batch_size x train.grad_accum_steps that is at "
              "least distributed.pipeline_parallel, or raise train.micro_batch_size",
          condition=lambda f: bool(_microbatches(f)),
          detail=lambda f: _microbatches(f) + "."),
+    Rule(id="PP-STAGES-PER-RANK", severity="error", stage="plan",
+         when="distributed.pipeline.stages_per_rank is not 1 with schedule 1F1B or GPipe, below 2 with Interleaved1F1B, or not 2 "
+              "with ZBVZeroBubble",
+         why="Schedule1F1B and ScheduleGPipe run one PipelineStage a rank; ScheduleInterleaved1F1B interleaves several (with one "
+             "it is 1F1B; torchtitan refuses fewer than 2 for a multi-stage schedule); ScheduleZBVZeroBubble raises unless each "
+             "rank holds exactly two, in a V.",
+         fix="set distributed.pipeline.stages_per_rank = 0 (the schedule's own), or a schedule that runs that many stages a rank",
+         condition=lambda f: bool(_stages_per_rank(f)),
+         detail=lambda f: _stages_per_rank(f) + "."),
+    Rule(id="PP-ZBV-COMPILE", severity="error", stage="plan",
+         when="distributed.pipeline.schedule = \"ZBVZeroBubble\" with compile.enabled",
+         why="the zero-bubble schedule computes the input and the weight gradients in separate backward passes, which a compiled "
+             "block's one backward graph does not split: ScheduleZBVZeroBubble raises on a stage holding torch.compile'd modules "
+             "(torch 2.13, distributed/pipelining/schedules.py _check_torch_compile_compatibility).",
+         fix='set compile.enabled = false, or distributed.pipeline.schedule = "Interleaved1F1B"',
+         condition=lambda f: pp(f) > 1 and f.plan.distributed.pipeline.schedule in V_SCHEDULES and f.plan.compile.enabled),
+    Rule(id="PP-ZBV-RESHARD", severity="error", stage="plan",
+         when="distributed.pipeline.schedule = \"ZBVZeroBubble\" with distributed.fsdp2.reshard_after_forward = true",
+         why="the zero-bubble schedule computes a micro-batch's weight gradients in a pass of their own, after its input "
+             "gradients (torch 2.13 pipelining/_backward.py stage_backward_weight); FSDP2 resharding after each forward swaps "
+             "the gathered weights for their shards between the passes, and the weight gradients of some micro-batches are "
+             "lost (measured on pp 2: a quarter to half of the blocks' gradient norm; tests/train/test_pipeline_stage.py). "
+             "torchtitan keeps the weights gathered under pipeline parallelism by default.",
+         fix="set distributed.fsdp2.reshard_after_forward = false, or distributed.pipeline.schedule = \"Interleaved1F1B\"",
+         condition=lambda f: pp(f) > 1 and f.plan.distributed.pipeline.schedule in V_SCHEDULES and strategy(f) == "fsdp2"
+                             and f.plan.distributed.fsdp2.reshard_after_forward),
+    Rule(id="PP-ZBV-EVAL", severity="error", stage="plan",
+         when="distributed.pipeline.schedule = \"ZBVZeroBubble\" with [eval]",
+         why="evaluation runs the schedule forward only (its eval()), and torch 2.13's ScheduleZBVZeroBubble keeps its "
+             "backward actions in that pass and stops (\"can't steal_bwd_input if this stage doesn't have backward\"); "
+             "Interleaved1F1B and the single-stage schedules evaluate.",
+         fix='remove [eval], or set distributed.pipeline.schedule = "Interleaved1F1B"',
+         condition=lambda f: pp(f) > 1 and f.plan.distributed.pipeline.schedule in V_SCHEDULES and f.plan.eval.enabled),
     Rule(id="PP-STRATEGY", severity="error", stage="plan",
          when="distributed.pipeline_parallel > 1 with strategy ddp or deepspeed",
          why="fp8launch composes pipeline parallelism with FSDP2 (each stage sharded over its world_size / pp ranks, gradients "

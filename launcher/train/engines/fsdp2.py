@@ -130,7 +130,13 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
     if head and "output" in units:
         # The final norm and the head: backward needs them first, right after forward: kept gathered (torchtitan).
         fully_shard(head, mesh=mesh, reshard_after_forward=False, **kwargs)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **kwargs)
+    if pp > 1:  # each pipeline stage of this rank is a root (several a rank: views of the model, as torchtitan's chunks)
+        from launcher.train.parallel.pipeline import stage_roots
+
+        for root in stage_roots(model):
+            fully_shard(root, mesh=mesh, reshard_after_forward=reshard, **kwargs)
+    else:
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **kwargs)
     if pending is not None:  # meta-built: each rank allocates and initialises only its shards
         pending(model, torch.device("cpu") if config["cpu_offload"] else env.device)
     if cp_mesh is not None:  # each attention's rotary angles at the sequence positions this rank holds
@@ -148,7 +154,7 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
         from launcher.train.loop import loss_function
         from launcher.train.parallel.pipeline import PipelineEngine, build_schedule
 
-        stage, schedule = build_schedule(model, plan, env, pmesh, loss_function(plan))
+        stages, schedule = build_schedule(model, plan, env, pmesh, loss_function(plan))
         stage_ranks = pmesh["dp_shard_tp" if tp > 1 else "dp_shard"].get_group()  # the ranks that hold this stage
-        return PipelineEngine(stage=stage, schedule=schedule, pp_group=pmesh["pp"].get_group(), balance_group=stage_ranks, **parts)
+        return PipelineEngine(stages=stages, schedule=schedule, pp_group=pmesh["pp"].get_group(), balance_group=stage_ranks, **parts)
     return FSDP2Engine(**parts, cp_mesh=cp_mesh)

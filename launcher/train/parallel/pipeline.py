@@ -10,6 +10,10 @@
 - FSDP2 shards the stage over its dp_shard ranks; a PipelineStage and a single-stage schedule (Schedule1F1B, ScheduleGPipe)
   run one optimizer step's micro-batches through the stages. The schedule scales the gradients by its micro-batches
   (the loss is each micro-batch's mean) and reduces them once, after its last backward.
+- Several stages a rank (Interleaved1F1B, ZBVZeroBubble: distributed.pipeline.stages_per_rank): the rank's model keeps
+  the blocks of all its stages (every name the whole model's: checkpoints, the optimizer, clipping and effects read it as
+  one), and each stage is a view of it holding that stage's parts only (the same modules, not copies), its own FSDP2
+  root and PipelineStage, as torchtitan's model chunks are; a multi-stage schedule runs them.
 - The gradient norm is each stage's norm over its dp_shard ranks, then summed in squares over the pp ranks (torch's
   clip_grad_norm_ sees one stage's parameters only; torchtitan's dist_utils.clip_grad_norm_ does the same).
 
@@ -19,6 +23,7 @@ hold it.
 
 from __future__ import annotations
 
+import copy
 import functools
 import typing
 
@@ -34,54 +39,92 @@ if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
     from launcher.train.parallel.distributed import DistEnv
 
-SCHEDULES = {"1F1B": "Schedule1F1B", "GPipe": "ScheduleGPipe"}
+SCHEDULES = {"1F1B": "Schedule1F1B", "GPipe": "ScheduleGPipe", "Interleaved1F1B": "ScheduleInterleaved1F1B",
+             "ZBVZeroBubble": "ScheduleZBVZeroBubble"}
 """distributed.pipeline.schedule -> the torch.distributed.pipelining class."""
 
 
 def stage_of(rank: int, world_size: int, stages: int) -> int:
-    """The pipeline stage `rank` holds (pp outermost in the mesh)."""
+    """The pipeline rank `rank` is (pp outermost in the mesh): the stage it holds with one stage a rank."""
     return rank // (world_size // stages)
+
+
+def stages_of(plan: Plan, rank: int, world_size: int) -> tuple[int, ...]:
+    """The pipeline stages `rank` holds (launcher/planning/plan.py DistributedConfig.rank_stages)."""
+    return plan.distributed.rank_stages(stage_of(rank, world_size, plan.distributed.pipeline_parallel))
 
 
 def split_for(plan: Plan, n_layers: int) -> tuple[int, ...]:
     """The blocks per stage: the plan's, checked against the model (an hf: / py: model is refused at plan time)."""
     split = plan.distributed.stage_split(n_layers)
-    if len(split) != plan.distributed.pipeline_parallel or sum(split) != n_layers or min(split) < 1:
+    if len(split) != plan.distributed.pipeline_stages or sum(split) != n_layers or min(split) < 1:
         raise LauncherError(f"distributed.pipeline.layers_per_stage {list(split)} does not cut the model's {n_layers} blocks into "
-                            f"{plan.distributed.pipeline_parallel} stages; fix: regenerate the plan with `fp8launch plan SPEC`",
+                            f"{plan.distributed.pipeline_stages} stages; fix: regenerate the plan with `fp8launch plan SPEC`",
                             rule="PP-LAYERS")
     return split
 
 
-def cut_stage(model: nn.Module, stage: int, split: typing.Sequence[int]) -> nn.Module:
-    """Keep what stage `stage` of the builtin decoder holds (in place; the model on the meta device or not): its blocks
-    in a ModuleDict under their own indices, the embedding on the first stage, the norm and the head on the last.
-    Returns the model, marked with `pipeline_stage` = (stage, stages)."""
+def cut_stage(model: nn.Module, stage: int | typing.Sequence[int], split: typing.Sequence[int]) -> nn.Module:
+    """Keep what stage `stage` (or the stages) of the builtin decoder holds (in place; the model on the meta device or
+    not): its blocks in a ModuleDict under their own indices, the embedding with the first stage, the norm and the head
+    with the last. Returns the model, marked with `pipeline_stage` = (its first stage, stages); with several stages,
+    `pipeline_views` holds one module per stage (`stage_roots`)."""
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleList) or not all(hasattr(model, n) for n in ("tok_embeddings", "norm", "output")):
         raise LauncherError(f"distributed.pipeline_parallel cuts the builtin decoder only, not a {type(model).__name__}; "
                             "fix: set distributed.pipeline_parallel = 1", rule="PP-MODEL")
-    keep = stage_blocks(split, stage)
-    model.layers = nn.ModuleDict({str(i): layers[i] for i in keep})
-    if stage > 0:
-        model.tok_embeddings = None
-    if stage < len(split) - 1:
-        model.norm = None
-        model.output = None
-    model.pipeline_stage = (stage, len(split))
+    stages = (stage,) if isinstance(stage, int) else tuple(stage)
+    _keep(model, layers, [i for s in stages for i in stage_blocks(split, s)], 0 in stages, len(split) - 1 in stages)
+    model.pipeline_stage = (stages[0], len(split))
+    if len(stages) > 1:
+        model.pipeline_views = [_view(model, s, split) for s in stages]
     return model
 
 
+def _keep(model: nn.Module, layers, blocks: typing.Sequence[int], first: bool, last: bool) -> None:
+    model.layers = nn.ModuleDict({str(i): layers[i] for i in blocks})
+    if not first:
+        model.tok_embeddings = None
+    if not last:
+        model.norm = None
+        model.output = None
+
+
+def _view(model: nn.Module, stage: int, split: typing.Sequence[int]) -> nn.Module:
+    """Stage `stage` of a model cut to several stages: the same object kind, forward and attributes, holding the model's
+    own modules of that stage (not copies), in containers and hook tables of its own (FSDP2 hooks each stage apart)."""
+    view = copy.copy(model)
+    for name, value in vars(model).items():  # _modules, _parameters, _buffers, the hook tables
+        if isinstance(value, (dict, set)):
+            view.__dict__[name] = type(value)(value)
+    _keep(view, model.layers, [str(i) for i in stage_blocks(split, stage)], stage == 0, stage == len(split) - 1)
+    view.pipeline_stage = (stage, len(split))
+    return view
+
+
+def stage_roots(model: nn.Module) -> list[nn.Module]:
+    """The modules that run as pipeline stages on this rank, each its own FSDP2 root: the model, or its views."""
+    return list(getattr(model, "pipeline_views", None) or [model])
+
+
 def build_schedule(module: nn.Module, plan: Plan, env: DistEnv, mesh, loss_fn: typing.Callable):
-    """The PipelineStage of this rank's (sharded) stage, cut by `cut_stage`, and the plan's schedule over it.
-    Returns (stage, schedule)."""
+    """The PipelineStages of this rank's (sharded) stages, cut by `cut_stage`, and the plan's schedule over them.
+    Returns (stages, schedule)."""
+    return make_schedule(module, plan, env.device, mesh["pp"].get_group(), loss_fn)
+
+
+def make_schedule(module: nn.Module, plan: Plan, device, group, loss_fn: typing.Callable):
+    """(stages, schedule) over `group`, the pipeline ranks: a single-stage schedule takes its one stage, a multi-stage
+    one the list."""
     from torch.distributed import pipelining
 
-    index, stages = module.pipeline_stage
-    stage = pipelining.PipelineStage(module, index, stages, env.device, group=mesh["pp"].get_group())
-    _uncount_shape_inference(stage)
+    stages = [pipelining.PipelineStage(root, *root.pipeline_stage, device, group=group) for root in stage_roots(module)]
+    for stage in stages:
+        _uncount_shape_inference(stage)
     cls = getattr(pipelining, SCHEDULES[plan.distributed.pipeline.schedule])
-    return stage, cls(stage, n_microbatches=plan.pipeline_microbatches, loss_fn=loss_fn, scale_grads=True)
+    several = issubclass(cls, pipelining.schedules.PipelineScheduleMulti)
+    return stages, cls(stages if several else stages[0], n_microbatches=plan.pipeline_microbatches, loss_fn=loss_fn,
+                       scale_grads=True)
 
 
 def _uncount_shape_inference(stage) -> None:
@@ -107,19 +150,26 @@ class PipelineEngine(Engine):
 
     name = "fsdp2"
 
-    def __init__(self, *, stage, schedule, pp_group, **kwargs):
+    def __init__(self, *, stages, schedule, pp_group, **kwargs):
         super().__init__(**kwargs)
-        self.stage = stage
+        self.stages = stages
         self.schedule = schedule
         self.pp_group = pp_group
 
     @property
+    def stage(self):
+        """This rank's first stage."""
+        return self.stages[0]
+
+    @property
     def is_first(self) -> bool:
-        return self.stage.is_first
+        """Whether this rank feeds the pipeline (holds stage 0)."""
+        return any(s.is_first for s in self.stages)
 
     @property
     def is_last(self) -> bool:
-        return self.stage.is_last
+        """Whether this rank computes the loss (holds the last stage: a V schedule puts it on the first pipeline rank)."""
+        return any(s.is_last for s in self.stages)
 
     def pipeline_step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Forward and backward of one optimizer step's sequences (batch, seq + 1) through the stages. Returns this rank's
