@@ -48,10 +48,12 @@ class CliResult:
 
 
 def pytest_collection_modifyitems(items):
-    """Tests marked `compiles` first, the rest in their order (a stable sort). pytest-xdist's loadgroup hands out its
-    groups first (the largest first), then one test at a time in this order: a graph build (40-130 s from a cold
-    cache) dispatched last runs while the other worker has nothing left to do."""
-    items.sort(key=lambda item: item.get_closest_marker("compiles") is None)
+    """Tests marked `compiles` first, then those marked `heavy`, the rest in their order (a stable sort). pytest-xdist's
+    loadgroup hands out its groups first (the largest first), then one test at a time in this order: a graph build
+    (40-130 s from a cold cache) or a long in-process run dispatched last runs while the other worker has nothing left
+    to do (CI from a cold AVX2 host: tests/train/test_te_features.py's two FP8-weight runs, 116 and 136 s there, ended
+    the slow phase with the other worker idle 176 s)."""
+    items.sort(key=lambda item: (item.get_closest_marker("compiles") is None, item.get_closest_marker("heavy") is None))
 
 
 @pytest.fixture

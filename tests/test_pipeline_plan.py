@@ -86,3 +86,11 @@ def test_an_interleaved_rank_holds_its_stages_blocks_and_more_micro_batches_of_s
     assert ranks[0].activations.bytes == pytest.approx(one / 2 * 11, rel=1e-9)  # through 4 blocks, 11 at once
     assert "11 micro-batches x stage" in ranks[0].activations.how
     assert estimate(looped, param_count(cfg)).peak_bytes == max(e.peak_bytes for e in ranks)
+
+
+def test_the_plan_says_how_many_stages_a_rank_holds():
+    from launcher.commands.plan_text import pipeline_words
+
+    assert pipeline_words(_plan("Interleaved1F1B", 2, 4)).startswith(", pipeline parallel 2 (Interleaved1F1B, 2 stages a rank, 4 "
+                                                                       "micro-batches; mesh pp 2 x dp 1)")
+    assert pipeline_words(_plan("1F1B", 2, 4)).startswith(", pipeline parallel 2 (1F1B, 4 micro-batches;")

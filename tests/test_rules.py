@@ -219,6 +219,16 @@ def test_block_tokens_count_per_rank_and_nvfp4_blocks_are_16():
     assert "TORCHAO-BLOCK-TOKENS" not in fired({**nv, "train": {"seq_len": 48, "micro_batch_size": 1}})  # 48 = 3 x 16
     assert "TORCHAO-BLOCK-TOKENS" in fired({"precision": MX, "train": {"seq_len": 48, "micro_batch_size": 1}})
     assert "TORCHAO-BLOCK-TOKENS" not in fired({"precision": MX, "train": {"seq_len": 48, "micro_batch_size": 2}})  # 96
+    # context parallel splits each sequence over its ranks: 2 x 32 tokens are 32 on each of cp 2 (trains), 1 x 32 are 16
+    cp = {"strategy": "fsdp2", "procs_per_node": 2, "context_parallel": 2}
+    assert "TORCHAO-BLOCK-TOKENS" not in fired({"precision": MX, "distributed": cp, "train": {"seq_len": 32, "micro_batch_size": 2}})
+    one = {"precision": MX, "distributed": cp, "train": {"seq_len": 32, "micro_batch_size": 1}}
+    assert "micro_batch_size 1 x seq_len 32 (context_parallel 2) gives 16 tokens" in detail(one, "TORCHAO-BLOCK-TOKENS")
+    # a pipeline's micro-batches of one sequence: 4 x 16 tokens a step are 16 a GEMM; 2 micro-batches of 2, 32
+    pp = {"strategy": "fsdp2", "procs_per_node": 2, "pipeline_parallel": 2}
+    assert "TORCHAO-BLOCK-TOKENS" in fired({"precision": MX, "distributed": pp, "train": {"seq_len": 16, "micro_batch_size": 4}})
+    assert "TORCHAO-BLOCK-TOKENS" not in fired({"precision": MX, "distributed": {**pp, "pipeline": {"microbatches": 2}},
+                                                "train": {"seq_len": 16, "micro_batch_size": 4}})
 
 
 PLAN_CASES["LAUNCH-GPU-PRECISION"] = ({"precision": MX, "launch": {"device": "cuda", "gpu": "h100"}},

@@ -38,15 +38,16 @@ def test_an_xdist_group_runs_on_one_worker_and_builds_its_module_fixture_once(tm
     assert len(setups.read_text().split()) == 1  # and built the module's runs once
 
 
-def test_tests_that_compile_are_handed_out_first_and_the_rest_keep_their_order():
-    """tests/conftest.py's ordering: a compiled support-matrix run collected after eager ones still goes first."""
+def test_tests_that_compile_are_handed_out_first_then_the_heavy_ones_and_the_rest_keep_their_order():
+    """tests/conftest.py's ordering: a compiled support-matrix run collected after eager ones still goes first, a long
+    in-process run next."""
     import types
 
     import conftest
 
-    def item(name, compiles):
-        return types.SimpleNamespace(name=name, get_closest_marker=lambda m: object() if compiles and m == "compiles" else None)
+    def item(name, marker=None):
+        return types.SimpleNamespace(name=name, get_closest_marker=lambda m: object() if m == marker else None)
 
-    items = [item("e1", False), item("c1", True), item("e2", False), item("c2", True), item("e3", False)]
+    items = [item("e1"), item("h1", "heavy"), item("c1", "compiles"), item("e2"), item("c2", "compiles"), item("e3")]
     conftest.pytest_collection_modifyitems(items)
-    assert [i.name for i in items] == ["c1", "c2", "e1", "e2", "e3"]
+    assert [i.name for i in items] == ["c1", "c2", "h1", "e1", "e2", "e3"]

@@ -16,13 +16,15 @@ from launcher.targets.files import Change
 
 
 def pipeline_words(plan: Plan) -> str:
-    """", pipeline parallel 2 (1F1B, 4 micro-batches; mesh pp 2 x dp 2)" or "" without pipeline parallelism."""
+    """", pipeline parallel 2 (1F1B, 4 micro-batches; mesh pp 2 x dp 2)" (Interleaved1F1B: "(Interleaved1F1B, 2 stages a
+    rank, ...") or "" without pipeline parallelism."""
     d = plan.distributed
     if d.pipeline_parallel <= 1:
         return ""
     n = plan.pipeline_microbatches
     split = f", blocks {'/'.join(map(str, d.pipeline.layers_per_stage))}" if d.pipeline.layers_per_stage else ""
-    return (f", pipeline parallel {d.pipeline_parallel} ({d.pipeline.schedule}, {n} micro-batches{split}; "
+    several = f", {d.pipeline.local_stages} stages a rank" if d.pipeline.local_stages > 1 else ""
+    return (f", pipeline parallel {d.pipeline_parallel} ({d.pipeline.schedule}{several}, {n} micro-batches{split}; "
             f"mesh pp {d.pipeline_parallel} x dp {d.data_parallel}{f' x tp {d.tensor_parallel}' if d.tensor_parallel > 1 else ''})")
 
 

@@ -76,12 +76,17 @@ CPU_OPTIONS: tuple[Option, ...] = (
     Option("distributed.deepspeed.offload_optimizer", requires=DEEPSPEED),
     Option("distributed.deepspeed.offload_param", requires=DEEPSPEED),
     Option("distributed.tensor_parallel", values=(1, 2)),
+    Option("distributed.context_parallel", values=(1, 2), requires=FSDP2),
+    Option("distributed.pipeline_parallel", values=(1, 2), requires=FSDP2),
     Option("train.grad_accum_steps", values=(1, 2)),
     Option("train.optimizer"),
     Option("train.on_nan"),
     Option("monitor.fp8_stats_every", values=(0, 1)),
 )
-"""What the CPU runs for real: 2 processes over gloo, builtin:llama-debug with 2 blocks, 2 steps."""
+"""What the CPU runs for real: 2 processes over gloo, builtin:llama-debug with 2 blocks, 2 steps. Context and pipeline
+parallel apply under FSDP2 (DDP and DeepSpeed are refused by CP-STRATEGY / PP-STRATEGY, tests/test_rules.py); each takes
+both processes (a pipeline of 2 one-block stages, 1F1B over the step's micro-batches of one sequence; each sequence split
+over 2), so neither pairs with tensor parallel or the other here."""
 
 MOE_OPTIONS: tuple[Option, ...] = (
     Option("precision.mode", values=("bf16", "fp8")),
@@ -154,13 +159,6 @@ ELSEWHERE: dict[str, str] = {
     "distributed.procs_per_node": "every run (the CPU matrix uses 2)",
     "distributed.expert_parallel": "tests/e2e/test_moe.py (builtin:moe-debug, expert_parallel = 2 on 2 processes; resume); "
                                    "rules MOE-*, EP-*",
-    "distributed.context_parallel": "tests/e2e/test_context_parallel.py (cp 2 on 2 processes, bf16 and torchao FP8, dense and "
-                                    "MoE, against one process; resume, and a cp 2 checkpoint resumed in one process); "
-                                    "tests/train/test_context_parallel.py (the ring over the CPU kernel); rules CP-*",
-    "distributed.pipeline_parallel": "tests/e2e/test_pipeline.py (pp 2 on 2 processes, pp 2 x dp 2 and pp 2 x tp 2 on 4, bf16 and "
-                                     "torchao FP8, "
-                                     "against one process; resume, and a pp 2 checkpoint resumed without a pipeline); "
-                                     "tests/train/test_pipeline_stage.py; rules PP-*",
     "distributed.pipeline.schedule": "tests/e2e/test_pipeline.py (1F1B on pp 2, GPipe on pp 2 x dp 2, Interleaved1F1B and "
                                      "ZBVZeroBubble on pp 2); tests/train/test_pipeline_stage.py; rules PP-ZBV-*",
     "distributed.pipeline.stages_per_rank": "tests/e2e/test_pipeline.py (2 stages a rank, Interleaved1F1B and ZBVZeroBubble); "

@@ -53,6 +53,7 @@ def expected_effects(config: dict, fp8_layers: int) -> dict:
     if strategy == "fsdp2":
         all_gather = "float8_e4m3fn" if fp8 and get("precision.torchao.fsdp_float8_all_gather") else DTYPE[compute]
     compiled = get("compile.enabled")
+    held = 1 if get("distributed.pipeline_parallel") > 1 else BLOCKS  # rank 0's stage holds block 0 of the 2
     offload = {"parameters": "device", "optimizer_states": "device"}
     if strategy == "fsdp2" and get("distributed.fsdp2.cpu_offload"):
         offload = {"parameters": "cpu", "optimizer_states": "cpu"}
@@ -66,11 +67,18 @@ def expected_effects(config: dict, fp8_layers: int) -> dict:
     # the engine's own gradient reduction (precision.grad_reduce = "auto"): DDP in the gradients' dtype (fp32 weights),
     # FSDP2 in its MixedPrecisionPolicy's reduce dtype, DeepSpeed in its communication dtype (the model's)
     grad_reduce = {"ddp": "fp32", "fsdp2": get("distributed.fsdp2.reduce_dtype"), "deepspeed": compute}[strategy]
+    # rank 0's: the first of 2 one-block stages (1F1B over micro-batches of one sequence), or its half of each sequence
+    parallel = {}
+    if get("distributed.pipeline_parallel") > 1:
+        parallel["pipeline"] = {"stages": 2, "stage": 0, "schedule": "Schedule1F1B", "microbatches": get("train.grad_accum_steps"),
+                                "blocks": [0], "stages_per_rank": 1, "rank_stages": [0]}
+    if get("distributed.context_parallel") > 1:
+        parallel["context"] = {"ranks": 2, "positioned_attentions": BLOCKS}
     return {
         "all_gather_dtype": all_gather,
-        "compiled_blocks": BLOCKS if compiled else 0,
+        "compiled_blocks": held if compiled else 0,
         "fullgraph": bool(get("compile.fullgraph")) if compiled else None,
-        "checkpointed_blocks": {"none": 0, "full": BLOCKS, "selective": 1}[get("activation_checkpointing.mode")],
+        "checkpointed_blocks": {"none": 0, "full": held, "selective": 1}[get("activation_checkpointing.mode")],  # selective: 0, 2, ...
         "optimizer": optimizer,
         "offload": offload,
         "tensor_parallel": get("distributed.tensor_parallel"),
@@ -82,6 +90,7 @@ def expected_effects(config: dict, fp8_layers: int) -> dict:
         "master_weights": "fp32",
         # backend = "msamp" without MS-AMP's stack plans as its opt level's native keys (launcher/planning/msamp_levels.py)
         "msamp_level": f"{get('precision.msamp.opt_level')} natively" if fp8 and get("precision.backend") == "msamp" else None,
+        **parallel,
     }
 
 
@@ -115,7 +124,8 @@ def test_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
     assert all((x["grad_norm"] is None) if deepspeed else x["grad_norm"] > 0 for x in steps), steps  # DeepSpeed clips inside its step
     assert r.stdout.count("precision: ") == 1  # rank 0 only
     get = lambda key: _value(matrix_run.config, key)  # noqa: E731
-    dp = 2 // get("distributed.tensor_parallel")  # the ranks of a TP group read the same batches
+    # the ranks of a TP or CP group, and a pipeline's stages, read the same batches
+    dp = 2 // (get("distributed.tensor_parallel") * get("distributed.context_parallel") * get("distributed.pipeline_parallel"))
     assert start["tokens_per_step"] == 1 * get("train.grad_accum_steps") * dp * 32  # micro 1 x accum x dp x seq 32
     fp8_all_gather = bool(get("precision.mode") == "fp8" and get("precision.torchao.fsdp_float8_all_gather"))
     assert ("float8 all-gather" in start["precision"]) == fp8_all_gather
@@ -125,9 +135,13 @@ def test_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
     assert start["effects"] == expected_effects(matrix_run.config, fp8_layers), (start["effects"], matrix_run.config)
     # layers: every Linear as built; the FP8 ones name the recipe they run, the others the compute dtype
     layers = start["layers"]
-    assert len(layers) == start["total_linear"]
+    pipeline = get("distributed.pipeline_parallel") > 1
+    if pipeline:  # rank 0's stage, block 0's 7 Linears (the whole model's FP8 layers were chosen before the cut)
+        assert len(layers) == 7 and all(k.startswith("layers.0.") for k in layers), layers
+    else:
+        assert len(layers) == start["total_linear"]
     fp8 = {k: v for k, v in layers.items() if v.startswith("fp8")}
-    assert len(fp8) == fp8_layers
+    assert len(fp8) == ((len(layers) if mode == "fp8" else 0) if pipeline else fp8_layers)
     recipe = _value(matrix_run.config, "precision.torchao.recipe")
     assert set(fp8.values()) <= {f"fp8 {recipe}"}
     assert set(layers.values()) - set(fp8.values()) <= {"bf16" if mode == "fp8" else mode}

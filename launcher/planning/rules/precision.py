@@ -33,6 +33,15 @@ def backend_missing_fix(plan: Plan, package: str) -> str:
     return msamp_level_fix(Facts(plan=plan), fix) if b is MSAMP and package == b.package else fix
 
 
+
+def _split(f: Facts) -> str:
+    """What divides each micro-batch's tokens on a rank, in words ("" when nothing does)."""
+    d = f.plan.distributed
+    parts = [f"{k} {v}" for k, v in (("tensor_parallel", d.tensor_parallel), ("context_parallel", d.context_parallel)) if v > 1]
+    if d.pipeline_parallel > 1:
+        parts.append(f"in {f.plan.pipeline_microbatches} pipeline micro-batches a step")
+    return f" ({', '.join(parts)})" if parts else ""
+
 RULES: tuple[Rule, ...] = (
     Rule(id="FP8-DDP-COMPILE", severity="error", stage="plan",
          when="fp8 + torchao + strategy ddp + compile.enabled",
@@ -105,12 +114,12 @@ RULES: tuple[Rule, ...] = (
          when="torchao recipe mxfp8 (nvfp4) and the tokens of one micro-batch on one rank not a multiple of 32 (16)",
          why="the weight-gradient GEMM scales grad_output and the input along the tokens in blocks of 32 (MX) or 16 (NVFP4); "
              "torchao asserts the dimension divides (\"must be divisible by block_size\") at the first backward.",
-         fix="set train.seq_len (or train.micro_batch_size) so that micro_batch_size x seq_len / tensor_parallel is a multiple of the "
-             "block",
+         fix="set train.seq_len (or train.micro_batch_size) so that micro_batch_size x seq_len / (tensor_parallel x "
+             "context_parallel) is a multiple of the block (under pipeline parallel: the sequences of a pipeline micro-batch)",
          condition=lambda f: bool(_block(f)) and tokens_per_rank(f) % BLOCK_SIZE[_block(f)] != 0,
-         detail=lambda f: f"micro_batch_size {f.plan.train.micro_batch_size} x seq_len {f.plan.train.seq_len} gives {tokens_per_rank(f)} "
-                          "tokens "
-             f"per micro-batch and rank, not a multiple of {_block(f)}'s block of {BLOCK_SIZE[_block(f)]}."),
+         detail=lambda f: f"micro_batch_size {f.plan.train.micro_batch_size} x seq_len {f.plan.train.seq_len}{_split(f)} gives "
+                          f"{tokens_per_rank(f)} tokens per micro-batch and rank, not a multiple of {_block(f)}'s block of "
+                          f"{BLOCK_SIZE[_block(f)]}."),
     Rule(id="TORCHAO-BLOCK-PAD", severity="error", stage="plan",
          when="precision.torchao.pad_inner_dim with recipe mxfp8 or nvfp4",
          why="pad_inner_dim is a Float8LinearConfig setting; torchao's MX and NVFP4 training have no padding, so it would be "

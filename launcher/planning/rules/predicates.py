@@ -32,9 +32,12 @@ def fullgraph(f: Facts) -> bool:
 
 def tokens_per_rank(f: Facts) -> int:
     """The tokens of one micro-batch on one rank: the rows of every Linear's GEMM input (TE asserts they divide
-    by 8), and the dimension the weight-gradient GEMM scales along (blocks of 32 / 16 for MX / NVFP4)."""
-    t = f.plan.train
-    return t.micro_batch_size * t.seq_len // max(1, f.plan.distributed.tensor_parallel)
+    by 8), and the dimension the weight-gradient GEMM scales along (blocks of 32 / 16 for MX / NVFP4). Sequence
+    parallel (tensor_parallel) and context parallel split each sequence over their ranks; a pipeline runs the step's
+    sequences in its own micro-batches."""
+    t, d = f.plan.train, f.plan.distributed
+    sequences = t.micro_batch_size * t.grad_accum_steps // f.plan.pipeline_microbatches if d.pipeline_parallel > 1 else t.micro_batch_size
+    return sequences * t.seq_len // (max(1, d.tensor_parallel) * max(1, d.context_parallel))
 
 
 def builtin_experts(f: Facts) -> int | None:
