@@ -469,12 +469,13 @@ def trainable(options: tuple[Option, ...], config: dict[str, Any], base: dict[st
     return config, errors
 
 
-SEED = 47
+SEED = 25
 """The CPU matrix's random choices (candidates' starting pairs, option order, ties); the MoE and GPU matrices keep 0
-(the GPU results recorded so far follow their rows' configs). Every seed covers every pair; 47
-gave the cheapest matrices of seeds 0-79 by `Matrix.modelled_cpu_s` that keep a compiled FP8 run with the monitor's
-hooks (benchmarks/matrix_seed.py, results/matrix_seed.md): the CPU matrix 49 runs, 18 compiled, 9 graph keys, against
-seed 0's 53, 21 and 14."""
+(the GPU results recorded so far follow their rows' configs). Every seed covers every pair; 25 gives the cheapest
+matrix of seeds 0-79 by `Matrix.modelled_cpu_s` that keeps a compiled FP8 run with the monitor's hooks
+(benchmarks/matrix_seed.py, results/matrix_seed.md, 2026-11-28, context and pipeline parallel among the options): 57
+runs, 17 compiled, 9 graph keys, 1446 modelled CPU-s, against 1676 at the seed before (47: 58, 21, 10) and 1404 for the
+matrix without those two options (49, 18, 9)."""
 
 
 CANDIDATES = 16

@@ -8,9 +8,9 @@ with distributed.pipeline_parallel = 2, FSDP2 over each stage's ranks, against o
 - bf16 pp 2 x tp 2 on 4 processes: the same first steps as one process; in torchao FP8 (float8 TP all-gathers) the same
   first step.
 - An MoE model (builtin:moe-debug) under pp 2: the one-process losses, expert load balancing included.
-- torchao MXFP8 (emulated) under Interleaved1F1B (2 stages a rank: 4 stages of one block, rank 0 holding stages 0 and 2):
-  pp 2's first steps equal the one-process run's to rounding (its block scales do not depend on how the batch is split
-  into micro-batches).
+- torchao MXFP8 (emulated) under Interleaved1F1B (2 stages a rank: 4 stages of one block, rank 0 holding stages 0 and 2),
+  with full activation checkpointing: pp 2's first steps equal the one-process run's to rounding (its block scales do
+  not depend on how the batch is split into micro-batches).
 - bf16 under ZBVZeroBubble (rank 0 holds stages 0 and 3, the embedding and the output layer; FSDP2 keeping the weights
   gathered, rule PP-ZBV-RESHARD): the one-process run's first steps, the weight gradients computed apart.
 - torchao FP8 tensorwise: pp 2, and pp 2 x dp 2 on 4 processes (GPipe, an uneven split 1 + 3 blocks), train like their
@@ -95,7 +95,7 @@ def runs(tmp_path_factory) -> Path:
     _run(folder, "one-moe-bf16", **ONE, **BF16, **MOE)
     _run(folder, "pp2-moe-bf16", **PP2, **BF16, **MOE)
     _run(folder, "one-mxfp8", **ONE, **MXFP8, train__steps=3)
-    _run(folder, "pp2-mxfp8", **PP2, **INTERLEAVED, **MXFP8, **EVAL, train__steps=3)
+    _run(folder, "pp2-mxfp8", **PP2, **INTERLEAVED, **MXFP8, **EVAL, activation_checkpointing__mode="full", train__steps=3)
     _run(folder, "pp2-zbv-bf16", **PP2, **ZBV, **BF16, train__steps=3)
     _run(folder, "one-fp8", **ONE, **FP8)
     _run(folder, "pp2-fp8", **PP2, **FP8, train__checkpoint_every=10)
@@ -177,6 +177,7 @@ def test_mxfp8_pipeline_computes_what_one_process_computes(runs):
     assert pp.start["effects"]["pipeline"] == {"stages": 4, "stage": 0, "schedule": "ScheduleInterleaved1F1B", "microbatches": 4,
                                                "blocks": [0, 2], "stages_per_rank": 2, "rank_stages": [0, 2]}
     assert "pipeline stages 0, 2 of 4 (blocks 0-0, 2-2; ScheduleInterleaved1F1B" in (runs / "pp2-mxfp8.stdout").read_text()
+    assert pp.start["effects"]["checkpointed_blocks"] == 2  # each stage runs its block as checkpointing wrapped it
     (held_out,) = [r for r in metrics(runs / "runs" / "pp2-mxfp8") if r["event"] == "eval"]  # the interleaved forward-only pass
     assert held_out["eval_tokens"] == 2 * 4 * 32 and held_out["eval_loss"] < one.losses[0]
 

@@ -121,7 +121,15 @@ def test_trains_and_its_effects_follow_the_spec(matrix_run, tmp_path):
     # the lr schedule steps once per optimizer step (DeepSpeed too, with accumulation): cosine from 1e-3 to 10% at step 2
     assert [x["lr"] for x in steps] == pytest.approx([1e-3, 1e-3 * (0.1 + 0.9 * 0.5)]), steps
     deepspeed = _value(matrix_run.config, "distributed.strategy") == "deepspeed"
-    assert all((x["grad_norm"] is None) if deepspeed else x["grad_norm"] > 0 for x in steps), steps  # DeepSpeed clips inside its step
+    norms = [x["grad_norm"] for x in steps]
+    if deepspeed:  # DeepSpeed clips inside its step
+        assert norms == [None, None], steps
+    elif _value(matrix_run.config, "precision.mode") == "fp16":
+        # fp16's GradScaler skips a step whose scaled gradients overflow (the norm inf, written null) and halves its scale
+        # (seen at step 2 of m30 under cp 2); one of the two steps has a finite norm
+        assert all(n is None or n > 0 for n in norms) and any(n is not None for n in norms), steps
+    else:
+        assert all(n is not None and n > 0 for n in norms), steps
     assert r.stdout.count("precision: ") == 1  # rank 0 only
     get = lambda key: _value(matrix_run.config, key)  # noqa: E731
     # the ranks of a TP or CP group, and a pipeline's stages, read the same batches

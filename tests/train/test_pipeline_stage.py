@@ -15,7 +15,7 @@ from launcher.errors import LauncherError
 from launcher.planning.plan import stage_blocks
 from launcher.train.models.llama import Llama, parse_builtin
 from launcher.train.parallel.distributed import DistEnv, data_rank
-from launcher.train.parallel.pipeline import cut_stage, stage_of
+from launcher.train.parallel.pipeline import cut_stage, stage_of, stage_roots
 
 
 def _model(layers: int = 4) -> Llama:
@@ -72,7 +72,7 @@ def test_several_stages_a_rank_are_views_of_one_model_holding_the_same_modules(s
     mine, theirs = cut_stage(copy.deepcopy(whole), stages, split), cut_stage(copy.deepcopy(whole), other, split)
     assert sorted(mine.layers.keys()) == [str(s) for s in stages]
     assert (mine.tok_embeddings is not None) == (0 in stages) and (mine.output is not None) == (3 in stages)
-    views = {v.pipeline_stage[0]: v for m in (mine, theirs) for v in m.pipeline_views}
+    views = {v.pipeline_stage[0]: v for m in (mine, theirs) for v in stage_roots(m)}
     assert sorted(views) == [0, 1, 2, 3] and all(views[s].pipeline_stage == (s, 4) for s in views)
     for s in stages:
         (block,) = views[s].layers.values()
@@ -80,7 +80,7 @@ def test_several_stages_a_rank_are_views_of_one_model_holding_the_same_modules(s
         assert [n for n, _ in views[s].named_parameters()] == [n for n, _ in mine.named_parameters()
                                                                if n.startswith(f"layers.{s}.") or (s == 0 and "tok_emb" in n)
                                                                or (s == 3 and n.startswith(("norm.", "output.")))]
-    assert not hasattr(views[stages[0]], "pipeline_views") or views[stages[0]].pipeline_views is mine.pipeline_views
+    assert stage_roots(mine) == [views[s] for s in stages]  # made once
 
     tokens = torch.randint(0, whole.vocab_size, (2, 17), generator=torch.Generator().manual_seed(1))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -93,6 +93,21 @@ def test_several_stages_a_rank_are_views_of_one_model_holding_the_same_modules(s
     assert sorted(grads) == sorted(n for n, _ in whole.named_parameters())
     for name, p in whole.named_parameters():
         assert torch.equal(grads[name], p.grad), name
+
+
+def test_the_views_hold_the_blocks_as_checkpointing_and_compile_wrapped_them(tmp_path):
+    """prepare_blocks wraps each block (activation checkpointing, then compile) by replacing it in the model's layers;
+    the views are made after that, when first asked for, so each stage runs its wrapped blocks (views made at the cut
+    ran the bare ones: under FSDP2 'mixed torch.Tensor and DTensor' at the first step)."""
+    from launcher.train.compile_ac import prepare_blocks
+    from tests.train._engine_setup import make_plan
+
+    model = cut_stage(_model(), (0, 2), (1, 1, 1, 1))
+    plan, _ = make_plan(tmp_path, **{"distributed.strategy": "fsdp2", "activation_checkpointing.mode": "full",
+                                     "train.model": "builtin:llama-debug?layers=4"})
+    wrapped = prepare_blocks(model, plan)
+    assert [v.layers[str(s)] for v, s in zip(stage_roots(model), (0, 2), strict=True)] == wrapped
+    assert all(type(b).__name__ != "TransformerBlock" for b in wrapped)
 
 
 def _zbv_grads(rank: int, world: int, port: int, folder, reshard: bool) -> None:

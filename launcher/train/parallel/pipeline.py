@@ -67,8 +67,8 @@ def split_for(plan: Plan, n_layers: int) -> tuple[int, ...]:
 def cut_stage(model: nn.Module, stage: int | typing.Sequence[int], split: typing.Sequence[int]) -> nn.Module:
     """Keep what stage `stage` (or the stages) of the builtin decoder holds (in place; the model on the meta device or
     not): its blocks in a ModuleDict under their own indices, the embedding with the first stage, the norm and the head
-    with the last. Returns the model, marked with `pipeline_stage` = (its first stage, stages); with several stages,
-    `pipeline_views` holds one module per stage (`stage_roots`)."""
+    with the last. Returns the model, marked with `pipeline_stage` = (its first stage, stages) and `pipeline_cut` =
+    (its stages, the split); with several stages `stage_roots` gives one module per stage."""
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleList) or not all(hasattr(model, n) for n in ("tok_embeddings", "norm", "output")):
         raise LauncherError(f"distributed.pipeline_parallel cuts the builtin decoder only, not a {type(model).__name__}; "
@@ -76,8 +76,7 @@ def cut_stage(model: nn.Module, stage: int | typing.Sequence[int], split: typing
     stages = (stage,) if isinstance(stage, int) else tuple(stage)
     _keep(model, layers, [i for s in stages for i in stage_blocks(split, s)], 0 in stages, len(split) - 1 in stages)
     model.pipeline_stage = (stages[0], len(split))
-    if len(stages) > 1:
-        model.pipeline_views = [_view(model, s, split) for s in stages]
+    model.pipeline_cut = (stages, tuple(split))
     return model
 
 
@@ -98,13 +97,20 @@ def _view(model: nn.Module, stage: int, split: typing.Sequence[int]) -> nn.Modul
         if isinstance(value, (dict, set)):
             view.__dict__[name] = type(value)(value)
     _keep(view, model.layers, [str(i) for i in stage_blocks(split, stage)], stage == 0, stage == len(split) - 1)
-    view.pipeline_stage = (stage, len(split))
+    view.pipeline_stage, view.pipeline_cut = (stage, len(split)), ((stage,), tuple(split))
     return view
 
 
 def stage_roots(model: nn.Module) -> list[nn.Module]:
-    """The modules that run as pipeline stages on this rank, each its own FSDP2 root: the model, or its views."""
-    return list(getattr(model, "pipeline_views", None) or [model])
+    """The modules that run as pipeline stages on this rank, each its own FSDP2 root: the model, or with several stages
+    its views, made when first asked for: after activation checkpointing and compile have wrapped the blocks, which
+    replaces them in the model's layers (a view made before would hold the bare blocks)."""
+    stages, split = getattr(model, "pipeline_cut", ((), ()))
+    if len(stages) <= 1:
+        return [model]
+    if model.__dict__.get("pipeline_views") is None:
+        model.pipeline_views = [_view(model, s, split) for s in stages]
+    return list(model.pipeline_views)
 
 
 def build_schedule(module: nn.Module, plan: Plan, env: DistEnv, mesh, loss_fn: typing.Callable):
