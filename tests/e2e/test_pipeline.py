@@ -96,7 +96,7 @@ def runs(tmp_path_factory) -> Path:
     _run(folder, "pp2-moe-bf16", **PP2, **BF16, **MOE)
     _run(folder, "one-mxfp8", **ONE, **MXFP8, train__steps=3)
     _run(folder, "pp2-mxfp8", **PP2, **INTERLEAVED, **MXFP8, **EVAL, activation_checkpointing__mode="full", train__steps=3)
-    _run(folder, "pp2-zbv-bf16", **PP2, **ZBV, **BF16, train__steps=3)
+    _run(folder, "pp2-zbv-bf16", **PP2, **ZBV, **BF16, train__steps=3, train__checkpoint_every=2)
     _run(folder, "one-fp8", **ONE, **FP8)
     _run(folder, "pp2-fp8", **PP2, **FP8, train__checkpoint_every=10)
     _run(folder, "dp2-fp8", **DP2, **FP8)
@@ -191,6 +191,18 @@ def test_zero_bubble_v_computes_what_one_process_computes(runs):
         assert abs(b["grad_norm"] - a["grad_norm"]) / a["grad_norm"] < FIRST_STEPS_NORM_REL, (a["grad_norm"], b["grad_norm"])
     effects = pp.start["effects"]["pipeline"]
     assert effects["schedule"] == "ScheduleZBVZeroBubble" and effects["rank_stages"] == [0, 3] and effects["blocks"] == [0, 3]
+
+
+def test_two_stages_a_rank_resume_bit_identically(runs, tmp_path):
+    """The ZBV run resumed from its step-2 checkpoint (each rank's two stages loaded through its model, the views'
+    modules): step 3's loss and the step-3 checkpoint, weights and optimizer state, bit for bit."""
+    ref, out = runs / "runs" / "pp2-zbv-bf16", runs / "runs" / "pp2-zbv-resumed"
+    r, _ = run(runs, "run", str(runs / "pp2-zbv-bf16.toml"), "--set", "train.output_dir=runs/pp2-zbv-resumed",
+               "--set", "train.resume=runs/pp2-zbv-bf16/checkpoints/step-2")
+    assert r.returncode == 0, output_of(r)
+    expected, got = losses(metrics(ref)), losses(metrics(out))
+    assert got == {3: expected[3]}
+    assert assert_same_dcp_checkpoint(ref / "checkpoints" / "step-3", out / "checkpoints" / "step-3", tmp_path) == 39
 
 
 def test_two_stages_a_rank_checkpoint_the_whole_model_under_its_names(runs, tmp_path):
