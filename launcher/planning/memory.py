@@ -125,7 +125,7 @@ def estimate(plan: Plan, params: int, spec_folder: str | None = None) -> MemoryE
     cfg = model_config(plan.train.model, spec_folder)
     d = plan.distributed
     if d.pipeline_parallel > 1 and cfg is not None and len(d.stage_split(cfg.n_layers)) == d.pipeline_stages:  # else PP-LAYERS
-        return max((stage_estimate(plan, cfg, s) for s in range(plan.distributed.pipeline_parallel)), key=lambda e: e.peak_bytes)
+        return max((stage_estimate(plan, cfg, r) for r in range(d.pipeline_parallel)), key=lambda e: e.peak_bytes)
     rows = model_states(plan, params, spec_folder)
     return MemoryEstimate(params, rows, activations(plan, cfg) if cfg else None, init_peak(plan, params, cfg))
 
@@ -140,25 +140,24 @@ def in_flight(plan: Plan, rank: int) -> int:
     micro-batch's graph, retained by its input-gradient pass for the weight pass, keeps part of what it saved until the
     step ends (measured on pp 2 and 4, bf16: up to micro-batches + 2 micro-batch-stages, 0-12% above that;
     tests/test_activation_memory.py), so the estimate takes the larger."""
-    d = plan.distributed
-    n, pp, schedule = plan.pipeline_microbatches, d.pipeline_parallel, d.pipeline.schedule
-    if schedule == "GPipe":
-        return n
-    if schedule == "ZBVZeroBubble":
-        return max(schedule_in_flight(plan, rank), n + 2)
-    if schedule == "Interleaved1F1B":
-        v = d.pipeline.local_stages
-        per_round = n // max(1, n // pp)
-        return min((v - 1) * per_round + 2 * (pp - 1 - rank) + 1, n * v)
-    return min(n, pp - rank)
+    held = schedule_in_flight(plan, rank)
+    return max(held, plan.pipeline_microbatches + 2) if plan.distributed.pipeline.schedule == "ZBVZeroBubble" else held
 
 
 def schedule_in_flight(plan: Plan, rank: int) -> int:
     """`in_flight` as the schedule's order of actions has it (forwards less the backwards that free them), before what
     torch's ZBVZeroBubble keeps beyond it."""
-    if plan.distributed.pipeline.schedule == "ZBVZeroBubble":
-        return min(2 * plan.distributed.pipeline_parallel, plan.pipeline_microbatches + 1 + rank)
-    return in_flight(plan, rank)
+    d = plan.distributed
+    n, pp, schedule = plan.pipeline_microbatches, d.pipeline_parallel, d.pipeline.schedule
+    if schedule == "GPipe":
+        return n
+    if schedule == "ZBVZeroBubble":
+        return min(2 * pp, n + 1 + rank)
+    if schedule == "Interleaved1F1B":
+        v = d.pipeline.local_stages
+        per_round = n // max(1, n // pp)
+        return min((v - 1) * per_round + 2 * (pp - 1 - rank) + 1, n * v)
+    return min(n, pp - rank)
 
 
 def stage_estimate(plan: Plan, cfg, rank: int) -> MemoryEstimate:

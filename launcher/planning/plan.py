@@ -40,6 +40,11 @@ MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "ZBVZeroBubble")
 """The schedules that run several stages on each pipeline rank (torch.distributed.pipelining's PipelineScheduleMulti)."""
 V_SCHEDULES = ("ZBVZeroBubble",)
 """The schedules whose stages go to the ranks in a V (rank r holds stages r and 2 x pp - 1 - r), not in a loop."""
+
+
+def stages_a_rank(schedule: str, stages_per_rank: int) -> int:
+    """distributed.pipeline.stages_per_rank resolved: as set, or (0) the schedule's own, 2 for a multi-stage one, else 1."""
+    return stages_per_rank or (2 if schedule in MULTI_STAGE_SCHEDULES else 1)
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 ACMode = Literal["none", "full", "selective"]
 Launcher = Literal["torchrun", "slurm", "kubernetes"]
@@ -214,7 +219,7 @@ class PipelineConfig:
     @property
     def local_stages(self) -> int:
         """Stages on each pipeline rank, resolved."""
-        return self.stages_per_rank or (2 if self.schedule in MULTI_STAGE_SCHEDULES else 1)
+        return stages_a_rank(self.schedule, self.stages_per_rank)
 
 
 @frozen
@@ -272,10 +277,10 @@ class DistributedConfig:
         """The stages pipeline rank `pp_rank` holds, in order: itself, or with several stages a rank, every pp-th stage from
         it (a loop), or for a V schedule stage pp_rank and stage 2 x pp - 1 - pp_rank (torch.distributed.pipelining's
         generate_stage_to_rank_mapping; tests/test_pipeline_plan.py compares the two)."""
-        pp, v = self.pipeline_parallel, self.pipeline.local_stages
-        if self.pipeline.schedule in V_SCHEDULES:
-            return tuple(sorted(s for s in range(pp * v) if (s % pp if (s // pp) % 2 == 0 else pp - 1 - s % pp) == pp_rank))
-        return tuple(range(pp_rank, pp * v, pp))
+        pp = self.pipeline_parallel
+        if self.pipeline.schedule in V_SCHEDULES:  # two stages a rank (rule PP-STAGES-PER-RANK)
+            return (pp_rank, 2 * pp - 1 - pp_rank)
+        return tuple(range(pp_rank, self.pipeline_stages, pp))
 
 
 @frozen

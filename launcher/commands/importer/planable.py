@@ -75,15 +75,14 @@ def _cp_seq(d: Draft) -> list[tuple[str, Any]]:
 def _pp_layers(d: Draft) -> list[tuple[str, Any]]:
     """The blocks split over the stages as evenly as they go (the first stages one more), or no pipeline."""
     from launcher.planning.models import builtin_config
-    from launcher.planning.plan import MULTI_STAGE_SCHEDULES, even_split
+    from launcher.planning.plan import even_split, stages_a_rank
 
     cfg, pp = builtin_config(str(_v(d, "train.model", ""))), _v(d, "distributed.pipeline_parallel", 1)
-    several = _v(d, "distributed.pipeline.schedule", "1F1B") in MULTI_STAGE_SCHEDULES
-    per_rank = _v(d, "distributed.pipeline.stages_per_rank", 0) or (2 if several else 1)
-    if cfg is not None and several and pp <= cfg.n_layers < pp * per_rank:  # fewer stages a rank first, then one (1F1B)
-        fewer = cfg.n_layers // pp
-        return ([("distributed.pipeline.stages_per_rank", fewer)] if fewer >= 2 and _v(d, "distributed.pipeline.schedule", "") !=
-                "ZBVZeroBubble" else [("distributed.pipeline.schedule", "1F1B"), ("distributed.pipeline.stages_per_rank", 0)])
+    per_rank = stages_a_rank(_v(d, "distributed.pipeline.schedule", "1F1B"), _v(d, "distributed.pipeline.stages_per_rank", 0))
+    if cfg is not None and per_rank > 1 and pp <= cfg.n_layers < pp * per_rank:  # fewer stages a rank first, then one (1F1B)
+        fewer = cfg.n_layers // pp  # ZBV's 2 never get here with fewer >= 2
+        return ([("distributed.pipeline.stages_per_rank", fewer)] if fewer >= 2 else
+                [("distributed.pipeline.schedule", "1F1B"), ("distributed.pipeline.stages_per_rank", 0)])
     if cfg is None or cfg.n_layers < pp * per_rank or _v(d, "distributed.pipeline.layers_per_stage", []):
         return _no_pp(d)
     return [("distributed.pipeline.layers_per_stage", list(even_split(cfg.n_layers, pp * per_rank)))]

@@ -32,8 +32,6 @@ def backend_missing_fix(plan: Plan, package: str) -> str:
     b = backend_of(plan.precision)
     return msamp_level_fix(Facts(plan=plan), fix) if b is MSAMP and package == b.package else fix
 
-
-
 def _split(f: Facts) -> str:
     """What divides each micro-batch's tokens on a rank, in words ("" when nothing does)."""
     d = f.plan.distributed
@@ -41,6 +39,7 @@ def _split(f: Facts) -> str:
     if d.pipeline_parallel > 1:
         parts.append(f"in {f.plan.pipeline_microbatches} pipeline micro-batches a step")
     return f" ({', '.join(parts)})" if parts else ""
+
 
 RULES: tuple[Rule, ...] = (
     Rule(id="FP8-DDP-COMPILE", severity="error", stage="plan",

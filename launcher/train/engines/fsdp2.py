@@ -130,13 +130,10 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
     if head and "output" in units:
         # The final norm and the head: backward needs them first, right after forward: kept gathered (torchtitan).
         fully_shard(head, mesh=mesh, reshard_after_forward=False, **kwargs)
-    if pp > 1:  # each pipeline stage of this rank is a root (several a rank: views of the model, as torchtitan's chunks)
-        from launcher.train.parallel.pipeline import stage_roots
+    from launcher.train.parallel.pipeline import stage_roots
 
-        for root in stage_roots(model):
-            fully_shard(root, mesh=mesh, reshard_after_forward=reshard, **kwargs)
-    else:
-        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, **kwargs)
+    for root in stage_roots(model):  # the model; with several pipeline stages a rank, its views (as torchtitan's chunks)
+        fully_shard(root, mesh=mesh, reshard_after_forward=reshard, **kwargs)
     if pending is not None:  # meta-built: each rank allocates and initialises only its shards
         pending(model, torch.device("cpu") if config["cpu_offload"] else env.device)
     if cp_mesh is not None:  # each attention's rotary angles at the sequence positions this rank holds
