@@ -51,9 +51,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/results/inductor_vector_width.json")
     args = parser.parse_args()
-    from torch._inductor.cpu_vec_isa import pick_vec_isa, x86_isa_checker
-
     import torch._inductor.config as inductor
+    from torch._inductor.cpu_vec_isa import pick_vec_isa, x86_isa_checker
 
     inductor.cpp.simdlen = None
     own = pick_vec_isa().bit_width()

@@ -4,22 +4,26 @@ print, and exit; errors become messages and exit codes in one place (`_errors`).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
+import math
+import os
 import sys
 
 import click
 
 from launcher import __version__
 from launcher.errors import EXIT_CODES as CODES
-from launcher.errors import EXIT_DRIFT, LauncherError, SpecError
+from launcher.errors import EXIT_DRIFT, EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_INVALID, LauncherError, SpecError, os_error_text, with_fix
 
 EXIT_CODES = ("\b\nExit codes:\n" + "\n".join(f"  {code:<3}  {meaning}" for code, meaning in CODES.items())
               + "\n  other codes come from the training processes")
 
 
 def _errors(fn):
-    """The one place that turns LauncherErrors into messages on stderr and exit codes."""
+    """The one place that turns LauncherErrors into messages on stderr and exit codes. An OSError no caller
+    named (a full disk, a read-only or vanished folder) is still one line: its path and the system's reason."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -30,15 +34,64 @@ def _errors(fn):
             if isinstance(e, SpecError) and len(e.problems) > 1:
                 click.echo(f"{len(e.problems)} problems found.", err=True)
             sys.exit(e.exit_code)
+        except OSError as e:
+            if e.errno == errno.EPIPE:
+                raise  # stdout closed by the reader (`| head`): Click leaves quietly
+            click.echo(f"error: {os_error_text(e)}", err=True)
+            sys.exit(EXIT_ENVIRONMENT)
 
     return wrapper
+
+
+class _Main(click.Group):
+    """Click's group, with every way a command line can go wrong before or around a command as one line: a usage
+    error (Click prints usage, a hint and the error on four lines), Ctrl-C (Click's "Aborted!" and exit 1; fp8launch
+    promises 130), and a working directory that no longer exists (every relative path, and torch's import, fail on it)."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            os.getcwd()
+        except FileNotFoundError:
+            click.echo("error: the current folder no longer exists (removed while this shell was in it); "
+                       "fix: cd to an existing folder and run the command again", err=True)
+            sys.exit(EXIT_INVALID)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.UsageError as e:
+            where = e.ctx.command_path if e.ctx else "fp8launch"
+            click.echo(f"error: {with_fix(' '.join(e.format_message().split()), f'see `{where} --help`')}", err=True)
+            sys.exit(EXIT_INVALID)
+        except click.exceptions.Abort:
+            click.echo("interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+class _ParameterCount(click.ParamType):
+    """A model's parameter count (`--params 8e9`): a finite number from 1 to 10^15."""
+
+    name = "COUNT"
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number (e.g. 8e9)", param, ctx)
+        if not math.isfinite(number) or not 1 <= number <= 1e15:
+            self.fail(f"{value!r} is not a parameter count from 1 to 1e15 (e.g. 8e9)", param, ctx)
+        return int(number)
 
 
 def _overrides(sets: tuple[str, ...], nodes: int | None) -> list[str]:
     return list(sets) + ([f"distributed.nodes={nodes}"] if nodes is not None else [])
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}, epilog=EXIT_CODES)
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}, epilog=EXIT_CODES)
 @click.version_option(__version__, prog_name="fp8launch")
 def main() -> None:
     """One precision spec -> validated FP8 training configs, and a launcher that runs them."""
@@ -57,7 +110,7 @@ def main() -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one JSON object per spec, one per line (JSON Lines): the plan, the memory estimate, the files, "
                    "the prediction, the warnings.")
-@click.option("--params", type=click.FloatRange(min=1),
+@click.option("--params", type=_ParameterCount(),
               help="Parameter count for the memory estimate (e.g. 8e9); builtin models are known.")
 @_errors
 def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
@@ -86,9 +139,9 @@ def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
             for c in moved:
                 click.echo(f"would {c.status} {c.path}", err=True)
         if fmt == "json":
-            click.echo(json.dumps(plan_record(p, changes, int(params) if params else None), sort_keys=True))
+            click.echo(json.dumps(plan_record(p, changes, params), sort_keys=True))
         elif not (check or diff):
-            click.echo(plan_summary(p.plan, p.folder, changes, int(params) if params else None, p.prediction))
+            click.echo(plan_summary(p.plan, p.folder, changes, params, p.prediction))
     if check or diff:
         n = len(planned)
         click.echo(f"{'drift found' if drift else 'up to date'}: {n} spec{'s' * (n != 1)} checked.", err=True)

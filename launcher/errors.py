@@ -33,6 +33,29 @@ EXIT_FILE_ENV = "FP8LAUNCH_EXIT_FILE"
 `fp8launch run` and slurm.sbatch read it."""
 
 
+def os_error_text(e: OSError) -> str:
+    """An OSError as one line: the path and the system's reason, with the fix where the reason says it
+    (a full disk: the bytes still free there)."""
+    import errno
+    import os
+    import shutil
+
+    path = e.filename if isinstance(e.filename, str) else None
+    what = f"{path}: {e.strerror or e}" if path else str(e.strerror or e)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT) and path:
+        folder = os.path.dirname(os.path.abspath(path))
+        while folder and not os.path.exists(folder):
+            folder = os.path.dirname(folder)
+        try:
+            free = f" ({shutil.disk_usage(folder).free:,} bytes free on {folder})"
+        except OSError:
+            free = ""
+        return with_fix(what + free, "free space there, or write elsewhere")
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return with_fix(what, "write to a folder you can write")
+    return what
+
+
 def with_fix(message: str, fix: str) -> str:
     """The one way a message names its fix: "what is wrong; fix: what to change"."""
     return f"{message.rstrip().rstrip('.;')}; fix: {fix}"
