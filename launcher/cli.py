@@ -60,7 +60,7 @@ class _Main(click.Group):
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.exceptions.UsageError as e:
-            where = e.ctx.command_path if e.ctx else "fp8launch"
+            where = " ".join(["fp8launch", *(e.ctx.command_path.split()[1:] if e.ctx else [])])
             click.echo(f"error: {with_fix(' '.join(e.format_message().split()), f'see `{where} --help`')}", err=True)
             sys.exit(EXIT_INVALID)
         except click.exceptions.Abort:
