@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from launcher.commands.importer import import_config
+from launcher.commands.importer.hidden import secret_looking
 from launcher.commands.importer.report import APPROXIMATED, MAPPED, NONE, STATUSES
 from launcher.errors import SourceError
 
@@ -128,6 +129,20 @@ def test_the_written_spec_plans_and_starts_with_the_report(relative, cli, tmp_pa
         assert f"# {line}" in text
     assert cli("plan", "imported.toml").exit_code == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["generated", "imported.toml"]  # no temporary file left
+
+
+@pytest.mark.parametrize("relative", CONFIGS)
+def test_a_line_with_no_equivalent_names_its_key_and_quotes_no_value(relative, tmp_path):
+    """Import quotes only what it maps (issue 49): a mapped or approximated line shows the value it mapped; a line with no
+    equivalent, or of a key the tool does not know, names the key (the value is in the user's file) and goes straight on
+    to why (":") or the placeholder it sets ("->"). None of the keys the import maps looks secret (hidden.py)."""
+    result = import_config(str(DATA / relative), folder=str(tmp_path))
+    for entry in result.report.entries:
+        line = entry.line()
+        if entry.status == NONE:
+            assert re.match(rf"{re.escape(NONE)}\s+{re.escape(entry.source)}( ->|:)", line), line
+        else:
+            assert not secret_looking(entry.source), line
 
 
 # --- read as the tool reads it: the installed parsers -------------------------------------------------------------

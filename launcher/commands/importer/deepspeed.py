@@ -18,7 +18,7 @@ import json
 import os
 
 from . import hub
-from .draft import Draft, flatten
+from .draft import Draft
 from .kind import Kind, count
 from .known import Unknown, unknown
 from .known import deepspeed as known
@@ -68,8 +68,7 @@ def attach(draft: Draft, source: str, base: str) -> bool:
         except (OSError, ValueError):
             continue
         if isinstance(data, dict):
-            draft.data[PREFIX] = data
-            draft.leaves.update({f"{PREFIX}.{k}": v for k, v in flatten(data).items()})
+            draft.follow(PREFIX, data)
             draft.ignore(vet(draft, PREFIX + "."))
             draft.mapped(source, ("distributed.strategy", "deepspeed"), note=f"its settings are read below as {PREFIX}.*")
             return True
@@ -148,9 +147,9 @@ def read_config(d: Draft, p: str = "", parent: str = "") -> None:
     _scheduler(d, p, auto, parent)
     for tracker in ("tensorboard", "wandb"):
         if d.get(f"{p}{tracker}.enabled") is True:
-            project = d.get(f"{p}{tracker}.project")
-            value = {"project": str(project)} if tracker == "wandb" and project else True
-            d.mapped(f"{p}{tracker}.enabled", (f"log.{tracker}", value))
+            project = d.get(f"{p}{tracker}.project") if tracker == "wandb" else None
+            value = {"project": str(project)} if project else True
+            d.mapped((f"{p}{tracker}.enabled", f"{p}{tracker}.project") if project else f"{p}{tracker}.enabled", (f"log.{tracker}", value))
             d.group(f"{p}{tracker}", f"fp8launch's [log] {tracker} chooses its own folder and run name")
     d.group(p + "activation_checkpointing", "DeepSpeed's activation checkpointing is called from the model's code; fp8launch checkpoints "
                                            "whole blocks itself: activation_checkpointing.mode")

@@ -9,7 +9,8 @@
     text = render(draft, header)                                       # the TOML, the report as its comment block
 
 Every source leaf an importer does not take is reported at the end as having no equivalent, so nothing
-in the source goes unmentioned.
+in the source goes unmentioned. A line quotes the source value it maps; a line with no equivalent names its key only.
+The draft holds the source as hidden.hide leaves it: no value under a secret-looking key reaches a line or the spec.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import os
 import re
 from typing import Any
 
+from launcher.errors import with_fix
 from launcher.planning.backends import BACKENDS
 from launcher.planning.read import defaults
 from launcher.targets.toml_text import toml_text
 
 from . import batch
+from .hidden import hide, holds_hidden, secret_looking
 from .known import Unknown
 from .report import APPROXIMATED, MAPPED, NONE, UNSET, Entry, Report, one_line, shown
 
@@ -60,13 +63,14 @@ class Draft:
     """A spec being built from a source config, with its report."""
 
     def __init__(self, data: dict, *, path: str, title: str, max_leaves: int = 20000):
-        self.data = data
+        self.data = hide(data)
+        """The source as the importer reads it: every value under a secret-looking key HIDDEN (hidden.py)."""
         self.path = path
         self.title = title
         """The source kind in words, e.g. "Accelerate config"."""
         self.spec: dict = {}
         self.report = Report()
-        self.leaves = flatten(data, max_leaves)
+        self.leaves = flatten(self.data, max_leaves)
         self.taken: set[str] = set()
         self.placeholders: dict[str, str] = {}
         """Spec keys holding a placeholder -> what to put there instead (marked on their line in the TOML)."""
@@ -80,6 +84,11 @@ class Draft:
         """Keys the source's tool does not read (ignore())."""
 
     # --- the source ------------------------------------------------------------------------------
+
+    def follow(self, prefix: str, data: dict) -> None:
+        """Read `data`, a file the source names (a DeepSpeed JSON), as the source's own table `prefix`: hidden alike."""
+        self.data[prefix] = hide(data)
+        self.leaves.update({f"{prefix}.{k}": v for k, v in flatten(self.data[prefix]).items()})
 
     def get(self, path: str, default: Any = None) -> Any:
         node: Any = self.data
@@ -137,9 +146,14 @@ class Draft:
 
     def _entry(self, status: str, source: str | tuple[str, ...], sets: tuple, note: str, value: Any) -> Entry:
         sources = (source,) if isinstance(source, str) else tuple(source)
-        if value is UNSET:
+        if value is UNSET and status != NONE:  # a key with no equivalent is named, not quoted: its value is in the user's file
             values = [self.get(s) for s in sources if self.get(s) is not None]
             value = values[0] if len(values) == 1 else (values if values else UNSET)
+        for key, v in sets:
+            if holds_hidden(v):  # a table where a value belongs, holding a secret: what the spec would get is no setting
+                raise ValueError(with_fix(f"{', '.join(sources)}: a table holding a secret-looking key where {key} needs a plain "
+                                          "value (the secret is not shown)", "write the plain value there; set the secret in the "
+                                          "environment where the job runs"))
         for s in sources:
             self.take(s)
         for key, v in sets:
@@ -207,9 +221,10 @@ class Draft:
     def leftovers(self, why: str) -> None:
         """The keys the source's tool does not read, then every leaf no importer took: no equivalent."""
         for u in self.unknowns:
-            value = self.get(u.key)
-            shown_value = UNSET if isinstance(value, dict) or value is None else value
-            self.report.add(Entry(source=u.key, status=NONE, value=shown_value, note=_unknown_note(u)))
+            inside = [k[len(u.key) + 1:] for k in self.leaves if k.startswith(u.key + ".") and secret_looking(k[len(u.key) + 1:])]
+            held = (f"; secret-looking keys inside ({', '.join(inside)}): never copied; set them in the environment where the job runs, "
+                    "not in the spec" if inside and not secret_looking(u.key) else "")
+            self.report.add(Entry(source=u.key, status=NONE, note=_unknown_note(u) + held))
         for key in self.untaken():
             self.none(key, why)
 

@@ -3,7 +3,8 @@
 - mapped: the same meaning, and the run does the same;
 - approximated: what changed, in numbers: `before: <what the source does>; after: <what the spec does>;
   <what that does to the run>`;
-- no equivalent: why, and what to do.
+- no equivalent: why, and what to do; the key named, its value not quoted (the user has it; a secret-looking key's
+  line says to set it in the job's environment).
 
 The same lines go to the screen and, as comments, to the top of the written spec."""
 
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.targets.toml_text import toml_value
+
+from .hidden import secret_note
 
 MAPPED = "mapped"
 APPROXIMATED = "approximated"
@@ -78,6 +81,8 @@ class Report:
     entries: list[Entry] = field(default_factory=list)
 
     def add(self, entry: Entry) -> Entry:
+        if entry.status == NONE and (secret := secret_note(entry.source)) and secret not in entry.note:
+            entry.note = f"{entry.note}; {secret}" if entry.note else secret
         self.entries.append(entry)
         return entry
 
