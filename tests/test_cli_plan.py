@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -16,10 +17,14 @@ def test_plan_writes_files_with_modes_and_is_idempotent(cli, spec, tmp_path):
     r = cli("plan", path, "--out", "out")
     assert r.exit_code == 0, r.stderr
     folder = tmp_path / "out" / "t"
-    assert sorted(os.listdir(folder)) == ["fsdp2.json", "plan.json", "torchrun.sh"]
+    assert sorted(os.listdir(folder)) == [".fp8launch-files.json", "fsdp2.json", "plan.json", "torchrun.sh"]
     assert stat.S_IMODE((folder / "torchrun.sh").stat().st_mode) == 0o755
     assert stat.S_IMODE((folder / "plan.json").stat().st_mode) == 0o644
-    assert "t: out/t/ (3 written, 0 unchanged)" in r.stdout
+    assert "t: out/t/ (4 written, 0 unchanged)" in r.stdout
+    # the record: each file fp8launch wrote and the sha256 of its bytes, nothing of this machine
+    record = json.loads((folder / ".fp8launch-files.json").read_text())
+    assert record["files"] == {n: hashlib.sha256((folder / n).read_bytes()).hexdigest() for n in ("fsdp2.json", "plan.json", "torchrun.sh")}
+    assert str(tmp_path) not in (folder / ".fp8launch-files.json").read_text()
     before = {n: (folder / n).read_bytes() for n in os.listdir(folder)}
     r = cli("plan", path, "--out", "out")
     assert "t: out/t/ (unchanged)" in r.stdout
@@ -41,13 +46,20 @@ def test_check_reports_drift_and_writes_nothing(cli, spec, tmp_path):
     assert r.exit_code == 0, r.stderr
     assert r.stderr.count("notes.txt") == 1
     assert "note: out/t/notes.txt is not a file fp8launch writes; left as it is" in r.stderr
-    # a hand edit and a spec change are drift
-    (tmp_path / "out" / "t" / "fsdp2.json").write_text("{}\n")
+    # a spec change is drift: the file it no longer generates would go, the one it changes would be updated
     r = cli("plan", path, "--out", "out", "--check", "--set", "distributed.strategy=ddp")
     assert r.exit_code == 1
-    assert "would update out/t/plan.json" in r.stderr
-    assert "would remove out/t/fsdp2.json" in r.stderr
+    assert "would update out/t/plan.json" in r.stderr and "would remove out/t/fsdp2.json" in r.stderr
     assert "notes.txt" not in r.stderr.replace("note: out/t/notes.txt is not a file fp8launch writes; left as it is", "")
+    # a hand edit is drift where the plan writes the file (plan then needs --force), and the user's where it does not
+    (tmp_path / "out" / "t" / "fsdp2.json").write_text("{}\n")
+    r = cli("plan", path, "--out", "out", "--check")
+    assert r.exit_code == 1
+    assert ("would overwrite out/t/fsdp2.json: it changed since fp8launch wrote it (its bytes are not the ones "
+            ".fp8launch-files.json records); plan needs --force for that") in r.stderr
+    r = cli("plan", path, "--out", "out", "--check", "--set", "distributed.strategy=ddp")
+    assert r.exit_code == 1 and "would remove" not in r.stderr
+    assert "note: out/t/fsdp2.json changed since fp8launch wrote it" in r.stderr
     assert (tmp_path / "out" / "t" / "fsdp2.json").read_text() == "{}\n"
     assert (tmp_path / "out" / "t" / "notes.txt").read_text() == "mine\n"
 
@@ -58,7 +70,7 @@ def test_switching_strategy_removes_the_stale_generated_file_but_not_user_files(
     (tmp_path / "out" / "t" / "notes.txt").write_text("mine\n")
     r = cli("plan", path, "--out", "out", "--set", "distributed.strategy=deepspeed")
     assert r.exit_code == 0
-    assert sorted(os.listdir(tmp_path / "out" / "t")) == ["deepspeed.json", "notes.txt", "plan.json", "torchrun.sh"]
+    assert sorted(os.listdir(tmp_path / "out" / "t")) == [".fp8launch-files.json", "deepspeed.json", "notes.txt", "plan.json", "torchrun.sh"]
 
 
 def test_diff_prints_unified_diffs_on_stdout(cli, spec, tmp_path):
@@ -107,7 +119,7 @@ def test_format_json_prints_one_object_per_spec(cli, spec, tmp_path):
     assert [x["name"] for x in records] == ["t", "b"]
     assert records[0]["plan"]["derived"]["world_size"] == 8
     assert {f["path"]: f["status"] for f in records[0]["files"]} == {
-        "out/t/plan.json": "create", "out/t/torchrun.sh": "create", "out/t/fsdp2.json": "create"}
+        "out/t/plan.json": "create", "out/t/torchrun.sh": "create", "out/t/fsdp2.json": "create", "out/t/.fp8launch-files.json": "create"}
     assert records[0]["warnings"] == []
     assert [w["rule"] for w in records[1]["warnings"]] == ["FP8-NO-COMPILE", "FP8-NO-GAIN"]
     assert records[1]["warnings"][1]["fix"].startswith("keep the small Linears in high precision")  # the fix for this plan
@@ -191,7 +203,7 @@ def test_default_out_comes_from_pyproject(cli, spec, tmp_path):
     path = spec(MINIMAL)
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n\n[tool.fp8launch]\nout = "specs/generated"\n')
     assert cli("plan", path).exit_code == 0
-    assert sorted(os.listdir(tmp_path / "specs" / "generated" / "t")) == ["fsdp2.json", "plan.json", "torchrun.sh"]
+    assert sorted(os.listdir(tmp_path / "specs" / "generated" / "t")) == [".fp8launch-files.json", "fsdp2.json", "plan.json", "torchrun.sh"]
     assert cli("plan", "--check", path).exit_code == 0
     (tmp_path / "pyproject.toml").write_text("[tool.fp8launch]\nout = 3\n")
     r = cli("plan", path)

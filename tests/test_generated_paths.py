@@ -51,7 +51,7 @@ def test_every_spelling_of_out_writes_the_same_bytes(cli, project, tmp_path, mon
     assert r.exit_code == 0, r.stderr
     folder = project / "specs" / "generated" / "s"
     reference = _files(folder)
-    assert sorted(reference) == ["accelerate.yaml", "deepspeed.json", "plan.json", "slurm.sbatch", "torchrun.sh"]
+    assert sorted(reference) == [".fp8launch-files.json", "accelerate.yaml", "deepspeed.json", "plan.json", "slurm.sbatch", "torchrun.sh"]
     for text in reference.values():
         assert str(tmp_path).encode() not in text
     assert b"default_plan_dir=specs/generated/s\n" in reference["slurm.sbatch"]
