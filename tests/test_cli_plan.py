@@ -70,7 +70,8 @@ def test_switching_strategy_removes_the_stale_generated_file_but_not_user_files(
     (tmp_path / "out" / "t" / "notes.txt").write_text("mine\n")
     r = cli("plan", path, "--out", "out", "--set", "distributed.strategy=deepspeed")
     assert r.exit_code == 0
-    assert sorted(os.listdir(tmp_path / "out" / "t")) == [".fp8launch-files.json", "deepspeed.json", "notes.txt", "plan.json", "torchrun.sh"]
+    assert sorted(os.listdir(tmp_path / "out" / "t")) == [".fp8launch-files.json", "deepspeed.json", "notes.txt", "plan.json",
+                                                           "torchrun.sh"]
 
 
 def test_diff_prints_unified_diffs_on_stdout(cli, spec, tmp_path):
@@ -241,3 +242,122 @@ def test_plan_says_which_layers_it_keeps_beyond_every_linear_but_the_output_laye
     r = cli("plan", big, "--out", "out")
     # torchao's size rule keeps the 4096 -> 1024 wk / wv of the 32 blocks; the head runs in FP8 here
     assert "  fp8 layers  161 of 225, " in r.stdout and ": 64 by precision.torchao.skip_small\n" in r.stdout
+
+
+# -- the record: what fp8launch wrote, and nothing else, is fp8launch's to replace or remove ----------------------------
+
+def _record(folder):
+    return json.loads((folder / ".fp8launch-files.json").read_text())["files"]
+
+
+def test_force_overwrites_the_users_file_which_is_then_fp8launchs(cli, spec, tmp_path):
+    path = spec(MINIMAL)
+    folder = tmp_path / "out" / "t"
+    folder.mkdir(parents=True)
+    (folder / "deepspeed.json").write_text("mine\n")
+    assert cli("plan", path, "--out", "out").exit_code == 0
+    assert "deepspeed.json" not in _record(folder) and (folder / "deepspeed.json").read_text() == "mine\n"
+    before = {n: (folder / n).read_bytes() for n in os.listdir(folder)}
+    r = cli("plan", path, "--out", "out", "--set", "distributed.strategy=deepspeed")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert "error: out/t/deepspeed.json was not written by fp8launch (it is not in .fp8launch-files.json)" in r.stderr
+    assert {n: (folder / n).read_bytes() for n in os.listdir(folder)} == before  # nothing written, plan.json included
+    r = cli("plan", path, "--out", "out", "--set", "distributed.strategy=deepspeed", "--force")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads((folder / "deepspeed.json").read_text())["zero_optimization"]["stage"] == 2
+    assert _record(folder)["deepspeed.json"] == hashlib.sha256((folder / "deepspeed.json").read_bytes()).hexdigest()
+    assert sorted(os.listdir(folder)) == [".fp8launch-files.json", "deepspeed.json", "plan.json", "torchrun.sh"]
+    assert cli("plan", path, "--out", "out").exit_code == 0  # now fp8launch's: removed when the plan stops writing it
+    assert sorted(os.listdir(folder)) == [".fp8launch-files.json", "fsdp2.json", "plan.json", "torchrun.sh"]
+
+
+def test_force_replaces_a_link_never_what_it_leads_to(cli, spec, tmp_path):
+    path = spec(MINIMAL)
+    (tmp_path / "theirs.json").write_text("theirs\n")
+    (tmp_path / "out" / "t").mkdir(parents=True)
+    os.symlink("../../theirs.json", tmp_path / "out" / "t" / "plan.json")
+    assert cli("plan", path, "--out", "out").exit_code == 2
+    assert cli("plan", path, "--out", "out", "--force").exit_code == 0
+    assert not (tmp_path / "out" / "t" / "plan.json").is_symlink()
+    assert json.loads((tmp_path / "out" / "t" / "plan.json").read_text())["name"] == "t"
+    assert (tmp_path / "theirs.json").read_text() == "theirs\n"
+
+
+def test_a_file_of_fp8launchs_is_replaced_whatever_its_own_mode(cli, spec, tmp_path):
+    """The record and the folder decide, as for git: a read-only file fp8launch wrote is replaced (rename)."""
+    path = spec(MINIMAL)
+    cli("plan", path, "--out", "out")
+    plan_json = tmp_path / "out" / "t" / "plan.json"
+    plan_json.chmod(0o444)
+    assert cli("plan", path, "--out", "out", "--set", "train.steps=7").exit_code == 0
+    assert json.loads(plan_json.read_text())["train"]["steps"] == 7 and stat.S_IMODE(plan_json.stat().st_mode) == 0o644
+
+
+def _as_before_the_record(folder, version="0.0.1"):
+    (folder / ".fp8launch-files.json").unlink()
+    text = (folder / "plan.json").read_text()
+    (folder / "plan.json").write_text(text.replace('"fp8launch_version": "', f'"fp8launch_version": "{version}-'))
+
+
+def test_a_folder_from_before_the_record_loses_only_what_its_plan_generated(cli, spec, tmp_path):
+    """No record: the folder's own plan.json (fp8launch's: spec_sha256, fp8launch_version) names what that plan wrote;
+    those files are fp8launch's (updated, or removed when stale), any other file of a generated name is the user's."""
+    path = spec(MINIMAL)
+    folder = tmp_path / "out" / "t"
+    cli("plan", path, "--out", "out", "--set", "distributed.strategy=deepspeed")
+    _as_before_the_record(folder)
+    (folder / "slurm.sbatch").write_text("mine\n")  # not what a torchrun plan generates: the user's
+    r = cli("plan", path, "--out", "out")
+    assert r.exit_code == 0, r.stderr
+    assert sorted(os.listdir(folder)) == [".fp8launch-files.json", "fsdp2.json", "plan.json", "slurm.sbatch", "torchrun.sh"]
+    assert (folder / "slurm.sbatch").read_text() == "mine\n" and "note: out/t/slurm.sbatch was not written by fp8launch" in r.stderr
+    assert sorted(_record(folder)) == ["fsdp2.json", "plan.json", "torchrun.sh"]
+    # a plan.json of fp8launch's that this version cannot read back vouches for what every plan writes, no more
+    cli("plan", path, "--out", "out", "--set", "distributed.strategy=deepspeed")
+    _as_before_the_record(folder)
+    plan = json.loads((folder / "plan.json").read_text())
+    (folder / "plan.json").write_text(json.dumps({"spec_sha256": plan["spec_sha256"], "fp8launch_version": "0.0.1", "x": 1}))
+    r = cli("plan", path, "--out", "out")
+    assert r.exit_code == 0, r.stderr
+    assert "note: out/t/deepspeed.json was not written by fp8launch" in r.stderr and (folder / "deepspeed.json").is_file()
+    assert json.loads((folder / "plan.json").read_text())["name"] == "t"
+
+
+def test_a_failed_write_leaves_the_folder_as_it_was(cli, spec, tmp_path, monkeypatch):
+    """Every file is staged before the first rename: a full disk on the second leaves the old files, and no temporary."""
+    import errno
+    import tempfile
+
+    from launcher.targets import files
+
+    path = spec(MINIMAL)
+    cli("plan", path, "--out", "out")
+    folder = tmp_path / "out" / "t"
+    before = {n: (folder / n).read_bytes() for n in os.listdir(folder)}
+    made = []
+
+    def mkstemp(**kwargs):
+        if made:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(kwargs["dir"], ".tmp-x"))
+        made.append(1)
+        return tempfile.mkstemp(**kwargs)
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", mkstemp)
+    r = cli("plan", path, "--out", "out", "--set", "train.steps=7", "--set", "distributed.strategy=ddp")
+    assert r.exit_code == 3
+    assert r.stderr == ("error: cannot write into out/t/ (No space left on device); fix: free space there, or point --out at a "
+                        "folder you can write to\n")
+    assert {n: (folder / n).read_bytes() for n in os.listdir(folder)} == before
+
+
+def test_every_name_a_plan_writes_is_a_generated_name(spec, tmp_path):
+    from launcher.commands.plan import plan_one
+    from launcher.targets.files import GENERATED_NAMES
+
+    written = set()
+    for sets in (["distributed.strategy=deepspeed", "launch.launcher=slurm", "export.accelerate=true"],
+                 ["launch.launcher=kubernetes", 'launch.kubernetes.image="img:1"', 'launch.kubernetes.volume_claim="c"'],
+                 ["distributed.strategy=ddp", "launch.launcher=kubernetes", 'launch.kubernetes.api="pytorchjob"',
+                  'launch.kubernetes.image="img:1"', 'launch.kubernetes.volume_claim="c"']):
+        written |= set(plan_one(spec(MINIMAL), str(tmp_path / "out"), sets).files)
+    assert written == set(GENERATED_NAMES)

@@ -183,7 +183,9 @@ def output_error(folder: str, e: OSError, option: str, verb: str) -> Exception:
     what = f"cannot {verb} {folder}/ ({where}{e.strerror or e})"
     if e.errno in SHAPE:
         return UsageError(with_fix(what, f"point {option} elsewhere"))
-    return EnvironmentProblem(with_fix(what, f"check the permissions and free space there, or point {option} at a folder you can write to"))
+    fix = {errno.ENOSPC: "free space there", errno.EDQUOT: "free space there", errno.EACCES: "make it writable",
+           errno.EPERM: "make it writable"}.get(e.errno)
+    return EnvironmentProblem(with_fix(what, f"{fix + ', or ' if fix else ''}point {option} at a folder you can write to"))
 
 
 def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
