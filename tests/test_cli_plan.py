@@ -310,6 +310,9 @@ def test_a_folder_from_before_the_record_loses_only_what_its_plan_generated(cli,
     r = cli("plan", path, "--out", "out")
     assert r.exit_code == 0, r.stderr
     assert sorted(os.listdir(folder)) == [".fp8launch-files.json", "fsdp2.json", "plan.json", "slurm.sbatch", "torchrun.sh"]
+    files = json.loads(cli("plan", path, "--out", "out", "--check", "--format", "json").stdout)["files"]
+    assert {"path": "out/t/slurm.sbatch", "status": "kept",
+            "why": "was not written by fp8launch (it is not in .fp8launch-files.json)"} in files
     assert (folder / "slurm.sbatch").read_text() == "mine\n" and "note: out/t/slurm.sbatch was not written by fp8launch" in r.stderr
     assert sorted(_record(folder)) == ["fsdp2.json", "plan.json", "torchrun.sh"]
     # a plan.json of fp8launch's that this version cannot read back vouches for what every plan writes, no more
