@@ -112,32 +112,39 @@ def main() -> None:
                    "the prediction, the warnings.")
 @click.option("--params", type=_ParameterCount(),
               help="Parameter count for the memory estimate (e.g. 8e9); builtin models are known.")
+@click.option("--force", is_flag=True, help="Overwrite files of the plan's names that fp8launch did not write (or that changed since).")
 @_errors
-def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params) -> None:
+def plan(specs, out_dir, check, diff, sets, nodes, strict, fmt, params, force) -> None:
     """Validate SPECs and render their configs into OUT/<name>/."""
     from launcher.commands.plan import plan_many, plan_record, warning_lines
     from launcher.commands.plan_text import plan_summary
-    from launcher.targets.files import DRIFT, compare, write
+    from launcher.targets.files import DRIFT, compare, prepare, write
     from launcher.targets.project import default_out
 
     planned = plan_many(list(specs), out_dir or default_out(), _overrides(sets, nodes), strict)
+    if not (check or diff):
+        for p in planned:  # every folder checked before the first is written
+            prepare(p.folder, p.files, force=force)
     drift = False
     for p in planned:
         for line in warning_lines(p):
             click.echo(line, err=True)
-        changes = compare(p.folder, p.files) if (check or diff) else write(p.folder, p.files)
+        changes = compare(p.folder, p.files) if (check or diff) else write(p.folder, p.files, force=force)
         moved = [c for c in changes if c.status in DRIFT]
         drift |= bool(moved)
         for c in changes:
             if c.status == "extra":
                 click.echo(f"note: {c.path} is not a file fp8launch writes; left as it is", err=True)
+            elif c.status == "kept":
+                click.echo(f"note: {c.path} {c.why}; left as it is", err=True)
         if diff:
             for c in moved:
                 if c.diff:
                     click.echo(c.diff, nl=False)
         if check or diff:
             for c in moved:
-                click.echo(f"would {c.status} {c.path}", err=True)
+                what = f"overwrite {c.path}: it {c.why}; plan needs --force for that" if c.status == "conflict" else f"{c.status} {c.path}"
+                click.echo(f"would {what}", err=True)
         if fmt == "json":
             click.echo(json.dumps(plan_record(p, changes, params), sort_keys=True))
         elif not (check or diff):
@@ -253,11 +260,13 @@ def import_(file, out, force) -> None:
     import shlex
 
     from launcher.commands.importer import import_config
-    from launcher.commands.init import check_target, write_spec
+    from launcher.commands.init import check_target, check_writable, write_spec
     from launcher.commands.plan import warning_lines
 
     if out:
         check_target(out, force)
+    else:
+        check_writable(os.path.abspath("."))
     imported = import_config(file, folder=os.path.dirname(os.path.abspath(out)) if out else ".")
     planned = write_spec(imported.text, out or f"{imported.name}.toml", force)
     for line in imported.report.lines():
@@ -287,8 +296,9 @@ def _ask(prompt: str, default, options: tuple[str, ...] | None):
 @click.option("--profile", "profile_steps", type=click.IntRange(min=1), metavar="N",
               help="Profile N steps after 2 warm-up steps (torch.profiler, rank 0): where each step's time goes, written to "
                    "<train.output_dir>/profile.json (and profile.png, profile/trace.json.gz).")
+@click.option("--force", is_flag=True, help="Overwrite files in <train.output_dir>/plan/ of the plan's names that fp8launch did not write.")
 @_errors
-def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict, profile_steps) -> None:
+def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict, profile_steps, force) -> None:
     """Plan SPEC into <train.output_dir>/plan/ and start the training (torchrun, srun/sbatch under SLURM, kubectl on Kubernetes).
 
     Exits with the training's exit code."""
@@ -305,7 +315,9 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict, prof
 
         command = profiled(command, planned.plan, profile_steps)
     preflight.check(planned.plan, local=command.kind != "sbatch" and not dry_run, gpu_here=command.kind == "torchrun" and not dry_run)
-    write_plan(planned)
+    for c in write_plan(planned, force):
+        if c.status == "kept":
+            click.echo(f"note: {c.path} {c.why}; left as it is", err=True)
     if dry_run:
         click.echo(describe(command))
         return

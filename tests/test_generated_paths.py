@@ -51,7 +51,7 @@ def test_every_spelling_of_out_writes_the_same_bytes(cli, project, tmp_path, mon
     assert r.exit_code == 0, r.stderr
     folder = project / "specs" / "generated" / "s"
     reference = _files(folder)
-    assert sorted(reference) == ["accelerate.yaml", "deepspeed.json", "plan.json", "slurm.sbatch", "torchrun.sh"]
+    assert sorted(reference) == [".fp8launch-files.json", "accelerate.yaml", "deepspeed.json", "plan.json", "slurm.sbatch", "torchrun.sh"]
     for text in reference.values():
         assert str(tmp_path).encode() not in text
     assert b"default_plan_dir=specs/generated/s\n" in reference["slurm.sbatch"]
@@ -76,3 +76,24 @@ def test_default_out_from_the_root_pyproject_applies_in_a_subfolder(cli, project
     assert (project / "specs" / "generated" / "s" / "plan.json").is_file()
     assert not (project / "specs" / "specs").exists()
     assert b"default_plan_dir=specs/generated/s\n" in (project / "specs" / "generated" / "s" / "slurm.sbatch").read_bytes()
+
+
+def test_out_through_a_link_of_the_users_own_is_written_and_a_link_under_it_is_refused(cli, project, monkeypatch):
+    """--out itself may lead anywhere (the user's own path: a scratch disk); OUT/<name> is fp8launch's, and a link there
+    is never followed, to write or to remove."""
+    monkeypatch.chdir(project)
+    (project / "scratch").mkdir()
+    os.symlink("scratch", project / "gen")
+    r = cli("plan", "--out", "gen", "specs/s.toml")
+    assert r.exit_code == 0, r.stderr
+    assert (project / "scratch" / "s" / "plan.json").is_file()
+    assert b"default_plan_dir=gen/s\n" in (project / "scratch" / "s" / "slurm.sbatch").read_bytes()  # the path as given
+    (project / "elsewhere").mkdir()
+    (project / "elsewhere" / "slurm.sbatch").write_text("theirs\n")
+    os.symlink("../elsewhere", project / "scratch" / "t")
+    (project / "specs" / "t.toml").write_text(SPEC.replace('name = "s"', 'name = "t"'))
+    r = cli("plan", "--out", "gen", "specs/t.toml", "--set", "launch.launcher=torchrun")
+    assert r.exit_code == 2
+    assert r.stderr == ("error: gen/t is a symbolic link (to ../elsewhere), and fp8launch writes into no folder through a link; "
+                        "fix: remove the link (fp8launch then makes the folder), or point --out elsewhere\n")
+    assert os.listdir(project / "elsewhere") == ["slurm.sbatch"] and (project / "elsewhere" / "slurm.sbatch").read_text() == "theirs\n"

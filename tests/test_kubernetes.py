@@ -316,7 +316,8 @@ def test_plan_writes_the_manifest_and_a_bad_spec_writes_nothing(cli, spec, tmp_p
     path = k8s_spec(spec, api="pytorchjob")
     r = cli("plan", "--out", "gen", path)
     assert r.exit_code == 0, r.stderr
-    assert sorted(os.listdir(tmp_path / "gen" / "big-run")) == ["fsdp2.json", "plan.json", "pytorchjob.yaml", "torchrun.sh"]
+    assert sorted(os.listdir(tmp_path / "gen" / "big-run")) == [".fp8launch-files.json", "fsdp2.json", "plan.json", "pytorchjob.yaml",
+                                                             "torchrun.sh"]
     no_image_text = Path(path).read_text().replace('image = "ghcr.io/acme/fp8launch:1"', 'image = ""').replace("big-run", "other")
     no_image = spec(no_image_text, "b.toml")
     r = cli("plan", "--out", "gen", no_image)

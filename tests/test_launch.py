@@ -53,7 +53,7 @@ def test_dry_run_prints_the_exact_torchrun_command_and_writes_the_plan(cli, spec
     plan_json = tmp_path / "runs" / "t" / "plan" / "plan.json"
     assert r.stdout == (f"torchrun --nnodes 1 --nproc-per-node 2 --standalone --max-restarts 0 "
                         f"--no-python fp8launch-train --plan {plan_json}\n")
-    assert sorted(os.listdir(plan_json.parent)) == ["fsdp2.json", "plan.json", "torchrun.sh"]
+    assert sorted(os.listdir(plan_json.parent)) == [".fp8launch-files.json", "fsdp2.json", "plan.json", "torchrun.sh"]
     # spec_dir is relative to the plan folder and leads back to the spec's folder.
     assert (plan_json.parent / _plan_json(tmp_path)["spec_dir"]).resolve() == tmp_path.resolve()
 

@@ -18,7 +18,7 @@ from launcher.commands.runs import FIGURES, Variant, plan_variant, read_run, tra
 from launcher.errors import LauncherError, TrainingFailed, UsageError
 from launcher.planning.gpus import MFU_BASIS, MFU_NOTE
 from launcher.planning.install import INSTALL
-from launcher.targets.files import save_atomic, write_atomic
+from launcher.targets.files import make_folder, output_error, save_atomic, write_atomic
 
 
 def variants(spec: str, vs: str, overrides: list[str]) -> tuple[Variant, Variant]:
@@ -103,9 +103,11 @@ def prepare_out(out_dir: str, run_dirs: list[str]) -> None:
                 os.remove(path)
     elif os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UsageError(f"bench --out {out_dir}: exists and is not a folder; fix: name a new or empty folder")
-    os.makedirs(out_dir, exist_ok=True)
-    with open(marker, "w", encoding="utf-8") as f:
-        f.write("".join(f"{name}\n" for name in [*run_dirs, *OWN_FILES]))
+    make_folder(out_dir, "--out")
+    try:
+        write_atomic(marker, "".join(f"{name}\n" for name in [*run_dirs, *OWN_FILES]))
+    except OSError as e:
+        raise output_error(out_dir, e, "--out", "write into") from e
 
 
 def _precision(planned: Planned) -> str:

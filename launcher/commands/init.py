@@ -320,15 +320,38 @@ def interview(machine: Machine, choices: Choices, ask: Ask) -> Choices:
 
 
 def check_target(path: str, force: bool = False) -> None:
-    """Raise UsageError when `path` cannot be written: a folder, a missing folder, or (without `force`) a file."""
-    from launcher.errors import UsageError
+    """Raise UsageError when `path` cannot be written: a folder, a missing folder, or (without `force`) anything there,
+    a link included (with `force` the link itself is replaced, never what it leads to); EnvironmentProblem when its
+    folder does not take a new file (read-only, full)."""
+    from launcher.errors import UsageError, with_fix
 
     if os.path.isdir(path):
         raise UsageError(f"{path} is a directory; give a file name such as {os.path.join(path, 'spec.toml')}")
-    if os.path.exists(path) and not force:
+    if os.path.lexists(path) and not force:
         raise UsageError(f"{path} already exists; pass --force to overwrite it")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise UsageError(f"the folder {os.path.dirname(path)} does not exist; create it first")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        parent = os.path.dirname(path) or "."
+        if os.path.lexists(folder):
+            raise UsageError(with_fix(f"{parent} is not a folder", f"give --out a path in a folder, such as {os.path.basename(path)}"))
+        raise UsageError(f"the folder {parent} does not exist; create it first")
+    check_writable(folder, path)
+
+
+def check_writable(folder: str, path: str | None = None) -> None:
+    """Raise EnvironmentProblem when `folder` takes no new file (read-only, full): the one sure test of a folder's
+    permissions (root, ACLs, read-only mounts) is to make a file there."""
+    import tempfile
+
+    from launcher.errors import EnvironmentProblem, with_fix
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".fp8launch-probe-", dir=folder)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise EnvironmentProblem(with_fix(f"cannot write {path or 'the spec'}: {folder} takes no new file ({e.strerror or e})",
+                                          "give --out a path in a folder you can write to")) from e
 
 
 def write_spec(text: str, path: str, force: bool = False):
@@ -338,18 +361,21 @@ def write_spec(text: str, path: str, force: bool = False):
     spec does not plan; nothing is written then.
     """
     from launcher.commands.plan import plan_one
-    from launcher.errors import SpecError
+    from launcher.errors import EnvironmentProblem, SpecError, with_fix
 
     check_target(path, force)
     folder = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp.toml")
-    with open(tmp, "x", encoding="utf-8") as f:
-        f.write(text)
     try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
         planned = plan_one(tmp, out_dir="generated")
         os.replace(tmp, path)
     except SpecError as e:
         raise SpecError([dataclasses.replace(p, file=path) for p in e.problems]) from None
+    except OSError as e:
+        raise EnvironmentProblem(with_fix(f"cannot write {path} ({e.strerror or e})",
+                                          "give --out a path in a folder you can write to")) from e
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

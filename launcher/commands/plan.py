@@ -83,7 +83,8 @@ def plan_many(paths: list[str], out_dir: str, overrides: list[str] = (), strict:
 
 def plan_record(planned: Planned, changes: list, params: int | None = None) -> dict:
     """What `plan --format json` prints for one spec: the plan, the memory estimate (`total_bytes_per_gpu` is the
-    text table's total: model states and activations), the files, the prediction, the warnings."""
+    text table's total: model states and activations), the files (a file fp8launch did not write: `why`), the prediction,
+    the warnings."""
     from launcher.commands.plan_text import phase_records
     from launcher.planning.memory import estimate, model_params
 
@@ -100,7 +101,7 @@ def plan_record(planned: Planned, changes: list, params: int | None = None) -> d
                 "init_peak_bytes_per_rank": int(memory.init_peak.bytes) if memory.init_peak else None,
                 "rows": [{"name": r.name, "dtype": r.dtype, "bytes_per_gpu": int(r.bytes_per_gpu(n_params)), "shards": r.shards,
                           "offloaded": r.offloaded} for r in memory.rows]},
-            "files": [{"path": c.path, "status": c.status} for c in changes],
+            "files": [{"path": c.path, "status": c.status, **({"why": c.why} if c.why else {})} for c in changes],
             "prediction": planned.prediction.to_json() if planned.prediction else None,
             "phases": phase_records(planned.plan, params) if planned.plan.precision.schedule else None,
             "warnings": [{"rule": f.rule.id, "message": f.message, "fix": f.fix or f.rule.fix} for f in planned.warnings]}

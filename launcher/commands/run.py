@@ -81,9 +81,10 @@ def plan_for_run(spec: str, overrides: list[str] = (), strict: bool = False) -> 
                     folder_of=lambda plan: os.path.join(plan.train.output_dir, PLAN_SUBDIR))
 
 
-def write_plan(planned: Planned) -> list[Change]:
-    """Write the plan folder (atomically, stale generated files removed)."""
-    return write(planned.folder, planned.files)
+def write_plan(planned: Planned, force: bool = False) -> list[Change]:
+    """Write the plan folder (atomically; stale files fp8launch wrote removed, every other file left alone;
+    `force`: overwrite files of the plan's names that fp8launch did not write)."""
+    return write(planned.folder, planned.files, force=force, option="train.output_dir")
 
 
 def _path_env(environ: Mapping[str, str]) -> str:

@@ -58,6 +58,8 @@ class Case:
     """A callable(folder: Path) for what files cannot say (a FIFO, a symlink, a read-only folder)."""
     cwd: str = ""
     """The working directory, relative to the case's folder [default: the folder]."""
+    prefix: tuple[str, ...] = ()
+    """With `process`: run the command under this one (e.g. unshare, to take root's override of file modes away)."""
 
     def __str__(self) -> str:
         return self.id
@@ -103,7 +105,7 @@ def invoke(case: Case, folder: Path) -> Outcome:
 
 def _in_a_process(argv: list[str], cwd: Path, case: Case) -> Outcome:
     env = {**os.environ, **case.env}
-    child = subprocess.Popen([sys.executable, "-m", "launcher", *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
+    child = subprocess.Popen([*case.prefix, sys.executable, "-m", "launcher", *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = child.communicate(timeout=case.timeout)

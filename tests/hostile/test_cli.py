@@ -17,7 +17,7 @@ HELP = r"; fix: see `fp8launch( \w+)? --help`$"
 CASES = [
     Case(id="unknown-command", argv=("plna", "s.toml"), code=2, line=r"^error: No such command 'plna'\. Did you mean 'plan'\?" + HELP),
     Case(id="unknown-option", argv=("plan", "s.toml", "--chek"), code=2,
-         line=r"^error: No such option '--chek'\. \(Did you mean one of: '--check', '--help'\?\)" + HELP),
+         line=r"^error: No such option '--chek'\. \(Did you mean one of: '--check', '--force', '--help'\?\)" + HELP),
     Case(id="missing-argument", argv=("plan",), code=2, line=r"^error: Missing argument 'SPECS\.\.\.'" + HELP),
     Case(id="bad-choice", argv=("schema", "--format", "yaml"), code=2, line=r"^error: Invalid value for '--format'.*" + HELP),
     Case(id="nodes-zero", argv=("plan", "s.toml", "--nodes", "0"), code=2, line=r"^error: Invalid value for '--nodes'.*" + HELP),

@@ -31,7 +31,7 @@ from launcher.commands.runs import Variant, plan_variant, read_run, train
 from launcher.commands.tune.candidates import BASELINE, candidate_overrides, doctor_says, select
 from launcher.commands.tune.record import DEFAULT_MAX_LOSS_GAP, Candidate, tune_record, tuned_spec
 from launcher.errors import EXIT_INTERRUPTED, EnvironmentProblem, LauncherError, TrainingFailed, UsageError
-from launcher.targets.files import write_atomic
+from launcher.targets.files import make_folder, write_atomic
 
 
 class TuneInterrupted(LauncherError):
@@ -118,10 +118,15 @@ def _claim(out_dir: str, run_dirs: list[str]) -> None:
                 previous.update(os.path.normpath(os.path.join(out_dir, r)) for r in c.get("run_dirs", []))
     except (OSError, ValueError, AttributeError):
         pass
-    foreign = [d for d in run_dirs if os.path.exists(d) and os.path.normpath(d) not in previous]
+    links = [p for p in {os.path.dirname(d) for d in run_dirs} | set(run_dirs) if os.path.islink(p)]
+    if links:
+        raise UsageError(f"--out {out_dir}: {sorted(links)[0]} is a symbolic link, and tune writes into no folder through a link; "
+                         "fix: remove the link, or choose another --out")
+    foreign = [d for d in run_dirs if os.path.lexists(d) and os.path.normpath(d) not in previous]
     if foreign:
         raise UsageError(f"--out {out_dir}: {foreign[0]} exists and was not written by an earlier tune; "
                          "fix: choose another --out, or move it away")
+    make_folder(out_dir, "--out")
     for d in run_dirs:
         if os.path.exists(d):
             shutil.rmtree(d)

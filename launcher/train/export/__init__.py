@@ -21,6 +21,16 @@ FORMATS = ("hf", "torch")
 KEY = "RUN_DIR"
 
 
+def exported_files(folder: str) -> set[str]:
+    """The names the export in `folder` wrote (its marker among them), as its marker lists them; empty when unreadable."""
+    try:
+        with open(os.path.join(folder, MARKER), encoding="utf-8") as f:
+            files = json.load(f).get("files")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {name for name in files if isinstance(name, str)} if isinstance(files, list) else set()
+
+
 def is_export(folder: str) -> bool:
     """Whether `folder` holds an export fp8launch wrote (its marker names a format)."""
     try:

@@ -25,7 +25,7 @@ from launcher.errors import BackendMissing, EnvironmentProblem, InputError
 from launcher.planning.install import INSTALL
 from launcher.train.checkpoint import _fsync_dir, _fsync_tree
 
-from . import MARKER, is_export
+from . import MARKER, exported_files, is_export
 from .read import Weights
 
 SAFETENSORS, INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -136,14 +136,24 @@ def write_json(path: str, data: dict) -> None:
 
 
 def check_target(out: str) -> None:
-    """`out` may be written: absent, an empty folder, or an earlier export of ours (replaced)."""
+    """`out` may be written: absent, an empty folder, or an earlier export of ours holding only what that export wrote
+    (its marker lists it), which is replaced whole. A link is refused: the folder replaces whatever is at `out`."""
+    if os.path.islink(out):
+        raise InputError("--out", f"{out} is a symbolic link (to {os.readlink(out)}), and an export replaces --out whole",
+                         "give the folder it leads to, or a new path")
     if not os.path.exists(out):
         return
     if not os.path.isdir(out):
         raise InputError("--out", f"{out} is a file", "give a folder path that does not exist yet")
-    if os.listdir(out) and not is_export(out):
+    present = sorted(os.listdir(out))
+    if present and not is_export(out):
         raise InputError("--out", f"{out} already holds files that are not an fp8launch export (no {MARKER})",
                          "give a new or empty folder, or remove that one")
+    foreign = [name for name in present if name not in exported_files(out)]
+    if foreign:
+        raise InputError("--out", f"{out} holds an earlier export and {os.path.join(out, foreign[0])}, which that export did "
+                         f"not write{f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''}, and an export replaces "
+                         "the folder whole", "move it away, or give a new or empty folder")
 
 
 @contextmanager
