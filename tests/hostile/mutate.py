@@ -96,3 +96,75 @@ def mutated(source: str, choose: Callable[[int], int], steps: int, folder: Path)
     else:
         path.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False), encoding="utf-8")
     return path
+
+
+SPEC_SOURCES = sorted([str(p) for p in (DATA.parent.parent.parent / "specs").glob("*.toml")]
+                      + [str(p) for p in (DATA.parent.parent / "cases" / "valid").glob("*/spec.*")])
+"""The repository's own specs and the golden cases' valid ones: real specs to break."""
+
+
+def _schema_keys() -> list[tuple[tuple[str, ...], dict]]:
+    from launcher.planning.read import schema
+
+    out = []
+
+    def walk(node: dict, prefix: tuple[str, ...]) -> None:
+        for key, sub in node.get("properties", {}).items():
+            if isinstance(sub, dict):
+                out.append((prefix + (key,), sub))
+                walk(sub, prefix + (key,))
+
+    walk(schema(), ())
+    return out
+
+
+def _plausible(node: dict, choose: Callable[[int], int]) -> Any:
+    """A value the schema might take at `node`: one of its enum values, its default, an edge of its range, or hostile."""
+    options: list[Any] = list(node.get("enum", []))
+    if "default" in node:
+        options.append(node["default"])
+    for bound in ("minimum", "maximum", "exclusiveMinimum"):
+        if bound in node:
+            options += [node[bound], node[bound] - 1, node[bound] + 1]
+    if node.get("type") == "integer":
+        options += [0, 1, 2, 3, 4, 8, 16, 64, 1000, 10**6, 10**12]
+    if node.get("type") == "boolean":
+        options += [True, False]
+    return copy.deepcopy(options[choose(len(options))]) if options and choose(4) else _hostile(choose)
+
+
+def mutate_spec(data: dict, choose: Callable[[int], int], steps: int) -> dict:
+    """A spec changed `steps` times, each either at a key the schema defines (a plausible value: other combinations of
+    the options, the edges of their ranges) or anywhere (`mutate`'s hostile changes)."""
+    keys = _schema_keys()
+    data = copy.deepcopy(data)
+    for _ in range(steps):
+        if choose(3) == 0:
+            data = mutate(data, choose, 1)
+            continue
+        path, node = keys[choose(len(keys))]
+        table = data
+        for part in path[:-1]:
+            if not isinstance(table.get(part), dict):
+                table[part] = {}
+            table = table[part]
+        table[path[-1]] = _plausible(node, choose)
+    return data
+
+
+def mutated_spec(source: str, choose: Callable[[int], int], steps: int, folder: Path) -> Path:
+    """Write the spec `source` mutated into `folder` as TOML (JSON where TOML has no form for a value, or by choice)."""
+    from launcher.planning.read import read_spec
+    from launcher.targets.toml_text import toml_text
+
+    data = mutate_spec(read_spec(source).data, choose, steps)
+    path = folder / "spec.toml"
+    try:
+        text = None if choose(4) == 0 else toml_text(data)
+    except TypeError:  # None, or a list of tables: JSON says it
+        text = None
+    if text is None:
+        path = folder / "spec.json"
+        text = json.dumps(data, allow_nan=True)
+    path.write_text(text, encoding="utf-8")
+    return path
