@@ -70,10 +70,15 @@ def damaged(run: Path, to: Path, damages: tuple[tuple[str, str], ...]) -> None:
             target.write_text("{")
         elif how == "delete":
             shutil.rmtree(target) if target.is_dir() else target.unlink()
+        elif how == "unrecord":  # as checkpoints were written before they recorded their files
+            marker = json.loads(target.read_text())
+            del marker["files"]
+            target.write_text(json.dumps(marker))
 
 
-def case(id: str, argv: tuple[str, ...], line: str, damages: tuple[tuple[str, str], ...]):
-    return pytest.param(Case(id=id, argv=("export", "{dir}/run", *argv), code=2, line=line, absent=("run/export",)), damages, id=id)
+def case(id: str, argv: tuple[str, ...], line: str, damages: tuple[tuple[str, str], ...], lines: int = 1):
+    return pytest.param(Case(id=id, argv=("export", "{dir}/run", *argv), code=2, line=line, absent=("run/export",), lines=lines),
+                        damages, id=id)
 
 
 CASES = [
@@ -91,6 +96,11 @@ CASES = [
          r"^error: --step: \S+/run/checkpoints/step-2 is damaged: model/\.metadata is missing; fix: leave out --step to export "
          r"the newest intact checkpoint, or restore this one from a copy$",
          (("step-2/model/.metadata", "delete"),)),
+    # no record to check it by: the note, the export's header, then the read itself names the file (no traceback, nothing left)
+    case("export-unrecorded-checkpoint-cut-short", (),
+         r"^error: RUN_DIR: \S+/run/checkpoints/step-2: model/__0_0\.distcp cannot be read \(EOFError\); fix: export another "
+         r"checkpoint with --step, or restore this one from a copy$",
+         (("step-2/COMPLETE.json", "unrecord"), ("step-2/" + SHARD, "truncate")), lines=3),
 ]
 
 

@@ -184,3 +184,32 @@ def test_a_resumed_run_never_prunes_the_checkpoint_it_just_saved_below_a_damaged
     save(m, 3)  # the resumed run's next save, below the damaged step-4 that keep = 1 would count as the newest
     assert sorted(os.listdir(m.dir)) == ["step-3", "step-4"]
     assert m.choose_resume("auto").path == m.step_dir(3)
+
+
+def test_deepspeed_reads_that_fail_name_the_file_and_a_missing_one_stays_deepspeeds_own(tmp_path):
+    """DeepSpeed's own checkpoint engine (torch.load of its files) under _naming_reads, as CheckpointManager.load
+    runs DeepSpeed's load_checkpoint."""
+    pytest.importorskip("deepspeed")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from types import SimpleNamespace
+
+    from launcher.train.checkpoint.deepspeed import _naming_reads
+    from launcher.train.engines.deepspeed_engine import without_mlflow
+
+    with without_mlflow():
+        from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+
+    folder = tmp_path / "step-2" / "deepspeed" / "ds"
+    folder.mkdir(parents=True)
+    states = folder / "mp_rank_00_model_states.pt"
+    torch.save({"module": {"w": torch.ones(64, 64)}}, states)
+    engine = SimpleNamespace(checkpoint_engine=TorchCheckpointEngine())
+    with _naming_reads(engine, str(tmp_path / "step-2")):
+        assert torch.equal(engine.checkpoint_engine.load(str(states))["module"]["w"], torch.ones(64, 64))
+        states.write_bytes(states.read_bytes()[:1024])
+        with pytest.raises(record.UnreadableFile) as e:
+            engine.checkpoint_engine.load(str(states))
+        assert str(e.value).startswith("deepspeed/ds/mp_rank_00_model_states.pt cannot be read (")
+        with pytest.raises(FileNotFoundError):  # DeepSpeed looks for optional files: not a damaged one
+            engine.checkpoint_engine.load(str(folder / "zero_pp_rank_0_mp_rank_00_optim_states.pt"))
+    assert "load" not in vars(engine.checkpoint_engine)  # its own method again
