@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -85,7 +84,7 @@ DS_TAG = "ds"
 """DeepSpeed's tag (sub-folder) inside `<checkpoint>/deepspeed/`."""
 FORMAT_VERSION = 1
 KEY = "train.resume"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+_STEP_DIR = record.STEP_DIR
 _TMP, _TRASH = ".tmp-", ".trash-"
 
 

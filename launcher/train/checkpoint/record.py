@@ -38,7 +38,7 @@ CHECKSUM = "crc32"
 """The checksum a save records (the key beside "bytes" in each file's entry)."""
 STEP_DIR = re.compile(r"^step-(\d+)$")
 _CHUNK = 4 << 20
-"""Bytes read at a time: large enough that the per-call cost vanishes, small enough to stay in cache."""
+"""Bytes read at a time: the per-call cost vanishes, the memory stays small whatever the file."""
 _OWNED = re.compile(r"^(?:__(\d+)_\d+\.distcp|rank-(\d+)\.pt|(?:bf16_)?zero_pp_rank_(\d+)_.*)$")
 """File names that say which rank wrote them (DCP's data files, the rank files, DeepSpeed's ZeRO partitions)."""
 
