@@ -97,7 +97,7 @@ CASES = [
          r"the newest intact checkpoint, or restore this one from a copy$",
          (("step-2/model/.metadata", "delete"),)),
     # no record to check it by: the note, the export's header, then the read itself names the file (no traceback, nothing left)
-    case("export-unrecorded-checkpoint-cut-short", (),
+    case("export-unrecorded-checkpoint-cut-short", ("--format", "torch"),
          r"^error: RUN_DIR: \S+/run/checkpoints/step-2: model/__0_0\.distcp cannot be read \(EOFError\); fix: export another "
          r"checkpoint with --step, or restore this one from a copy$",
          (("step-2/COMPLETE.json", "unrecord"), ("step-2/" + SHARD, "truncate")), lines=3),
