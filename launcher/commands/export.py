@@ -66,7 +66,7 @@ def run_export(run_dir: str, *, step: int | None, fmt: str, dtype: str, out: str
     from launcher.train.export.pipeline import export, find_checkpoint
     from launcher.train.export.write import check_target
 
-    step, checkpoint = find_checkpoint(run_dir, step)
+    step, checkpoint = find_checkpoint(run_dir, step, echo)
     target = out or default_out(run_dir, step, fmt)
     check_target(target)
     return export(plan, os.path.dirname(os.path.abspath(plan_file)), checkpoint, step, fmt=fmt, dtype=dtype, out=target,

@@ -108,7 +108,10 @@ def open_run(plan_path: str) -> Run:
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     # A torchrun restart of this job continues it: checkpoints there now are its own earlier attempt's
     # ("never" refused to start over another run's checkpoints at the first attempt).
-    resume = checkpoints.resolve_resume("auto" if restart and t.resume == "never" else t.resume)  # before building anything
+    choice = checkpoints.choose_resume("auto" if restart and t.resume == "never" else t.resume)  # before building anything
+    for note in choice.notes(_shown) if env.is_main else ():  # each damaged checkpoint skipped, one line each
+        print(f"warning: {note}", file=sys.stderr, flush=True)
+    resume = choice.path
     # [[precision.schedule]]: the model is built in the precision of the next step to train
     marker = read_marker(resume) if resume else None  # (an unreadable one is reported when the checkpoint loads)
     phase = plan_at(plan, (int(marker["step"]) if marker else 0) + 1)

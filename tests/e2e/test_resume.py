@@ -2,7 +2,8 @@
 
 - A run resumed from another run's step-10 checkpoint logs bit-identical losses for the steps
   after it and ends with bit-identical weights and optimizer state: FSDP2 + torchao float8
-  (float8 all-gather), DDP bf16, DeepSpeed ZeRO-2.
+  (float8 all-gather), DeepSpeed ZeRO-2 and 3; DDP bf16 resumes from it past newer checkpoints
+  damaged after they were written (skipped, one line each), and exports past one.
 - SIGKILL of one worker (found through /proc, killed from this process): torchrun restarts the
   group (launch.max_restarts = 1), which resumes from the newest checkpoint and ends exactly as
   the uninterrupted run.
@@ -25,6 +26,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,7 +38,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.train.checkpoint import read_marker
+from launcher.train.checkpoint import read_marker, record
 from launcher.train.loop import MAX_CONSECUTIVE_SKIPS
 
 from .helpers import FP8, FP8LAUNCH, env, output_of, run, write_spec
@@ -280,11 +283,62 @@ def test_a_precision_schedule_resumes_bit_identically_between_two_switches(tmp_p
 
 
 @DDP_REF
-def test_ddp_bf16_resume_is_bit_identical(ddp_ref, tmp_path):
-    """DDP bf16 with 2 micro-batches per step: losses 11-30, final weights and optimizer state. ~15 s."""
-    resume_from_step_10(ddp_ref, 30)
-    assert_same_dcp_checkpoint(ddp_ref.checkpoint(30), ddp_ref.folder / "runs" / "ddp-resumed" / "checkpoints" / "step-30", tmp_path)
+def test_ddp_bf16_resume_skips_damaged_checkpoints_and_is_bit_identical_from_the_intact_one(ddp_ref, tmp_path):
+    """DDP bf16 with 2 micro-batches per step: the reference's checkpoints 10, 20, 30 copied into a new run's folder,
+    then damaged after they were written: a bit flipped in one of step-30's model shards, the one rank 1 checks (the
+    ranks split the check and must decide alike), and step-20's rank file cut short. train.resume = "auto" skips
+    both, one line each, and resumes from step-10: losses 11-30, final weights and optimizer state bit for bit.
+    Then `fp8launch export` of that run with a damaged newest checkpoint falls back with one line, and --step of it
+    exits 2. ~15 s."""
+    out = ddp_ref.folder / "runs" / "ddp-resumed"
+    shutil.copytree(ddp_ref.out / "checkpoints", out / "checkpoints")
+    files = read_marker(str(ddp_ref.checkpoint(30)))["files"]
+    shard = next(n for n in record.share(files, 1, 2) if n.startswith("model/") and n.endswith(".distcp"))
+    flip(out / "checkpoints" / "step-30" / shard)
+    rank_file = out / "checkpoints" / "step-20" / "rank-00001.pt"
+    rank_file.write_bytes(rank_file.read_bytes()[:1024])
+    r, seconds = run(ddp_ref.folder, "run", str(ddp_ref.spec), "--set", "train.output_dir=runs/ddp-resumed")
+    assert r.returncode == 0, output_of(r)
+    print(f"ddp: resumed past two damaged checkpoints at step 10, ran to 30 in {seconds:.1f} s")
+    skipped = [line for line in r.stderr.splitlines() if line.endswith("; skipped")]
+    assert len(skipped) == 2, r.stderr[-3000:]
+    assert re.fullmatch(rf"warning: runs/ddp-resumed/checkpoints/step-30: {re.escape(shard)} does not match its checksum "
+                        r"\(crc32 [0-9a-f]{8}, the record says [0-9a-f]{8}\); skipped", skipped[0]), skipped
+    assert skipped[1] == (f"warning: runs/ddp-resumed/checkpoints/step-20: rank-00001.pt is 1,024 bytes, the record says "
+                          f"{files['rank-00001.pt']['bytes']:,}; skipped")
+    assert "resumed from runs/ddp-resumed/checkpoints/step-10 at step 10\n" in r.stdout
+    records = metrics(out)
+    (start,) = starts(records)
+    assert (start["start_step"], start["resumed_from"]) == (10, str(out / "checkpoints" / "step-10"))
+    expected, got = losses(metrics(ddp_ref.out)), losses(records)
+    assert sorted(got) == list(range(11, 31)) and got == {s: expected[s] for s in got}  # bit for bit
+    assert_same_dcp_checkpoint(ddp_ref.checkpoint(30), out / "checkpoints" / "step-30", tmp_path)
     assert sorted(p.name for p in (ddp_ref.out / "checkpoints").iterdir()) == ["step-10", "step-20", "step-30"]  # keep 3
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-10", "step-20", "step-30"]  # saved again, intact
+
+    from click.testing import CliRunner
+
+    from launcher.cli import main
+
+    flip(out / "checkpoints" / "step-30" / shard)
+    cli = CliRunner()
+    done = cli.invoke(main, ["export", str(out), "--format", "torch", "--out", str(tmp_path / "export")])
+    assert done.exit_code == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: {out}/checkpoints/step-30: {shard} does not match its checksum")
+    assert json.loads((tmp_path / "export" / "fp8launch-export.json").read_text())["step"] == 20
+    refused = cli.invoke(main, ["export", str(out), "--step", "30", "--format", "torch", "--out", str(tmp_path / "refused")])
+    assert refused.exit_code == 2 and "Traceback" not in refused.stderr
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith(f"error: --step: {out}/checkpoints/step-30 is damaged: {shard} does not match its checksum")
+    assert not (tmp_path / "refused").exists()
+
+
+def flip(path: Path) -> None:
+    """One bit flipped in the middle of the file at `path` (its size stays)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
 
 
 def _zero_to_fp32(checkpoint: Path, target: Path) -> dict:

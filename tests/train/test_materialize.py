@@ -98,7 +98,7 @@ def test_torch_modules_with_a_private_reset_are_initialised():
 
 
 def test_the_entrypoint_skips_initialisation_when_it_resumes(tmp_path, monkeypatch):
-    from launcher.train.checkpoint import CheckpointManager
+    from launcher.train.checkpoint import CheckpointManager, Choice
     from launcher.train.main import build_run
     from tests.train._engine_setup import make_plan as write_plan
 
@@ -118,7 +118,7 @@ def test_the_entrypoint_skips_initialisation_when_it_resumes(tmp_path, monkeypat
     try:
         with pytest.raises(AssertionError, match="initialised a resumed model"):
             build_run(f"{plan_dir}/plan.json")[1].close()
-        monkeypatch.setattr(CheckpointManager, "resolve_resume", lambda self, resume: str(tmp_path / "ckpt"))
+        monkeypatch.setattr(CheckpointManager, "choose_resume", lambda self, resume: Choice(str(tmp_path / "ckpt")))
         monkeypatch.setattr(CheckpointManager, "restore_train_state", lambda self, state, resume: None)
         trainer, logger = build_run(f"{plan_dir}/plan.json")
         logger.close()

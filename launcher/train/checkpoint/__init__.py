@@ -8,13 +8,15 @@
         rank-00000.pt ...        per rank: RNG states, data position, lr schedule, grad scaler, counters,
                                  the modules' `_extra_state`, and Transformer Engine's delayed-scaling state
                                  (scale and amax history per module and tensor role) as plain tensors
-        COMPLETE.json            written last: step, world size, strategy, versions, seconds taken
+        COMPLETE.json            written last: step, world size, strategy, versions, seconds taken, and the
+                                 record of every file above (size, CRC-32): record.py
       .tmp-step-300/             a save in progress (or one a crash interrupted): never loaded
 
 A save writes into `.tmp-step-N`, then rank 0 writes COMPLETE.json, renames the folder to
 `step-N` (one atomic rename) and fsyncs; only then are checkpoints beyond `keep_checkpoints`
 removed (renamed away first, so a half-deleted folder is never mistaken for a checkpoint).
-Resuming takes the newest `step-N` holding a readable COMPLETE.json.
+Resuming checks the newest `step-N` against its record (every file there, its size, its checksum) and takes
+it if intact; else it names what is wrong, skips it, and checks the one before (`choose_resume`).
 
 DDP and FSDP2 go through `torch.distributed.checkpoint.state_dict` (get/set_model_state_dict,
 get/set_optimizer_state_dict): FSDP2 saves its shards from every rank, nothing is gathered
@@ -40,7 +42,7 @@ Usage, in every rank (every call is collective), with the loop's TrainState:
 
 or piece by piece:
 
-    path = ckpt.resolve_resume(plan.train.resume)
+    path = ckpt.resolve_resume(plan.train.resume)     # or choose_resume: also what it skipped, to tell the user
     loaded = ckpt.load(path, **engine.train_state(), grad_scaler=engine.precision.grad_scaler)
     ckpt.save(step, **engine.train_state(), grad_scaler=..., data_state=data.state_dict(), extra={...})
 """
@@ -49,7 +51,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -64,25 +65,26 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from launcher import __version__
 from launcher.errors import EnvironmentProblem, InputError, LauncherError
+from launcher.train.checkpoint import record
 from launcher.train.checkpoint.dcp import FLAT, NESTED, _load_dcp, _save_dcp
-from launcher.train.checkpoint.deepspeed import _clean_param_names, clean_fqn
+from launcher.train.checkpoint.deepspeed import _clean_param_names, _naming_reads, clean_fqn
 from launcher.train.precision import te_state
 from launcher.train.rng import rng_state, set_rng_state
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
 
-__all__ = ["CheckpointManager", "LoadedState", "clean_fqn", "read_marker", "MARKER", "CHECKPOINTS"]
+__all__ = ["CheckpointManager", "Choice", "LoadedState", "clean_fqn", "read_marker", "MARKER", "CHECKPOINTS"]
 
 CHECKPOINTS = "checkpoints"
 """The folder under train.output_dir that holds the checkpoints."""
-MARKER = "COMPLETE.json"
+MARKER = record.MARKER
 """Written last into a checkpoint; a folder without it is not a checkpoint."""
 DS_TAG = "ds"
 """DeepSpeed's tag (sub-folder) inside `<checkpoint>/deepspeed/`."""
 FORMAT_VERSION = 1
 KEY = "train.resume"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+_STEP_DIR = record.STEP_DIR
 _TMP, _TRASH = ".tmp-", ".trash-"
 
 
@@ -100,6 +102,26 @@ class LoadedState:
     saved_world_size: int
     warnings: tuple[str, ...] = ()
     """Things the user should know (e.g. the world size changed); the caller logs them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The checkpoint to read, and the newer ones passed over on the way to it."""
+
+    path: str | None
+    """None: none to read (a fresh start)."""
+    skipped: tuple[tuple[str, str], ...] = ()
+    """(path, what is wrong with it) of each newer checkpoint that failed its check, newest first."""
+    unchecked: bool = False
+    """`path` was written before checkpoints recorded their files: there was nothing to check it against."""
+
+    def notes(self, shown: Callable[[str], str] = str) -> list[str]:
+        """One line for each checkpoint skipped, and one for an unchecked `path` (paths through `shown`)."""
+        lines = [f"{shown(path)}: {why}; skipped" for path, why in self.skipped]
+        if self.unchecked:
+            lines.append(f"{shown(self.path)} has no record of its files (written before checkpoints recorded them): "
+                         "read without checking them")
+        return lines
 
 
 def read_marker(path: str) -> dict | None:
@@ -132,6 +154,8 @@ class CheckpointManager:
         self.world_size = world_size if world_size is not None else (dist.get_world_size() if initialized else 1)
         self.tensor_parallel = tensor_parallel
         """distributed.tensor_parallel: recorded in the marker; DCP reshards across layouts."""
+        self._checked: str | None = None
+        """The checkpoint `choose_resume` chose and checked (not checked again when named again)."""
 
     @classmethod
     def for_plan(cls, plan: Plan, *, rank: int, world_size: int) -> "CheckpointManager":
@@ -164,16 +188,71 @@ class CheckpointManager:
         return found[-1][1] if found else None
 
     def resolve_resume(self, resume: str) -> str | None:
-        """train.resume -> the checkpoint to load, or None to start fresh (rank 0 decides, all ranks agree).
+        """train.resume -> the checkpoint to load, or None to start fresh: `choose_resume`'s path."""
+        return self.choose_resume(resume).path
 
-        "auto": the newest complete checkpoint of this run, if any. "never": none; an error if this
-        run's folder already holds checkpoints. Anything else is a path: a checkpoint folder, or a
-        run's output_dir or checkpoints folder (its newest complete checkpoint)."""
-        return self._on_rank0(lambda: self._resolve(resume))
+    def choose_resume(self, resume: str) -> Choice:
+        """train.resume -> the checkpoint to load (its path None: start fresh), and the newer ones skipped.
+        Collective: the ranks check the files together and all take the same one.
 
-    def _resolve(self, resume: str) -> str | None:
+        "auto": the newest intact checkpoint of this run (none there: a fresh start); a newer one that fails its
+        check (record.py) is skipped, and when every one fails the error names each. "never": none; an error if
+        this run's folder already holds checkpoints. Anything else is a path: a checkpoint folder, which must be
+        intact, or a run's output_dir or checkpoints folder (its newest intact checkpoint, as "auto")."""
+        if resume not in ("auto", "never") and os.path.abspath(os.path.expanduser(resume)) == self._checked:
+            return Choice(self._checked)  # chosen already (open_run), named again (restore_train_state)
+        kind, path = self._on_rank0(lambda: self._resolve(resume))
+        if kind is None:
+            return Choice(None)
+        if kind == "checkpoint":
+            found = self._on_rank0(lambda: record.candidate(path))
+            why = found.problem or self.damage(found)
+            if why is not None:
+                raise InputError(KEY, f"{resume} is damaged: {why}",
+                                 f'name another checkpoint, or its checkpoints folder {os.path.dirname(path)} (its newest intact one), '
+                                 'or set train.resume = "auto"')
+            choice = Choice(path, unchecked=found.unchecked)
+        else:
+            choice = self.newest_intact(path)
+            if choice.path is None and choice.skipped:
+                raise InputError(
+                    KEY, f"no checkpoint in {path} is intact: "
+                    + "; ".join(f"{os.path.basename(p)}: {why}" for p, why in choice.skipped),
+                    f"restore one from a copy, or move {path} aside to start this run afresh")
+        self._checked = choice.path
+        return choice
+
+    def newest_intact(self, folder: str | None = None, *, weights_only: bool = False) -> Choice:
+        """The newest checkpoint in checkpoints folder `folder` (default: this run's) that passes its check, and
+        the newer ones that failed (its path None: none passed, or there is none). `weights_only`: check only the
+        files the weights are read from (an export). Collective."""
+        found = self._on_rank0(lambda: record.candidates(folder or self.dir))
+        skipped = []
+        for candidate in found:
+            why = candidate.problem or self.damage(candidate, weights_only=weights_only)
+            if why is None:
+                return Choice(candidate.path, tuple(skipped), candidate.unchecked)
+            skipped.append((candidate.path, why))
+        return Choice(None, tuple(skipped))
+
+    def damage(self, candidate: record.Candidate, *, weights_only: bool = False) -> str | None:
+        """What is wrong with `candidate`'s files against its record, or None (also where it has no record). Every
+        rank checks its share of the files; all see what every rank found. Collective."""
+        files = candidate.files
+        if files is None:
+            return None
+        if weights_only:
+            part = record.weights_part(candidate.marker)
+            files = {name: entry for name, entry in files.items() if name.startswith(part)}
+        mine = record.share(files, self.rank, self.world_size)
+        found = self._each_rank(lambda: record.check(candidate.path, files, mine), gather=True)
+        problems = sorted(p for rank_found in found for p in rank_found)
+        return record.summary(problems) if problems else None
+
+    def _resolve(self, resume: str) -> tuple[str | None, str | None]:
+        """train.resume -> ("checkpoint", its folder), ("folder", a checkpoints folder) or (None, None) for a fresh start."""
         if resume == "auto":
-            return self.latest_complete()
+            return "folder", self.dir
         if resume == "never":
             found = self.complete()
             if found:
@@ -184,17 +263,16 @@ class CheckpointManager:
                     'set train.resume = "auto" to continue that run, or give this run a new train.output_dir, '
                     f"or delete {self.dir}",
                 )
-            return None
+            return None, None
         path = os.path.abspath(os.path.expanduser(resume))
         if not os.path.isdir(path):
             raise InputError(KEY, f"{resume} does not exist (as {path})",
                              'name a checkpoint folder (<output_dir>/checkpoints/step-N), or set train.resume = "auto"')
         if read_marker(path) is not None:
-            return path
+            return "checkpoint", path
         for folder in (path, os.path.join(path, CHECKPOINTS)):
-            found = _complete_in(folder)
-            if found:
-                return found[-1][1]
+            if record.candidates(folder):
+                return "folder", folder
         newest = self.latest_complete()
         raise InputError(
             KEY,
@@ -237,6 +315,8 @@ class CheckpointManager:
         except (OSError, CheckpointException) as e:
             raise _write_error(tmp, e) from e
         self._each_rank(lambda: _write_rank_file(os.path.join(tmp, _rank_file(self.rank)), rank_state))
+        # every rank has written: each describes its own files (record.py), rank 0 gathers them into the marker
+        described = self._each_rank(lambda: record.describe(tmp, record.owned(tmp, self.rank, self.world_size)), gather=True)
         marker = {
             "format_version": FORMAT_VERSION, "step": step, "world_size": self.world_size, "strategy": self.strategy,
             "tensor_parallel": self.tensor_parallel, "format": self.format, "float8_precomputed_scale": float8_scales,
@@ -245,13 +325,15 @@ class CheckpointManager:
         }
         if optimizer_layout == FLAT:  # a pipeline stage's (dcp.py); absent: nested, as every checkpoint before it
             marker["optimizer_layout"] = FLAT
-        self._on_rank0(lambda: self._publish(tmp, final, marker, start))
+        self._on_rank0(lambda: self._publish(tmp, final, marker, start, described))
         self.last_saved = (step, final)
         return final
 
-    def _publish(self, tmp: str, final: str, marker: dict, start: float) -> None:
-        """Rank 0, once every rank has written: marker, atomic rename, fsync, then pruning."""
+    def _publish(self, tmp: str, final: str, marker: dict, start: float, described: list[dict]) -> None:
+        """Rank 0, once every rank has written and described its files: the marker with the record of every
+        file, atomic rename, fsync, then pruning."""
         try:
+            marker["files"] = record.merge(tmp, described)
             _fsync_tree(tmp)
             marker["save_seconds"] = round(time.monotonic() - start, 3)
             _write_json(os.path.join(tmp, MARKER), marker)
@@ -264,12 +346,13 @@ class CheckpointManager:
             _fsync_dir(self.dir)
             if replaced:
                 shutil.rmtree(replaced, ignore_errors=True)
-            self._prune()
+            self._prune(final)
         except OSError as e:
             raise _write_error(tmp, e) from e
 
-    def _prune(self) -> None:
-        for _, path in self.complete()[: -self.keep]:
+    def _prune(self, saved: str) -> None:
+        # never the checkpoint just saved: a resumed run saves below the damaged checkpoints it skipped
+        for _, path in [c for c in self.complete()[: -self.keep] if c[1] != saved]:
             trash = os.path.join(self.dir, _TRASH + os.path.basename(path))
             os.replace(path, trash)  # a folder half deleted must not look like a checkpoint
             shutil.rmtree(trash, ignore_errors=True)
@@ -324,7 +407,7 @@ class CheckpointManager:
             _restore_te_scaling(_inner(deepspeed_engine.module if deepspeed_engine is not None else model),
                                 state.get("te_scaling") or {}, precision)
             if self.format == "deepspeed":
-                with _clean_param_names(deepspeed_engine):
+                with _clean_param_names(deepspeed_engine), _naming_reads(deepspeed_engine, path):
                     loaded, _ = deepspeed_engine.load_checkpoint(
                         os.path.join(path, "deepspeed"), tag=DS_TAG, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True)
@@ -342,6 +425,12 @@ class CheckpointManager:
                     f'if you trust this checkpoint (your own run\'s), resume with launch.env {te_state.UNSAFE_PICKLE_ENV} = "1", '
                     "or start fresh in a new train.output_dir",
                 ) from e
+            unreadable = record.unreadable_in(e)
+            if unreadable is not None:  # a damaged file the record could not tell (none, or it changed since)
+                older = [p for s, p in _complete_in(os.path.dirname(path)) if s < int(marker["step"])]
+                raise InputError(KEY, f"{path}: {unreadable}",
+                                 f"resume from an older checkpoint (train.resume = \"{older[-1]}\")" if older else
+                                 "restore it from a copy, or start fresh in a new train.output_dir") from e
             raise InputError(
                 KEY,
                 f"{path} does not fit this run's model and optimizer ({_first_line(e)})",
@@ -422,8 +511,9 @@ class CheckpointManager:
             raise error
         return result
 
-    def _each_rank(self, fn: Callable[[], Any]) -> Any:
-        """fn() on every rank, returning its result; if it fails anywhere, every rank raises (also a barrier)."""
+    def _each_rank(self, fn: Callable[[], Any], *, gather: bool = False) -> Any:
+        """fn() on every rank, returning its result (with `gather`, every rank's, by rank); if it fails anywhere,
+        every rank raises (also a barrier)."""
         result, error = None, None
         try:
             result = fn()
@@ -431,16 +521,18 @@ class CheckpointManager:
             error = _write_error(self.dir, e)
         except Exception as e:  # noqa: BLE001 - re-raised below, after telling the other ranks
             error = e
+        results = [result]
         if self._distributed():
-            failures: list = [None] * self.world_size
-            dist.all_gather_object(failures, _describe(error))
+            gathered: list = [None] * self.world_size
+            dist.all_gather_object(gathered, (_describe(error), result if gather and error is None else None))
+            results = [r for _, r in gathered]
             if error is None:
-                rank, failure = next(((r, f) for r, f in enumerate(failures) if f), (None, None))
+                rank, failure = next(((r, f) for r, (f, _) in enumerate(gathered) if f), (None, None))
                 if failure is not None:
                     raise _remote_error(failure, f"rank {rank}")
         if error is not None:
             raise error
-        return result
+        return results if gather else result
 
 
 def _inner(model: Any) -> Any:
@@ -538,8 +630,11 @@ def _read_rank_file(path: str) -> dict:
     except FileNotFoundError:
         raise InputError(KEY, f"{path} is missing from a checkpoint marked complete", "resume from another checkpoint") from None
     except Exception as e:  # noqa: BLE001 - unpickling errors have many types
-        raise InputError(KEY, f"cannot read {path} ({_first_line(e)})",
-                         "keep data_state and extra to plain values and tensors, or resume from another checkpoint") from e
+        if "Unsupported global" in str(e):  # weights_only met an object: the data_state or extra given to save
+            raise InputError(KEY, f"cannot read {path} ({_first_line(e)})",
+                             "keep data_state and extra to plain values and tensors, or resume from another checkpoint") from e
+        raise InputError(KEY, f"{os.path.dirname(path)}: {record.UnreadableFile.of(os.path.basename(path), e)}",
+                         "resume from an older checkpoint (train.resume = its path), or restore this one from a copy") from e
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -578,5 +673,11 @@ def _write_error(path: str, error: Exception) -> EnvironmentProblem:
 
 
 def _first_line(error: BaseException) -> str:
+    failures = getattr(error, "failures", None)  # DCP's CheckpointException: the first rank's own error says what happened
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        inner = inner[0] if isinstance(inner, tuple) else inner
+        if isinstance(inner, BaseException):
+            return f"{type(inner).__name__}: {_first_line(inner)}"
     text = str(error).strip() or type(error).__name__
     return text.splitlines()[0][:300]

@@ -4,9 +4,11 @@ torch.distributed.checkpoint, sharded, with plain tensors and the FP8 extra stat
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import torch
 
+from launcher.train.checkpoint.record import UnreadableFile, unreadable_in
 from launcher.train.precision import te_state
 
 # -- DCP (DDP, FSDP2) ---------------------------------------------------------------------
@@ -51,7 +53,6 @@ def _save_dcp(tmp: str, model, optimizer) -> tuple[bool, dict, str]:
 
 
 def _load_dcp(path: str, model, optimizer, extra_state: dict, float8_precomputed_scale: bool, layout: str = NESTED) -> None:
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -60,16 +61,67 @@ def _load_dcp(path: str, model, optimizer, extra_state: dict, float8_precomputed
     )
 
     weights, wanted = _split_extra_state(_plain(get_model_state_dict(model)))
-    dcp.load(weights, checkpoint_id=os.path.join(path, "model"))
+    load_naming(weights, os.path.join(path, "model"))
     if wanted.keys() != extra_state.keys():
         raise ValueError(f"the model's FP8 extra state ({len(wanted)} modules) is not the saved one ({len(extra_state)} modules)")
     set_model_state_dict(model, {**weights, **extra_state})
     if optimizer is not None:
         options = _optim_options(layout)  # the layout the checkpoint was written in, whatever this run's
         state = _plain(get_optimizer_state_dict(model, optimizer, options=options))
-        dcp.load(state, checkpoint_id=os.path.join(path, "optim"))
+        load_naming(state, os.path.join(path, "optim"))
         set_optimizer_state_dict(model, optimizer, state, options=options)
     _restore_float8_scales(model, float8_precomputed_scale)
+
+
+def load_naming(state: dict, folder: str, **kwargs) -> None:
+    """dcp.load of `state` from DCP folder `folder` (model/ or optim/); a file that cannot be read raises
+    record.UnreadableFile naming it (inside DCP's CheckpointException, or as itself where DCP kept only its text)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    reader = naming_reader(folder)
+    try:
+        dcp.load(state, storage_reader=reader, **kwargs)
+    except (Exception, CheckpointException) as e:
+        if reader.fs.failed is not None and unreadable_in(e) is None:  # e.g. the metadata: DCP re-raises its text only
+            raise reader.fs.failed from e
+        raise
+
+
+def naming_reader(folder: str):
+    """DCP's FileSystemReader of `folder`, whose read errors name the file (record.UnreadableFile,
+    "model/__0_0.distcp cannot be read (...)"); the first is kept in `reader.fs.failed`."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    reader = FileSystemReader(folder)
+    reader.fs = _NamingFileSystem(reader.fs, os.path.dirname(os.path.abspath(folder)))
+    return reader
+
+
+class _NamingFileSystem:
+    """DCP's FileSystem; what goes wrong reading one of its files raises UnreadableFile (the path relative to the
+    checkpoint). Not a missing file (DCP looks for optional ones) nor DCP's own AssertionError (shapes that differ)."""
+
+    def __init__(self, fs, root: str):
+        self._fs, self._root = fs, root
+        self.failed: UnreadableFile | None = None
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+    @contextmanager
+    def create_stream(self, path, mode: str):
+        try:
+            with self._fs.create_stream(path, mode) as stream:
+                yield stream
+        except (FileNotFoundError, AssertionError):
+            raise
+        except Exception as e:  # torch.load and pickle.load raise many kinds on torn bytes
+            if "r" not in mode:
+                raise
+            failed = UnreadableFile.of(os.path.relpath(path, self._root).replace(os.sep, "/"), e)
+            self.failed = self.failed or failed
+            raise failed from e
 
 
 def _plain(tree):

@@ -3,8 +3,12 @@ parameter names (no wrapper prefixes), like the DCP half's FQNs."""
 
 from __future__ import annotations
 
+import os
+import pickle
+import zipfile
 from contextlib import contextmanager
 
+from launcher.train.checkpoint.record import UnreadableFile
 from launcher.train.fqn import clean_fqn
 
 # -- DeepSpeed ----------------------------------------------------------------------------
@@ -23,3 +27,33 @@ def _clean_param_names(engine):
         yield
     finally:
         engine.param_names = names
+
+
+@contextmanager
+def _naming_reads(engine, root: str):
+    """DeepSpeed's reads of its checkpoint files while it loads: one that cannot be read (torn, flipped, cut
+    short) raises UnreadableFile naming it (relative to checkpoint folder `root`). A missing file stays
+    DeepSpeed's own FileNotFoundError: it looks for optional ones."""
+    reads = getattr(engine, "checkpoint_engine", None)
+    if reads is None or not callable(getattr(reads, "load", None)):
+        yield
+        return
+    own = "load" in vars(reads)
+    load = reads.load
+
+    def naming_load(path, *args, **kwargs):
+        try:
+            return load(path, *args, **kwargs)
+        except FileNotFoundError:
+            raise
+        except (EOFError, pickle.UnpicklingError, OSError, RuntimeError, zipfile.BadZipFile) as e:
+            raise UnreadableFile.of(os.path.relpath(path, root).replace(os.sep, "/"), e) from e
+
+    reads.load = naming_load
+    try:
+        yield
+    finally:
+        if own:
+            reads.load = load
+        else:
+            del reads.load

@@ -30,22 +30,42 @@ class Exported:
     notes: tuple[str, ...] = ()
 
 
-def find_checkpoint(run_dir: str, step: int | None) -> tuple[int, str]:
-    """(step, path) of the newest complete checkpoint of the run in `run_dir`, or of step `step`."""
-    from launcher.train.checkpoint import CHECKPOINTS, CheckpointManager
+def find_checkpoint(run_dir: str, step: int | None, echo: Callable[[str], None] = lambda line: None) -> tuple[int, str]:
+    """(step, path) of the newest intact checkpoint of the run in `run_dir`, each newer damaged one skipped with a line
+    through `echo`; or of step `step`, which must be intact. Only the files the weights are read from are checked."""
+    from launcher.train.checkpoint import CHECKPOINTS, CheckpointManager, Choice, record
 
-    found = CheckpointManager(run_dir, keep=1, strategy="ddp", rank=0, world_size=1).complete()
+    manager = CheckpointManager(run_dir, keep=1, strategy="ddp", rank=0, world_size=1)
     folder = os.path.join(run_dir, CHECKPOINTS)
-    if not found:
-        raise InputError(KEY, f"{folder} holds no complete checkpoint (a step-N folder with COMPLETE.json)",
-                         "export a run that has written one (train.checkpoint_every, train.checkpoint_at_end)")
+
+    def shown(path: str) -> str:
+        return os.path.join(folder, os.path.basename(path))
+
     if step is None:
-        return found[-1]
-    for s, path in found:
-        if s == step:
-            return s, path
-    steps = ", ".join(str(s) for s, _ in found)
-    raise InputError("--step", f"{run_dir} has no complete checkpoint of step {step}", f"use one of the complete steps: {steps}")
+        choice = manager.newest_intact(weights_only=True)
+        if choice.path is None and choice.skipped:
+            raise InputError(KEY, f"no checkpoint in {folder} is intact: "
+                             + "; ".join(f"{os.path.basename(p)}: {why}" for p, why in choice.skipped),
+                             "restore one from a copy, or export another run")
+        if choice.path is None:
+            raise InputError(KEY, f"{folder} holds no complete checkpoint (a step-N folder with COMPLETE.json)",
+                             "export a run that has written one (train.checkpoint_every, train.checkpoint_at_end)")
+        for note in choice.notes(shown):
+            echo(f"warning: {note}")
+        return record.candidate(choice.path).step, choice.path
+    found = {c.step: c for c in record.candidates(manager.dir) if c.marker is not None}
+    if step not in found:
+        steps = ", ".join(str(s) for s in sorted(found))
+        raise InputError("--step", f"{run_dir} has no complete checkpoint of step {step}",
+                         f"use one of the complete steps: {steps}" if steps else
+                         "export a run that has written one (train.checkpoint_every, train.checkpoint_at_end)")
+    why = manager.damage(found[step], weights_only=True)
+    if why is not None:
+        raise InputError("--step", f"{shown(found[step].path)} is damaged: {why}",
+                         "leave out --step to export the newest intact checkpoint, or restore this one from a copy")
+    for note in Choice(found[step].path, unchecked=found[step].unchecked).notes(shown):
+        echo(f"warning: {note}")
+    return step, found[step].path
 
 
 def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, dtype: str, out: str, max_shard_bytes: int,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import pickle
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ import torch
 from launcher.errors import BackendMissing, InputError
 from launcher.planning.install import INSTALL
 from launcher.train.checkpoint import DS_TAG, read_marker
+from launcher.train.checkpoint.dcp import load_naming, naming_reader
+from launcher.train.checkpoint.record import UnreadableFile, unreadable_in
 from launcher.train.fqn import clean_fqn
 
 from . import KEY
@@ -123,28 +126,39 @@ class DcpWeights(Weights):
     kind = "dcp"
 
     def __init__(self, model_dir: str):
-        from torch.distributed.checkpoint import FileSystemReader
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
         try:
-            metadata = FileSystemReader(model_dir).read_metadata()
-        except (OSError, EOFError, ValueError) as e:
+            metadata = naming_reader(model_dir).read_metadata()
+        except FileNotFoundError as e:
             raise InputError(KEY, f"cannot read the weights of {os.path.dirname(model_dir)} ({type(e).__name__}: {e})",
                              "export another checkpoint with --step") from e
+        except UnreadableFile as e:
+            raise _unreadable(os.path.dirname(model_dir), e) from e
         raw = {name: Entry(tuple(md.size), md.properties.dtype) for name, md in metadata.state_dict_metadata.items()
                if isinstance(md, TensorStorageMetadata)}
         super().__init__(os.path.dirname(model_dir), raw)
         self.model_dir = model_dir
 
     def _load(self, raw_names: list[str]) -> dict[str, torch.Tensor]:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.api import CheckpointException
 
         state = {n: torch.empty(self.raw[n].shape, dtype=self.raw[n].dtype) for n in raw_names}
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore")
-            dcp.load(state, storage_reader=FileSystemReader(self.model_dir), no_dist=True)
+            try:
+                load_naming(state, self.model_dir, no_dist=True)
+            except (Exception, CheckpointException) as e:
+                unreadable = unreadable_in(e)
+                if unreadable is None:
+                    raise
+                raise _unreadable(os.path.dirname(self.model_dir), unreadable) from e
         return state
+
+
+def _unreadable(checkpoint: str, error: UnreadableFile) -> InputError:
+    """A file of the checkpoint cannot be read (written before checkpoints recorded their files, or damaged since)."""
+    return InputError(KEY, f"{checkpoint}: {error}", "export another checkpoint with --step, or restore this one from a copy")
 
 
 # -- DeepSpeed ----------------------------------------------------------------------------------
@@ -174,7 +188,7 @@ class DeepSpeedWeights(Weights):
             try:
                 with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
                     self._state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(ds_dir, tag=tag, lazy_mode=True)
-            except (OSError, ValueError, KeyError, RuntimeError) as e:
+            except (OSError, ValueError, KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
                 raise InputError(KEY, f"DeepSpeed cannot rebuild the fp32 weights of {os.path.dirname(ds_dir)} ({e})",
                                  "export another checkpoint with --step") from e
         raw = {name: Entry(tuple(t.shape), t.dtype) for name, t in self._state.items()}
