@@ -220,7 +220,7 @@ def test_every_string_field_refuses_control_characters_naming_the_key(char):
 
 def test_every_pattern_is_matched_against_the_whole_string():
     """Python's `$` matches before a final newline (re.search("^[a-z]+$", "abc\\n") matches): the validator matches every
-    pattern against the whole string, as the schema's own dialect (ECMA-262) does, whether or not a control character
+    pattern against the whole string, as the schema's own dialect (ECMAScript's) does, whether or not a control character
     check runs before it."""
     patterned = [f for f in string_fields() if "pattern" in f.node]
     assert {f.dotted for f in patterned} >= {"$.name", "$.launch.rdzv_endpoint", "$.launch.slurm.time", "$.train.model"}

@@ -245,8 +245,8 @@ def apply_overrides(source: SpecSource, overrides: list[str]) -> SpecSource:
 
 
 def _full_pattern(validator: Any, pattern: str, instance: Any, schema_node: dict):
-    """`pattern` as ECMA-262 (the JSON Schema dialect) reads the schema's anchored patterns: `$` is the end of the
-    string. Python's re.search lets `$` match before a final newline, so "abc\\n" matched a name's pattern."""
+    """`pattern` as the schema's dialect (ECMAScript regular expressions) reads its anchored patterns: `$` is the end of
+    the string. Python's re.search lets `$` match before a final newline, so "abc\\n" matched a name's pattern."""
     if validator.is_type(instance, "string") and not re.fullmatch(pattern, instance):
         yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
 
