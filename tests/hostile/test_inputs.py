@@ -208,23 +208,29 @@ def test_tensor_parallel_past_the_node_is_refused_by_its_rules(tmp_path):
 
 
 def test_bounded_inputs_are_refused_in_well_under_a_second(tmp_path):
-    """In-process, after the imports: what each refusal costs (a billion-laughs file of 9^10 values, /dev/zero, a FIFO
-    with no writer, 100000 nested brackets as a spec and as an import)."""
+    """In-process, after the imports: what each refusal costs (a billion-laughs file of 9^10 values, a FIFO with no
+    writer, 100000 nested brackets as a spec and as an import). /dev/zero is read only by a Case's own process above:
+    a regression here would fill this process's memory. A regression that blocks is stopped by the alarm."""
     from launcher.commands.importer import load
     from launcher.errors import SourceError, SpecError
     from launcher.planning.read import read_spec
 
     (tmp_path / "bomb.yaml").write_text(_bomb())
     os.mkfifo(tmp_path / "fifo.toml")
+    os.mkfifo(tmp_path / "fifo.yaml")
     (tmp_path / "deep.json").write_text('{"version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
     (tmp_path / "deep.yaml").write_text("a: " + "[" * 100_000 + "]" * 100_000 + "\n")
-    runs = [(load, tmp_path / "bomb.yaml", SourceError), (read_spec, "/dev/zero", SpecError),
-            (read_spec, str(tmp_path / "fifo.toml"), SpecError), (read_spec, str(tmp_path / "deep.json"), SpecError),
-            (load, tmp_path / "deep.yaml", SourceError), (load, "/dev/zero", SourceError)]
-    for fn, path, error in runs:
-        seconds, raised = _timed(fn, str(path))
-        assert isinstance(raised, error), (path, raised)
-        assert seconds < 0.5, (path, seconds)
+    runs = [(load, "bomb.yaml", SourceError), (read_spec, "fifo.toml", SpecError), (load, "fifo.yaml", SourceError),
+            (read_spec, "deep.json", SpecError), (load, "deep.yaml", SourceError)]
+    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("a refusal blocked")))
+    signal.alarm(20)
+    try:
+        for fn, name, error in runs:
+            seconds, raised = _timed(fn, str(tmp_path / name))
+            assert isinstance(raised, error), (name, raised)
+            assert seconds < 0.5, (name, seconds)
+    finally:
+        signal.alarm(0)
 
 
 def test_an_hf_config_of_a_billion_layers_is_not_sized(tmp_path):
@@ -237,10 +243,9 @@ def test_an_hf_config_of_a_billion_layers_is_not_sized(tmp_path):
     (model / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 10**9, "num_attention_heads": 4,
                                                    "intermediate_size": 128, "vocab_size": 256}))
     (tmp_path / "s.toml").write_text(SPEC + '[precision]\nmode = "fp8"\n[train]\nmodel = "hf:model"\n')
-    seconds, _ = _timed(lambda: None)
     start = time.perf_counter()
     planned = plan_one(str(tmp_path / "s.toml"), str(tmp_path / "out"))
-    assert time.perf_counter() - start < 1.0 + seconds
+    assert time.perf_counter() - start < 1.0
     assert planned.prediction.fp8_vs_bf16 is None
     assert planned.prediction.reason == (f"model shapes unknown: {model}/config.json is beyond what planning sizes: its "
                                          "num_hidden_layers 1000000000 is more than 4096")
