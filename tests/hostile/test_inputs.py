@@ -5,8 +5,10 @@ a property test: any document in any field plans or is refused with exit 2, neve
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -315,7 +317,8 @@ def _plan_in_process(path: str, overrides: list[str]) -> int:
         signal.alarm(0)
 
 
-_FOLDER = tempfile.mkdtemp(prefix="fp8launch-property-")
+_FOLDER = tempfile.mkdtemp(prefix="fp8launch-property-")  # hypothesis runs many examples in one test: no tmp_path each
+atexit.register(shutil.rmtree, _FOLDER, ignore_errors=True)
 
 
 @settings(max_examples=100, deadline=2000, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
