@@ -153,9 +153,14 @@ CASES = [
     Case(id="signal-seconds-70000", argv=("plan", "s.toml"), files=_spec("[launch.slurm]\nsignal_seconds = 70000\n"),
          code=2, line=r"^s\.toml:4: error: \$\.launch\.slurm\.signal_seconds: must be <= 65535, got 70000$"),
     Case(id="params-nan", argv=("plan", "s.toml", "--params", "nan"), files=_spec(""), absent=("generated",),
-         code=2, line=r"^Error: Invalid value for '--params': nan is not a number$", lines=3),
+         code=2, line=r"^error: Invalid value for '--params': 'nan' is not a parameter count from 1 to 1e15 \(e\.g\. 8e9\); fix: see "
+                      r"`fp8launch plan --help`$"),
     Case(id="params-inf", argv=("plan", "s.toml", "--params", "inf"), files=_spec(""), absent=("generated",),
-         code=2, line=r"^Error: Invalid value for '--params': inf is not in the range 1<=x<=1e\+18\.$", lines=3),
+         code=2, line=r"^error: Invalid value for '--params': 'inf' is not a parameter count from 1 to 1e15"),
+    Case(id="bench-max-loss-gap-nan", argv=("bench", "s.toml", "--max-loss-gap", "nan"), files=_spec(""), absent=("runs",),
+         code=2, line=r"^error: Invalid value for '--max-loss-gap': nan is not a number; fix: see `fp8launch bench --help`$"),
+    Case(id="tune-max-loss-gap-nan", argv=("tune", "s.toml", "--max-loss-gap", "nan"), files=_spec(""), absent=("runs",),
+         code=2, line=r"^error: Invalid value for '--max-loss-gap': nan is not a number; fix: see `fp8launch tune --help`$"),
     # --- sizes the plan depends on -----------------------------------------------------------------------------------
     Case(id="tensor-parallel-1000000", argv=("plan", "s.toml"), files=_spec("[distributed]\ntensor_parallel = 1000000\n"),
          code=2, line=r"^3 problems found\.$", lines=4),  # test_tensor_parallel_past_the_node_is_refused_by_its_rules
