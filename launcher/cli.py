@@ -87,6 +87,13 @@ class _ParameterCount(click.ParamType):
         return int(number)
 
 
+def _not_nan(ctx, param, value):
+    """Click's FloatRange lets NaN through (every comparison with it is false)."""
+    if value is not None and value != value:
+        raise click.BadParameter(f"{value} is not a number", param=param)
+    return value
+
+
 def _overrides(sets: tuple[str, ...], nodes: int | None) -> list[str]:
     return list(sets) + ([f"distributed.nodes={nodes}"] if nodes is not None else [])
 
@@ -345,7 +352,7 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict, prof
 @click.option("--out", "out_dir", help="Where the runs, bench.json and bench.png go [default: next to train.output_dir].")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a spec key for both variants (repeatable).")
 @click.option("--no-plot", is_flag=True, help="Skip bench.png.")
-@click.option("--max-loss-gap", type=click.FloatRange(min=0), default=0.02, show_default=True,
+@click.option("--max-loss-gap", type=click.FloatRange(min=0), default=0.02, show_default=True, callback=_not_nan,
               help="With [eval] in the spec: exit 4 when SPEC's held-out eval loss is this much (relative) above the baseline's.")
 @click.option("--profile", is_flag=True,
               help="Profile the measured steps of each variant's first run (torch.profiler): where each step's time goes, the FP8 "
@@ -388,7 +395,7 @@ def bench(spec, vs, steps, repeats, warmup, out_dir, sets, no_plot, max_loss_gap
               help="Where the runs, tune.json, tune.png and NAME-tuned.toml go [default: NAME-tune next to train.output_dir].")
 @click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True, help="Runs per candidate, alternating.")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Steps left out of each run's medians.")
-@click.option("--max-loss-gap", type=click.FloatRange(min=0), default=0.02, show_default=True,
+@click.option("--max-loss-gap", type=click.FloatRange(min=0), default=0.02, show_default=True, callback=_not_nan,
               help="Reject a candidate whose mean loss over the steps is this much (relative) above bf16's.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a spec key for every candidate (repeatable).")
 @click.option("--no-plot", is_flag=True, help="Skip tune.png.")

@@ -247,14 +247,14 @@ HOSTILE = [
 @pytest.mark.parametrize("value", HOSTILE)
 def test_hostile_values_arrive_verbatim(spec, tmp_path, api, value):
     from launcher.planning.plan import resolve
-    from launcher.planning.read import SpecSource, validate
+    from launcher.planning.read import SpecSource
     from launcher.targets.render import render
 
     source = SpecSource(path=str(tmp_path / "s.toml"), sha256="0", data={
         "version": 1, "name": "hostile", "launch": {"launcher": "kubernetes", "env": {"EVIL": value},
                                                      "kubernetes": {"api": api, "image": value, "volume_claim": value}},
         "train": {"output_dir": "out/" + value.replace("\n", " ").replace("\t", " ").replace("\x00", "")}})
-    validate(source)
+    # not validate(source): a spec refuses control characters (tests/test_security.py); the emitter carries them anyway
     plan = resolve(source)
     text = render(plan, plan_dir="gen/hostile")[f"{api}.yaml"]
     cm, job = docs_of(text)  # still exactly two documents
@@ -294,14 +294,13 @@ def test_yaml_emitter_round_trips_everything_it_writes():
 def test_kubectl_reads_the_manifest_as_pyyaml_does(tmp_path):
     """kubectl parses YAML with Go's yaml library; `kubectl kustomize` does so without a cluster."""
     from launcher.planning.plan import resolve
-    from launcher.planning.read import SpecSource, validate
+    from launcher.planning.read import SpecSource
     from launcher.targets.render import render
 
     for api in ("trainjob", "pytorchjob"):
         source = SpecSource(path="s.toml", sha256="0", data={"version": 1, "name": "k", "launch": {
             "launcher": "kubernetes", "env": {"A": HOSTILE[0], "B": HOSTILE[4], "C": HOSTILE[9]},
-            "kubernetes": {"api": api, "image": HOSTILE[3], "volume_claim": "c"}}})
-        validate(source)
+            "kubernetes": {"api": api, "image": HOSTILE[3], "volume_claim": "c"}}})  # not validated: see above
         (tmp_path / "job.yaml").write_text(render(resolve(source), plan_dir="gen/k")[f"{api}.yaml"], encoding="utf-8")
         (tmp_path / "kustomization.yaml").write_text("resources:\n- job.yaml\n", encoding="utf-8")
         out = subprocess.run(["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60)

@@ -91,3 +91,23 @@ def test_readme_lists_every_rule():
 
     readme = (REPO / "README.md").read_text()
     assert all(f"| {r.id} | {r.severity if r.stage == 'plan' else r.severity + ' at run'} |" in readme for r in RULES)
+
+
+def test_every_integer_key_is_bounded_and_the_bounds_are_the_planners():
+    """Integers are bounded where the schema says so (editors show it): block and stage counts by the most blocks a model
+    may have, ranks and degrees by torch.distributed's C ints, slurm.signal_seconds by sbatch's uint16, the rest by 64 bits."""
+    from launcher.planning.models import MAX_LAYERS
+    from launcher.planning.read import MAX_INT, MAX_RANKS
+    from tests.hostile.specs import fields
+
+    maxima = {f.dotted: f.node.get("maximum") for f in fields() if f.node.get("type") == "integer"}
+    assert None not in maxima.values(), [k for k, v in maxima.items() if v is None]
+    assert {k for k, v in maxima.items() if v == MAX_LAYERS} == {
+        "$.precision.keep_first_blocks", "$.precision.keep_last_blocks", "$.precision.schedule[0].keep_last_blocks",
+        "$.distributed.pipeline_parallel", "$.distributed.pipeline.layers_per_stage[0]", "$.distributed.pipeline.stages_per_rank"}
+    assert {k for k, v in maxima.items() if v == MAX_RANKS} == {
+        "$.distributed.nodes", "$.distributed.procs_per_node", "$.distributed.tensor_parallel", "$.distributed.expert_parallel",
+        "$.distributed.context_parallel", "$.launch.slurm.gpus_per_node", "$.launch.slurm.cpus_per_task"}
+    assert maxima["$.launch.slurm.signal_seconds"] == 65535
+    assert set(maxima.values()) == {MAX_LAYERS, MAX_RANKS, 65535, MAX_INT}
+    assert schema()["properties"]["distributed"]["properties"]["pipeline"]["properties"]["layers_per_stage"]["maxItems"] == MAX_LAYERS

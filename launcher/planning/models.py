@@ -176,6 +176,15 @@ OVERRIDES = {"layers": "n_layers", "vocab": "vocab_size"}
 MOE_OVERRIDES = {"experts": "num_experts", "top_k": "top_k"}
 """Further `builtin:NAME?key=N` keys of the MoE shapes."""
 
+MAX_LAYERS = 4096
+"""The most transformer blocks a model may have (the deepest trained transformers have about a thousand): planning,
+the prediction and the run each do per-block work, so `?layers=N` and an hf: config's layers are checked against it
+first. The schema bounds the keys that count blocks or stages by the same number."""
+
+MAX_OVERRIDE = 2**31 - 1
+"""The most any other `builtin:NAME?key=N` may be (a vocabulary, a number of experts): far beyond any model, and small
+enough that every size computed from it stays an exact integer."""
+
 
 @functools.lru_cache(maxsize=512)
 def parse_builtin(spec: str) -> LlamaConfig | MoEConfig:
@@ -187,7 +196,7 @@ def parse_builtin(spec: str) -> LlamaConfig | MoEConfig:
     if name not in known:
         raise InputError(
             KEY,
-            f"unknown builtin model '{name}'{did_you_mean(name, known)}",
+            f"unknown builtin model '{_short(name)}'{did_you_mean(name, known)}",
             f"use one of: {', '.join('builtin:' + n for n in known)}",
         )
     options = {**OVERRIDES, **MOE_OVERRIDES} if name in MOE_SIZES else OVERRIDES
@@ -195,16 +204,24 @@ def parse_builtin(spec: str) -> LlamaConfig | MoEConfig:
     for item in filter(None, query.split("&")):
         k, _, v = item.partition("=")
         if k not in options:
-            raise InputError(
-                KEY, f"unknown option '{k}' in '{spec}'{did_you_mean(k, options)}", f"use {', '.join(f'{o}=N' for o in options)}"
-            )
-        if not v.isdigit() or int(v) < 1:
-            raise InputError(KEY, f"'{item}' in '{spec}' needs a positive integer", f"write {k}=N with N >= 1, e.g. builtin:{name}?{k}=2")
-        changes[options[k]] = int(v)
+            raise InputError(KEY, f"unknown option '{_short(k)}' in '{_short(spec, 80)}'{did_you_mean(k, options)}",
+                             f"use {', '.join(f'{o}=N' for o in options)}")
+        digits = v.lstrip("0")
+        if not (v.isascii() and v.isdigit()) or not digits:
+            raise InputError(KEY, f"'{_short(item)}' in '{_short(spec, 80)}' needs a positive integer",
+                             f"write {k}=N with N >= 1, e.g. builtin:{name}?{k}=2")
+        most = MAX_LAYERS if options[k] == "n_layers" else MAX_OVERRIDE
+        if len(digits) > len(str(most)) or int(digits) > most:  # the length first: int() of 5000 digits raises
+            raise InputError(KEY, f"'{k}={_short(v)}' in '{_short(spec, 80)}' is more than {most}", f"write {k}=N with N <= {most}")
+        changes[options[k]] = int(digits)
     cfg = dataclasses.replace(known[name], **changes)
     if isinstance(cfg, MoEConfig) and cfg.top_k > cfg.num_experts:
         raise InputError(KEY, f"'{spec}' routes each token to top_k={cfg.top_k} of {cfg.num_experts} experts", "set top_k <= experts")
     return cfg
+
+
+def _short(text: str, keep: int = 24) -> str:
+    return text if len(text) <= keep else f"{text[:keep]}... ({len(text)} characters)"
 
 
 def builtin_config(model: str) -> LlamaConfig | MoEConfig | None:

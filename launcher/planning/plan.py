@@ -12,8 +12,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
+from launcher.errors import Problem, SpecError
+from launcher.planning.models import MAX_LAYERS
 from launcher.planning.msamp_levels import as_native, native_level
-from launcher.planning.read import SpecSource, defaults
+from launcher.planning.read import MAX_RANKS, SpecSource, defaults, dotted, one_line
 
 frozen = dataclass(frozen=True, kw_only=True, slots=True)
 
@@ -584,6 +586,7 @@ def resolve(source: SpecSource, *, msamp_runs: typing.Callable[[str], bool] | No
     if level:
         as_native(data, level)
     plan = _build(Plan, data)
+    _check_sizes(source, plan)
     return dataclasses.replace(
         plan,
         msamp_native=level or "",
@@ -592,6 +595,28 @@ def resolve(source: SpecSource, *, msamp_runs: typing.Callable[[str], bool] | No
         overrides=tuple(source.overridden.values()),
         present=frozenset(_present_sections(source.data)),
     )
+
+
+def _check_sizes(source: SpecSource, plan: Plan) -> None:
+    """Bounds that depend on two keys, checked before anything is sized from them (SpecError): the processes of the job,
+    and the pipeline stages (each holds a block, and the plan lists them one by one)."""
+    d, problems = plan.distributed, []
+
+    def problem(key: str, message: str) -> None:
+        path = tuple(key.split("."))
+        origin = source.overridden.get(path)
+        suffix = f" (from --set {one_line(origin)})" if origin else ""
+        problems.append(Problem(source.path, message + suffix, path=dotted(path), line=source.line(path)))
+
+    if plan.world_size > MAX_RANKS:
+        problem("distributed.procs_per_node", f"{d.nodes} nodes x {d.procs_per_node} processes is {plan.world_size} ranks, more "
+                f"than torch.distributed's {MAX_RANKS}; fix: lower distributed.nodes or distributed.procs_per_node")
+    if d.pipeline_stages > MAX_LAYERS:
+        problem("distributed.pipeline_parallel", f"{d.pipeline_parallel} x {d.pipeline.local_stages} stages a rank is "
+                f"{d.pipeline_stages} pipeline stages, more than the {MAX_LAYERS} blocks a model may have (each stage holds at "
+                "least one); fix: lower distributed.pipeline_parallel or distributed.pipeline.stages_per_rank")
+    if problems:
+        raise SpecError(sorted(problems, key=lambda p: p.line or 0))
 
 
 def spec_dir_from(spec_path: str, out_dir: str | None) -> str:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import copy
 import datetime as _dt
 import json
+import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
@@ -16,14 +18,24 @@ from importlib import resources
 from typing import Any
 
 import jsonschema
+import jsonschema.validators
 
 from launcher.errors import InputError, Problem, SpecError
+from launcher.planning import bounded
 from launcher.planning.backends import BACKENDS
 from launcher.planning.models import parse_builtin
-from launcher.planning.sourcemap import Path, json_lines, locate, toml_lines
+from launcher.planning.sourcemap import Path, json_duplicates, json_lines, locate, toml_lines
 from launcher.planning.suggest import closest, did_you_mean
 
 MAX_SPEC_BYTES = 1 << 20  # a precision spec is a few KiB; anything this large is a mistake
+MAX_DEPTH = 16
+"""Tables and arrays nest at most this deep in a spec (the schema's deepest key, precision.schedule[].rules[].match,
+is 5 deep): deeper is refused before anything recursive reads it."""
+MAX_INT = 2**63 - 1
+"""An integer anywhere in a spec is at most this in magnitude: TOML's own range, and what every engine reads."""
+MAX_RANKS = 2**31 - 1
+"""The most processes a job may have, and so the bound of each parallel degree: torch.distributed's ranks and world
+size are C ints."""
 
 
 SCHEMA_FILE = "schema.json"
@@ -72,12 +84,12 @@ def read_spec(path: str) -> SpecSource:
         raise fail("no such file; give the path of a .toml or .json spec")
     if os.path.isdir(path):
         raise fail("is a directory; give the path of a .toml or .json spec file")
-    size = os.path.getsize(path)
-    if size > MAX_SPEC_BYTES:
-        raise fail(f"is {size} bytes; a spec is at most {MAX_SPEC_BYTES} bytes (is this the right file?)")
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = bounded.read_bytes(path, MAX_SPEC_BYTES)
+    except bounded.Unreadable as e:
+        if e.size is not None:
+            raise fail(f"is {e.size} bytes; a spec is at most {MAX_SPEC_BYTES} bytes (is this the right file?)") from None
+        raise fail(f"{e.strerror}; give the path of a .toml or .json spec file") from None
     except OSError as e:
         raise fail(f"cannot be read: {e.strerror}") from None
     if not raw.strip():
@@ -90,28 +102,44 @@ def read_spec(path: str) -> SpecSource:
         raise fail(f"is not UTF-8 text (byte {e.start}); save the spec as UTF-8") from None
 
     is_json = path.lower().endswith(".json") or (not path.lower().endswith(".toml") and text.lstrip().startswith("{"))
-    if is_json:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise fail(f"invalid JSON: {e.msg} (column {e.colno})", e.lineno) from None
-        lines = json_lines(text)
-    else:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            line = getattr(e, "lineno", None) or _line_from_toml_message(str(e))
-            hint = " (JSON specs need a .json suffix)" if text.lstrip().startswith("{") else ""
-            raise fail(f"invalid TOML: {str(e).split(' (at')[0]}{hint}", line) from None
-        lines = toml_lines(text)
+    try:
+        data = _parse(text, is_json, fail)
+    except RecursionError:
+        raise fail(f"nests tables or arrays deeper than Python reads; a spec is at most {MAX_DEPTH} levels deep") from None
     if not isinstance(data, dict):
         raise fail("the top level must be a table/object of keys")
+    deep = bounded.too_deep(data, MAX_DEPTH)
+    if deep is not None:
+        raise fail(f"{dotted(deep[:MAX_DEPTH])}: nested more than {MAX_DEPTH} levels deep; a spec's tables are a few levels deep")
+    lines = json_lines(text) if is_json else toml_lines(text)
     return SpecSource(path=path, data=_normalize(data), sha256=hashlib.sha256(raw).hexdigest(), lines=lines)
 
 
-def _line_from_toml_message(message: str) -> int | None:
-    import re
+def _parse(text: str, is_json: bool, fail) -> Any:
+    """The data of a spec's text; `fail(message, line)` makes the error of a text that does not parse."""
+    if is_json:
+        try:
+            return json.loads(text, object_pairs_hook=bounded.unique_keys)
+        except bounded.DuplicateKey as e:
+            where = json_duplicates(text)
+            path, line = where[0] if where else ((e.key,), None)
+            raise fail(f"{dotted(path)}: written twice in one object (the first on line {locate(json_lines(text), path)}); JSON "
+                       "readers keep only the last, DeepSpeed refuses it; fix: keep one", line) from None
+        except json.JSONDecodeError as e:
+            raise fail(f"invalid JSON: {e.msg} (column {e.colno})", e.lineno) from None
+        except ValueError:  # Python reads no integer of more than 4300 digits
+            raise fail("invalid JSON: a number of more than 4300 digits") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        line = getattr(e, "lineno", None) or _line_from_toml_message(str(e))
+        hint = " (JSON specs need a .json suffix)" if text.lstrip().startswith("{") else ""
+        raise fail(f"invalid TOML: {str(e).split(' (at')[0]}{hint}", line) from None
+    except ValueError:  # Python reads no integer of more than 4300 digits
+        raise fail("invalid TOML: a number of more than 4300 digits") from None
 
+
+def _line_from_toml_message(message: str) -> int | None:
     m = re.search(r"line (\d+)", message)
     return int(m.group(1)) if m else None
 
@@ -132,12 +160,51 @@ def parse_override(text: str) -> tuple[Path, Any]:
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
-        raise SpecError([Problem("--set", f"'{text}' is not KEY=VALUE with a dotted key, e.g. --set train.steps=10")])
+        raise SpecError([Problem("--set", f"'{one_line(text)}' is not KEY=VALUE with a dotted key, e.g. --set train.steps=10")])
+    if (char := control_character(text)) is not None:
+        raise SpecError([Problem("--set", f"'{one_line(text)}' holds {char}; {ONE_LINE}")])
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()
+    except (RecursionError, ValueError):  # arrays nested past Python's stack, an integer of more than 4300 digits
+        raise SpecError([Problem("--set", f"{key}: the value is nested more than {MAX_DEPTH} levels deep or has more than "
+                                          "4300 digits; fix: give a value a spec can hold")]) from None
     return tuple(key.split(".")), _normalize(value)
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+"""What no string of a spec holds: control characters (C0, DEL, C1: line breaks, tabs, NUL, escapes), Unicode's line
+and paragraph separators (line breaks to YAML and to editors), and the bidirectional overrides that make a line read
+otherwise than it runs. Every string of a spec is one line of a generated file, a command word or a path."""
+
+_CHARACTER_NAMES = {"\n": "a newline (\\n)", "\r": "a carriage return (\\r)", "\t": "a tab (\\t)", "\0": "a NUL character (\\0)",
+                    "\x1b": "an escape character (\\x1b)"}
+
+ONE_LINE = "names, paths and commands are one line of printable characters; fix: remove it"
+
+
+def control_character(text: str) -> str | None:
+    """The first character of `text` that no string of a spec may hold, in words ("a newline (\\n)"), or None."""
+    m = _CONTROL.search(text)
+    if m is None:
+        return None
+    c = m.group()
+    return _CHARACTER_NAMES.get(c, f"a control character (U+{ord(c):04X})")
+
+
+def one_line(text: str, keep: int = 120) -> str:
+    """`text` on one line, for a message: control characters escaped, and cut after `keep` characters."""
+    shown = _CONTROL.sub(lambda m: json.dumps(m.group())[1:-1] if m.group() in "\n\r\t" else f"\\u{ord(m.group()):04x}", text)
+    return shown if len(shown) <= keep else f"{shown[:keep]}... ({len(text)} characters)"
+
+
+def _show(value: Any) -> str:
+    """A value as a message shows it: JSON, on one line, cut short."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+        digits = str(abs(value))
+        return f"{'-' if value < 0 else ''}{digits[:4]}... ({len(digits)} digits)"
+    return one_line(json.dumps(value, ensure_ascii=False), 80)
 
 
 def _schema_type(path: Path) -> Any:
@@ -177,10 +244,60 @@ def apply_overrides(source: SpecSource, overrides: list[str]) -> SpecSource:
     return SpecSource(source.path, data, source.sha256, source.lines, overridden)
 
 
-def validate(source: SpecSource) -> None:
-    """Raise SpecError listing every schema violation of `source`, sorted by line."""
-    validator = jsonschema.Draft202012Validator(schema())
+def _full_pattern(validator: Any, pattern: str, instance: Any, schema_node: dict):
+    """`pattern` as the schema's dialect (ECMAScript regular expressions) reads its anchored patterns: `$` is the end of
+    the string. Python's re.search lets `$` match before a final newline, so "abc\\n" matched a name's pattern."""
+    if validator.is_type(instance, "string") and not re.fullmatch(pattern, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _full_pattern})
+"""The schema's validator: draft 2020-12, with each `pattern` matched against the whole string."""
+
+
+def _value_problems(source: SpecSource) -> list[Problem]:
+    """What no spec may hold, wherever it is written (a known key or not): a string or key with a control character, a
+    number that is NaN or infinite, an integer beyond 64 bits, tables nested too deep (which --set can add)."""
     problems: list[Problem] = []
+
+    def problem(path: Path, message: str) -> None:
+        origin = source.overridden.get(tuple(str(p) for p in path))
+        suffix = f" (from --set {one_line(origin)})" if origin else ""
+        problems.append(Problem(source.path, message + suffix, path=dotted(path), line=source.line(tuple(str(p) for p in path))))
+
+    deep = bounded.too_deep(source.data, MAX_DEPTH)
+    if deep is not None:
+        problem(deep[:MAX_DEPTH], f"nested more than {MAX_DEPTH} levels deep; a spec's tables are a few levels deep")
+        return problems
+    stack: list[tuple[Path, Any]] = [((), source.data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                if (char := control_character(key)) is not None:
+                    problem(path + (key,), f"the key holds {char}; {ONE_LINE}")
+                else:
+                    stack.append((path + (key,), sub))
+        elif isinstance(value, list):
+            stack.extend((path + (i,), sub) for i, sub in enumerate(value))
+        elif isinstance(value, str) and (char := control_character(value)) is not None:
+            problem(path, f"holds {char}; {ONE_LINE}")
+        elif isinstance(value, float) and not math.isfinite(value):
+            problem(path, f"{value} is not a number a spec can hold (NaN or infinite); fix: write a finite number")
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            problem(path, f"{_show(value)} is beyond a 64-bit integer (at most {MAX_INT}); fix: write a smaller number")
+    return problems
+
+
+def validate(source: SpecSource) -> None:
+    """Raise SpecError listing every schema violation of `source`, sorted by line. Values no spec may hold (control
+    characters, NaN, infinities, huge integers, deep nesting) are reported first and alone: the schema's messages would
+    echo them."""
+    problems = _value_problems(source)
+    if problems:
+        problems.sort(key=lambda p: (p.line or 0, p.path))
+        raise SpecError(problems)
+    validator = Validator(schema())
     for error in validator.iter_errors(source.data):
         problems.extend(_problems(source, error))
     if problems:
@@ -209,7 +326,9 @@ def _dedupe(problems: list[Problem]) -> list[Problem]:
 
 
 def dotted(path: Path) -> str:
-    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+    """`$.a.b[0]`; a key with a character a message cannot show as it is, quoted: `$.launch.env["A\\nB"]`."""
+    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f"[{json.dumps(p)}]" if _CONTROL.search(p) else f".{p}"
+                         for p in path)
 
 
 def _problems(source: SpecSource, error: jsonschema.ValidationError) -> list[Problem]:
@@ -224,36 +343,37 @@ def _problems(source: SpecSource, error: jsonschema.ValidationError) -> list[Pro
     kind, schema_node = error.validator, error.schema
     if kind == "additionalProperties" and isinstance(error.instance, dict):
         known = list(schema_node.get("properties", {}))
-        return [problem(f"unknown key '{key}'{_did_you_mean_key(key, known, path)}", path + (key,))
+        return [problem(f"unknown key '{one_line(key, 80)}'{_did_you_mean_key(key, known, path)}", path + (key,))
                 for key in error.instance if key not in known]
     if kind == "enum":
         options = ", ".join(json.dumps(v) for v in error.validator_value)
         hint = _did_you_mean(error.instance, error.validator_value)
-        return [problem(f"{json.dumps(error.instance)} is not one of {options}{hint}")]
+        return [problem(f"{_show(error.instance)} is not one of {options}{hint}")]
     if kind == "const":
-        return [problem(f"must be {json.dumps(error.validator_value)}, got {json.dumps(error.instance)}")]
+        return [problem(f"must be {json.dumps(error.validator_value)}, got {_show(error.instance)}")]
     if kind == "type":
         expected = error.validator_value
-        return [problem(f"expected {_type_name(expected)}, got {_type_name_of(error.instance)} {json.dumps(error.instance)}")]
+        return [problem(f"expected {_type_name(expected)}, got {_type_name_of(error.instance)} {_show(error.instance)}")]
     if kind == "required":
         missing = error.message.split("'")[1]
         example = {"version": "version = 1", "name": 'name = "my-job"'}.get(missing, f"{missing} = ...")
         return [problem(f"missing required key '{missing}'; add `{example}`")]
     if kind == "pattern":
         desc = schema_node.get("description", "")
-        value = json.dumps(error.instance)
+        value = _show(error.instance)
         return [problem(f"{value} has the wrong form: {desc}" if desc else f"{value} does not match {schema_node['pattern']}")]
-    if kind in ("minimum", "exclusiveMinimum", "maximum", "minLength", "uniqueItems", "propertyNames"):
+    if kind in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum", "minLength", "uniqueItems", "propertyNames"):
         return [problem(_bound_message(kind, error))]
-    return [problem(error.message)]
+    return [problem(one_line(error.message, 200))]
 
 
 def _bound_message(kind: str, error: jsonschema.ValidationError) -> str:
     v = error.validator_value
     return {
-        "minimum": f"must be >= {v}, got {json.dumps(error.instance)}",
-        "exclusiveMinimum": f"must be > {v}, got {json.dumps(error.instance)}",
-        "maximum": f"must be <= {v}, got {json.dumps(error.instance)}",
+        "minimum": f"must be >= {v}, got {_show(error.instance)}",
+        "exclusiveMinimum": f"must be > {v}, got {_show(error.instance)}",
+        "maximum": f"must be <= {v}, got {_show(error.instance)}",
+        "exclusiveMaximum": f"must be < {v}, got {_show(error.instance)}",
         "minLength": "must not be empty",
         "uniqueItems": "has duplicate entries",
         "propertyNames": f"{error.message}; environment variable names are letters, digits and '_'",

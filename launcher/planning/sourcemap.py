@@ -65,7 +65,18 @@ def toml_lines(text: str) -> dict[Path, int]:
 
 def json_lines(text: str) -> dict[Path, int]:
     """Map each key path (and array index) in JSON `text` to its 1-based line."""
+    return _scan_json(text)[0]
+
+
+def json_duplicates(text: str) -> list[tuple[Path, int]]:
+    """(path, line) of each key written a second time in one JSON object of `text` (json.loads keeps the last)."""
+    return _scan_json(text)[1]
+
+
+def _scan_json(text: str) -> tuple[dict[Path, int], list[tuple[Path, int]]]:
+    """The line of each key path, and each repeated key. Recursive: parse and check the depth first (read.py does)."""
     lines: dict[Path, int] = {}
+    repeated: list[tuple[Path, int]] = []
     decoder = json.JSONDecoder()
     ws = re.compile(r"\s*")
 
@@ -79,9 +90,13 @@ def json_lines(text: str) -> dict[Path, int]:
             pos = ws.match(text, pos + 1).end()
             if text[pos : pos + 1] == "}":
                 return pos + 1
+            keys: set[str] = set()
             while True:
                 pos = ws.match(text, pos).end()
                 key, end = json.decoder.scanstring(text, pos + 1)
+                if key in keys:
+                    repeated.append((path + (key,), line_of(pos)))
+                keys.add(key)
                 lines.setdefault(path + (key,), line_of(pos))
                 pos = ws.match(text, end).end() + 1  # the colon
                 pos = ws.match(text, value(pos, path + (key,))).end()
@@ -106,7 +121,7 @@ def json_lines(text: str) -> dict[Path, int]:
         value(0, ())
     except (ValueError, IndexError):
         pass  # the real parser reports malformed JSON; keep what was located
-    return lines
+    return lines, repeated
 
 
 def locate(lines: dict[Path, int], path: Path) -> int | None:

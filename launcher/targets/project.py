@@ -16,6 +16,7 @@ import os
 import tomllib
 
 from launcher.errors import UsageError
+from launcher.planning import bounded
 
 DEFAULT_OUT = "generated"
 MARKERS = (".git", "pyproject.toml")
@@ -50,10 +51,14 @@ def default_out(folder: str | None = None) -> str:
     if not os.path.isfile(path):
         return DEFAULT_OUT
     try:
-        with open(path, "rb") as f:
-            settings = tomllib.load(f).get("tool", {}).get("fp8launch", {})
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise UsageError(f"{path}: cannot read [tool.fp8launch]: {e}") from None
+        tool = tomllib.loads(bounded.read_bytes(path, bounded.CONFIG_BYTES).decode("utf-8")).get("tool", {})
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read [tool.fp8launch]: {e.strerror or e}") from None
+    except (ValueError, RecursionError) as e:  # TOMLDecodeError, not UTF-8, nested past Python's stack
+        raise UsageError(f"{path}: cannot read [tool.fp8launch]: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    settings = tool.get("fp8launch", {}) if isinstance(tool, dict) else {}
+    if not isinstance(settings, dict):
+        raise UsageError(f'{path}: [tool.fp8launch] must be a table, e.g. out = "specs/generated"')
     if "out" not in settings:
         return DEFAULT_OUT
     out = settings["out"]

@@ -32,11 +32,18 @@ def shell_quote(value: object) -> str:
 
 
 def sbatch_word(value: object) -> str:
-    """A value on an `#SBATCH` line: sbatch reads one line per option, so a line break would add options."""
+    """One argument on an `#SBATCH` line, as sbatch splits it (src/sbatch/opt.c `get_argument`): whitespace ends an
+    argument and an unquoted `#` the line, quotes (double or single) group, a backslash takes the next character as it
+    is, and an unquoted "hetjob" or "packjob" is a separator of heterogeneous jobs (Slurm 17.11 blanked "packjob"
+    anywhere on the line). A value holding any of those is double-quoted with `\\` and `"` escaped, so it stays one
+    argument: a quote in it cannot close the group and add options. A line break would end the line: refused (the spec
+    refuses it first)."""
     text = str(value)
     if any(c in text for c in "\n\r\0"):
         raise RenderError(f"{text!r} cannot go on an #SBATCH line: it contains a line break")
-    return f'"{text}"' if any(c.isspace() for c in text) else text
+    if not any(c.isspace() or c in "\"'\\#" for c in text) and not any(w in text.lower() for w in ("packjob", "hetjob")):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 @cache

@@ -15,12 +15,13 @@ the batch; planable.py makes the result plan. Nothing here imports torch.
 
 from __future__ import annotations
 
-import json
 import os
 import tomllib
 from dataclasses import dataclass
 
 from launcher.errors import EnvironmentProblem, SourceError, with_fix
+from launcher.planning import bounded
+from launcher.planning.sourcemap import json_duplicates
 
 from . import accelerate, axolotl, deepspeed, megatron, torchtitan
 from .draft import Draft, render, source_stem, spec_name
@@ -30,8 +31,13 @@ from .report import Report
 
 KINDS: tuple[Kind, ...] = (accelerate.KIND, axolotl.KIND, torchtitan.KIND, megatron.KIND, deepspeed.KIND)
 
-MAX_BYTES = 8 * 1024 * 1024
+MAX_BYTES = bounded.CONFIG_BYTES
 MAX_LEAVES = 20000
+MAX_DEPTH = 64
+"""Tables and lists nest at most this deep in a config (a NeMo / Megatron-Bridge YAML: under 10)."""
+MAX_NODES = 200_000
+"""The most values a YAML document may hold with its aliases expanded: a NeMo config holds a few thousand, a
+billion-laughs file of a few hundred bytes a billion."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +58,31 @@ def _yaml(text: str):
                                           'from your clone: pip install -e .')) from e
 
     class Loader(yaml.SafeLoader):
-        """SafeLoader that reads an unknown tag (`!!python/...`, a project's own `!tag`) as the plain value under it."""
+        """SafeLoader that reads an unknown tag (`!!python/...`, a project's own `!tag`) as the plain value under it, and
+        refuses a document nested past MAX_DEPTH (while composing it: composing recurses) or holding more than MAX_NODES
+        values once its aliases are expanded (before constructing it: what is built shares the aliased values, but
+        every reader of it walks them all)."""
+
+        depth = 0
+
+        def fetch_flow_collection_start(self, token_class):
+            if self.flow_level >= MAX_DEPTH:  # before the scanner looks ahead through every bracket for a simple key
+                raise bounded.Refused(f"nested more than {MAX_DEPTH} levels deep (line {self.line + 1}): not a config")
+            super().fetch_flow_collection_start(token_class)
+
+        def compose_node(self, parent, index):
+            self.depth += 1
+            try:
+                if self.depth > MAX_DEPTH:
+                    line = self.peek_event().start_mark.line + 1
+                    raise bounded.Refused(f"nested more than {MAX_DEPTH} levels deep (line {line}): not a config")
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+        def construct_document(self, node):
+            _expanded_size(node, yaml)
+            return super().construct_document(node)
 
     def plain(loader, _suffix, node):
         if isinstance(node, yaml.MappingNode):
@@ -66,18 +96,70 @@ def _yaml(text: str):
     return yaml.load(text, Loader=Loader)  # noqa: S506 -- a SafeLoader subclass
 
 
-PARSERS = {"json": json.loads, "toml": tomllib.loads, "yaml": _yaml}
+def _expanded_size(root, yaml) -> None:
+    """Raise bounded.Refused when the YAML node graph under `root`, every alias expanded, holds more than MAX_NODES nodes or
+    nests past MAX_DEPTH, or an alias holds itself. Each node is counted once (its expanded size kept), so a
+    billion-laughs file costs what its text costs; no recursion (aliases can chain deeper than the stack)."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack = [(root, False)]
+
+    def children(node):
+        if isinstance(node, yaml.MappingNode):
+            return [part for pair in node.value for part in pair]
+        return node.value if isinstance(node, yaml.SequenceNode) else []
+
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            kids = children(node)
+            size[key] = 1 + sum(size[id(k)] for k in kids)
+            depth[key] = 1 + max((depth[id(k)] for k in kids), default=0)
+            open_nodes.discard(key)
+            line = node.start_mark.line + 1
+            if size[key] > MAX_NODES:
+                raise bounded.Refused(f"its YAML aliases expand to more than {MAX_NODES} values (line {line}): not a config")
+            if depth[key] > MAX_DEPTH:
+                raise bounded.Refused(f"its YAML aliases nest more than {MAX_DEPTH} levels deep (line {line}): not a config")
+            continue
+        if key in size:
+            continue
+        if key in open_nodes:
+            raise bounded.Refused(f"a YAML alias holds itself (line {node.start_mark.line + 1}): not a config")
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in children(node) if id(k) not in size)
+
+
+def _json(text: str):
+    try:
+        return bounded.loads_json(text)
+    except bounded.DuplicateKey as e:
+        where = json_duplicates(text)
+        at = f"{'.'.join(where[0][0])} (line {where[0][1]})" if where else e.key
+        raise bounded.Refused(f"{at}: a key written twice in one object; JSON readers keep only the last, DeepSpeed refuses "
+                              "it; fix: keep one") from None
+    except bounded.NotANumber as e:
+        raise bounded.Refused(f"{e.text} is not a number JSON allows; fix: write a finite number") from None
+    except bounded.Refused as e:
+        raise bounded.Refused(f"{e} (JSON); a config is at most {MAX_DEPTH} levels deep") from None
+
+
+PARSERS = {"json": _json, "toml": tomllib.loads, "yaml": _yaml}
 BY_EXTENSION = {".json": "json", ".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}
 
 
 def load(path: str) -> tuple[str, dict]:
     """(format, data) of the file at `path`: JSON, TOML or YAML, whichever parses to a table (the extension's first).
-    Raises SourceError (one line) when it cannot be read or parsed."""
+    Raises SourceError (one line) when it cannot be read or parsed, or holds what no config holds."""
     try:
-        if os.path.getsize(path) > MAX_BYTES:
-            raise SourceError(path, f"larger than {MAX_BYTES // 2**20} MiB: not a config")
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = bounded.read_bytes(path, MAX_BYTES)
+    except bounded.Unreadable as e:
+        if e.size is not None:
+            raise SourceError(path, f"larger than {MAX_BYTES // 2**20} MiB: not a config") from None
+        raise SourceError(path, f"{e.strerror}: expected a JSON, TOML or YAML config") from None
     except OSError as e:
         raise SourceError(path, f"cannot read it ({e.strerror or e})") from None
     try:
@@ -90,19 +172,38 @@ def load(path: str) -> tuple[str, dict]:
     for fmt in order:
         try:
             data = PARSERS[fmt](text)
-        except SourceError:
+        except (SourceError, EnvironmentProblem):
             raise
+        except bounded.Refused as e:
+            raise SourceError(path, str(e)) from None
+        except RecursionError:
+            raise SourceError(path, f"nested deeper than Python reads ({fmt.upper()}); a config is at most {MAX_DEPTH} levels "
+                                    "deep") from None
         except Exception as e:  # each parser has its own error types; the first line says where
             errors[fmt] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             continue
         if data is None or data == {}:
             raise SourceError(path, f"empty: it holds no settings (it reads as {fmt.upper()}, with nothing but blanks and comments)")
         if isinstance(data, dict):
+            _check_values(path, data)
             return fmt, data
         kind = {"str": "text", "list": "list", "int": "number", "float": "number", "bool": "boolean"}.get(type(data).__name__, "value")
         raise SourceError(path, f"not a config: it reads as {fmt.upper()} holding a {kind}, not a table of settings")
     detail = errors.get(first) or "; ".join(f"{k}: {v}" for k, v in errors.items())
     raise SourceError(path, f"cannot parse it as JSON, TOML or YAML ({detail})")
+
+
+def _check_values(path: str, data: dict) -> None:
+    """Refuse nesting past MAX_DEPTH, and NaN or an infinity anywhere (TOML's nan / inf, YAML's .nan / .inf): no setting
+    fp8launch maps takes one, and the spec it would go to refuses them."""
+    deep = bounded.too_deep(data, MAX_DEPTH)
+    if deep is not None:
+        raise SourceError(path, f"{'.'.join(map(str, deep[:8]))}...: nested more than {MAX_DEPTH} levels deep: not a config")
+    bad = bounded.first_nonfinite(data)
+    if bad is not None:
+        where, value = bad
+        raise SourceError(path, with_fix(f"{'.'.join(map(str, where))}: {value} is not a number a config can hold (NaN or infinite)",
+                                         "write a finite number, or remove the key"))
 
 
 def detect(path: str, data: dict) -> Kind:

@@ -14,8 +14,9 @@ config or an Axolotl YAML names. Read as DeepSpeed 0.19.8 reads it (deepspeed/ru
 
 from __future__ import annotations
 
-import json
 import os
+
+from launcher.planning import bounded
 
 from . import hub
 from .draft import Draft
@@ -63,8 +64,7 @@ def attach(draft: Draft, source: str, base: str) -> bool:
     candidates = [name] if os.path.isabs(name) else [os.path.join(base, name), name]
     for path in candidates:
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = bounded.loads_json(bounded.read_bytes(path, bounded.CONFIG_BYTES).decode("utf-8"), max_depth=64)
         except (OSError, ValueError):
             continue
         if isinstance(data, dict):

@@ -140,6 +140,9 @@ def predict(plan, spec_dir: str = ".") -> Prediction:
     shape, why = model_shape(plan.train.model, spec_dir)
     if shape is None:
         return Prediction(fp8_vs_bf16=None, reason=f"model shapes unknown: {why}", **base)
+    d = plan.distributed
+    if plan.world_size % (d.tensor_parallel * d.context_parallel * d.pipeline_parallel):  # refused by a *-DIVIDES-* rule
+        return Prediction(fp8_vs_bf16=None, reason="the parallel degrees do not divide the world size", **base)
     base["grad_comm_bytes"] = grad_comm_bytes(plan, shape.params)
     p = plan.precision
     if p.fp8:

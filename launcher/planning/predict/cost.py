@@ -233,7 +233,10 @@ class Device:
 
 
 def gemm_s(dev: Device, m: int, k: int, n: int, dtype: str, scaled_eff: float = 1.0) -> float:
-    """One GEMM (m x k) @ (k x n): fixed cost + the slower of compute (with wave quantization) and memory."""
+    """One GEMM (m x k) @ (k x n): fixed cost + the slower of compute (with wave quantization) and memory; none for an
+    empty one (a dimension split over more ranks than it has rows: rules refuse such a plan, the prediction runs first)."""
+    if m <= 0 or k <= 0 or n <= 0:
+        return 0.0
     tiles = math.ceil(m / TILE[0]) * math.ceil(n / TILE[1])
     wave_fill = tiles / (math.ceil(tiles / dev.sms) * dev.sms)
     compute = 2.0 * m * k * n / (dev.peak(dtype) * gemm_eff(dev, dtype) * scaled_eff * wave_fill)

@@ -8,12 +8,13 @@ in module registration order, with the FQN of its first copy (e.g. `layers.0.att
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import os
 from dataclasses import dataclass
 
 from launcher.errors import InputError
-from launcher.planning.models import LlamaConfig, parse_builtin
+from launcher.planning import bounded
+from launcher.planning.models import MAX_LAYERS, MAX_OVERRIDE, LlamaConfig, parse_builtin
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,15 +156,19 @@ HF_FUSED_QKV = {"phi3"}
 
 def hf_shape(config: dict, source: str) -> ModelShape | None:
     """A decoder-only Hugging Face config (Llama, Mistral, Qwen2, Gemma, Phi-3 ...); None when it does not
-    describe a Llama-style block (e.g. GPT-2, whose projections are Conv1D, or a config without the sizes)."""
+    describe a Llama-style block (e.g. GPT-2, whose projections are Conv1D, or a config without the sizes). Raises
+    ValueError for sizes beyond what a model may have (more than MAX_LAYERS blocks: planning works block by block)."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     try:
-        dim, n_layers, n_heads = int(text["hidden_size"]), int(text["num_hidden_layers"]), int(text["num_attention_heads"])
-        ffn, vocab = int(text["intermediate_size"]), int(text["vocab_size"])
-    except (KeyError, TypeError, ValueError):
+        dim, n_layers, n_heads = _size(text, "hidden_size"), _size(text, "num_hidden_layers", MAX_LAYERS), _size(
+            text, "num_attention_heads")
+        ffn, vocab = _size(text, "intermediate_size"), _size(text, "vocab_size")
+        kv = _size(text, "num_key_value_heads") if text.get("num_key_value_heads") else n_heads
+        head_dim = _size(text, "head_dim") if text.get("head_dim") else dim // n_heads
+    except (KeyError, TypeError):
         return None
-    kv = int(text.get("num_key_value_heads") or n_heads)
-    head_dim = int(text.get("head_dim") or dim // n_heads)
+    if head_dim < 1:
+        return None
     fused = text.get("model_type") in HF_FUSED_QKV
     shape = _decoder(source, dim=dim, n_layers=n_layers, n_heads=n_heads, kv_heads=kv, head_dim=head_dim, ffn_dim=ffn,
                      vocab=vocab, prefix="model.layers.{i}",
@@ -173,6 +178,19 @@ def hf_shape(config: dict, source: str) -> ModelShape | None:
     # transformers' default is tied embeddings (PretrainedConfig.tie_word_embeddings = True) unless the config says otherwise
     tied = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", True)))
     return dataclasses.replace(shape, tied=tied) if shape is not None else None
+
+
+def _size(config: dict, key: str, most: int = MAX_OVERRIDE) -> int:
+    """config[key] as a size: a whole number from 1 to `most` (KeyError when absent, TypeError when not a number,
+    ValueError past `most`)."""
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(key)
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()) or value < 1:
+        raise TypeError(key)
+    if value > most:
+        raise ValueError(f"its {key} {value} is more than {most}")
+    return int(value)
 
 
 def model_shape(model: str, spec_dir: str = ".") -> tuple[ModelShape | None, str]:
@@ -190,10 +208,14 @@ def model_shape(model: str, spec_dir: str = ".") -> tuple[ModelShape | None, str
             return None, f"{path} not found here"
         config_file = os.path.join(found, "config.json") if os.path.isdir(found) else found
         try:
-            with open(config_file, encoding="utf-8") as f:
-                config = json.load(f)
-        except (OSError, ValueError) as e:
+            config = bounded.loads_json(bounded.read_bytes(config_file, bounded.CONFIG_BYTES).decode("utf-8-sig"), max_depth=64)
+        except OSError as e:
+            return None, f"cannot read {config_file}: {e.strerror or e.__class__.__name__}"
+        except (ValueError, RecursionError) as e:
             return None, f"cannot read {config_file}: {e.__class__.__name__}"
-        shape = hf_shape(config, model) if isinstance(config, dict) else None
+        try:
+            shape = hf_shape(config, model) if isinstance(config, dict) else None
+        except ValueError as e:
+            return None, f"{config_file} is beyond what planning sizes: {e}"
         return (shape, "") if shape else (None, f"{config_file} does not describe a Llama-style decoder")
     return None, f"{kind}: models are known only once built (a user factory); the prediction needs builtin: or hf:"
