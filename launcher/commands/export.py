@@ -66,8 +66,11 @@ def run_export(run_dir: str, *, step: int | None, fmt: str, dtype: str, out: str
     from launcher.train.export.pipeline import export, find_checkpoint
     from launcher.train.export.write import check_target
 
+    if out:  # a bad --out is refused before the checkpoints are read (and their notes printed)
+        check_target(out)
     step, checkpoint = find_checkpoint(run_dir, step, echo)
     target = out or default_out(run_dir, step, fmt)
-    check_target(target)
+    if not out:
+        check_target(target)
     return export(plan, os.path.dirname(os.path.abspath(plan_file)), checkpoint, step, fmt=fmt, dtype=dtype, out=target,
                   max_shard_bytes=max_bytes, echo=echo)
