@@ -15,12 +15,16 @@ write a checkpoint together, and exit with EXIT_PREEMPTED. Running the same comm
 between its SIGTERM and a SIGKILL; SLURM's KillWait is 30 s by default too: a step plus a
 checkpoint must fit (on a large model, send the signal earlier: signal_seconds).
 
-A second SIGTERM changes nothing (SLURM and torchrun may both deliver one). SIGINT (Ctrl-C)
-keeps its usual meaning: stop now, without a checkpoint.
+A second SIGTERM changes nothing (SLURM and torchrun may both deliver one). Under torchrun the
+worker also gets a SIGTERM when torchrun dies (`follow_parent`: kill -9 included), so a killed
+launcher or agent still ends in a checkpoint.
+
+SIGINT (Ctrl-C) keeps its usual meaning: stop now, without a checkpoint.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -53,6 +57,22 @@ def install() -> bool:
     for s in SIGNALS:
         signal.signal(s, _handler)
     return True
+
+
+def follow_parent() -> bool:
+    """A SIGTERM (a stop after a checkpoint) when the process that started this one dies, kill -9 included
+    (Linux's parent-death signal; False elsewhere). For torchrun's workers, which torchrun starts in
+    sessions of their own: nothing else would stop them."""
+    from launcher.targets.runlock import die_with_parent
+
+    parent = os.getppid()
+    if not die_with_parent(signal.SIGTERM):
+        return False
+    if os.getppid() != parent:  # it died before the kernel was asked
+        request()
+    return True
+
+
 
 
 def requested() -> str | None:
