@@ -1,7 +1,7 @@
 """A run owns its folder (launcher/targets/runlock.py), in this process and a few small ones: the lock refuses a second
 holder at once naming the first, goes with a dead holder, lets the run's own rank-0 worker join and nobody else, leaves
 nothing behind after a failed command; a child started with `stop_with_this_process` gets SIGTERM when its parent is
-killed -9 (the real runs: tests/e2e/test_runlock.py)."""
+killed -9; Ctrl-C in `fp8launch run` is one line and exit 130 (the real runs: tests/e2e/test_runlock.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.commands.run import claim, execute, launch_command, plan_for_run
+from launcher.commands.run import Command, RunInterrupted, claim, execute, launch_command, plan_for_run
 from launcher.errors import EnvironmentProblem
 from launcher.targets import runlock
 from launcher.targets.runlock import LOCK_ENV, LOCK_FILE, PEER, for_worker, hold, join
@@ -157,6 +157,35 @@ def test_a_job_submitted_elsewhere_gets_the_folder_free(tmp_path, monkeypatch):
     command = launch_command(planned, environ={"PATH": str(fake)})
     lock = claim(planned, command)
     assert execute(command, environ={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}, lock=lock) == 0
+
+
+FAKE_TORCHRUN = """\
+#!/bin/bash
+sleep 0.3
+echo "[fp8launch-rank0]:step 1/10"
+kill -INT $PPID   # Ctrl-C: the terminal's SIGINT reaches the launcher (and torchrun, and through it every worker)
+sleep 0.3
+echo "[fp8launch-rank1]:Traceback (most recent call last):" >&2
+echo "[fp8launch-rank1]:RuntimeError: Connection closed by peer" >&2
+echo "[fp8launch-rank0]:interrupted: Ctrl-C after step 1 of 10, without a checkpoint of it; no checkpoint was written" >&2
+echo "torchrun's own SignalException traceback" >&2
+exit 1
+"""
+
+
+def test_ctrl_c_shows_the_ranks_one_line_and_nothing_they_print_on_the_way_out(tmp_path):
+    script = tmp_path / "torchrun.sh"
+    script.write_text(FAKE_TORCHRUN)
+    script.chmod(0o755)
+    shown = []
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(RunInterrupted) as e:
+        execute(Command(kind="torchrun", argv=(str(script),), logs=str(tmp_path / "logs")), out=shown.append, err=shown.append)
+    assert (e.value.exit_code, str(e.value)) == (130, "interrupted: Ctrl-C after step 1 of 10, without a checkpoint of it; "
+                                                      "no checkpoint was written")
+    assert shown == ["step 1/10\n"]
+    assert "Connection closed by peer" in (tmp_path / "logs" / "torchrun.log").read_text()  # kept, in the log
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 MIDDLE = """

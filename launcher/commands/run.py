@@ -49,6 +49,8 @@ RANK_PREFIX = "[fp8launch-rank${rank}]:"
 workers' lines (shown) from torchrun's own (its traceback and failure table: to the log only)."""
 WORKER_LINE = re.compile(r"\[fp8launch-rank(\d+)\]:(.*)", re.DOTALL)
 TRACEBACK = re.compile(r"(\[rank\d+\]: ?)?Traceback \(most recent call last\):")
+INTERRUPTED_LINE = re.compile(r"(\[rank \d+\] )?(interrupted: .*)")
+"""The line a worker prints after a Ctrl-C (launcher/train/main.py): where the run stopped, what continues it."""
 DISPLAY_HIDDEN = ("PATH", EXIT_FILE_ENV)
 """Variables set for the child but left out of the printed command (machine-specific noise)."""
 
@@ -187,7 +189,8 @@ def execute(command: Command, *, on_job_id: Callable[[str], None] = lambda job: 
     printed its one-line error, and that stays the last thing on the terminal.
 
     `lock` (the run's hold on its folder, `claim`): torchrun (or slurm.sbatch) keeps it while it lives and its rank-0
-    worker joins it; a job submitted to run elsewhere (sbatch, kubectl) takes it where it runs, so it is let go here."""
+    worker joins it; a job submitted to run elsewhere (sbatch, kubectl) takes it where it runs, so it is let go here.
+    A Ctrl-C while torchrun runs raises RunInterrupted with the one line the run's rank 0 printed."""
     env = {**(os.environ if environ is None else environ), **command.env}
     _require(command, env)
     fds = ()
@@ -206,6 +209,8 @@ def execute(command: Command, *, on_job_id: Callable[[str], None] = lambda job: 
             logs = os.path.abspath(command.logs)
             env.update({LOG_DIR_ENV: logs, RANK_PREFIX_ENV: RANK_PREFIX})
             shown = _run_shown(command.argv, env, logs, out or _stdout, err or _stderr, fds)
+            if shown.interrupted is not None:
+                raise RunInterrupted(shown.interrupted)
             code = _reported_code(exit_file, shown.code)
             if code not in (0, *ENTRYPOINT_CODES) and not shown.worker_lines:  # torchrun itself failed: its lines are all there is
                 for line in shown.agent_lines:
@@ -233,6 +238,8 @@ class _Shown:
     crashed: int | None = None
     """The rank whose traceback is shown; a traceback of another rank goes to the log only."""
     hidden: set[int] = field(default_factory=set)
+    interrupted: str | None = None
+    """After a Ctrl-C: the line that says where the run stopped (a worker's, else one of ours); nothing else is shown."""
 
 
 def _run_shown(argv: tuple[str, ...], env: Mapping[str, str], logs: str,
@@ -240,7 +247,7 @@ def _run_shown(argv: tuple[str, ...], env: Mapping[str, str], logs: str,
     """Run torchrun with its workers' lines (tagged by RANK_PREFIX) shown on out/err, untagged,
     and every line, torchrun's own included, in `logs`/torchrun.log."""
     os.makedirs(logs, exist_ok=True)
-    shown, lock = _Shown(), threading.Lock()
+    shown, lock, before = _Shown(), threading.Lock(), len(INTERRUPTS)
     with open(os.path.join(logs, "torchrun.log"), "w", encoding="utf-8") as full:
         child = subprocess.Popen(argv, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True, errors="replace", bufsize=1, pass_fds=fds, preexec_fn=stop_with_this_process())
@@ -256,6 +263,11 @@ def _run_shown(argv: tuple[str, ...], env: Mapping[str, str], logs: str,
                         continue
                     rank, text = int(match.group(1)), match.group(2)
                     shown.worker_lines += 1
+                    if len(INTERRUPTS) > before:  # Ctrl-C: what the ranks print on their way out stays in the log
+                        said = INTERRUPTED_LINE.match(text)
+                        if said and shown.interrupted is None:
+                            shown.interrupted = said.group(2).strip()
+                        continue
                     if TRACEBACK.match(text):  # one crash shown: the others are its consequences (peers gone)
                         shown.crashed = rank if shown.crashed is None else shown.crashed
                         if shown.crashed != rank:
@@ -270,6 +282,8 @@ def _run_shown(argv: tuple[str, ...], env: Mapping[str, str], logs: str,
         shown.code = _wait(child)
         for t in pumps:
             t.join()
+    if len(INTERRUPTS) > before and shown.interrupted is None:
+        shown.interrupted = f"interrupted: Ctrl-C; torchrun and its workers stopped; full logs: {logs}/"
     return shown
 
 
@@ -387,6 +401,13 @@ class Interrupted(LauncherError):
     """Ctrl-C while `run --wait` waits for a batch job: the job is not ours to stop."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+class RunInterrupted(LauncherError):
+    """Ctrl-C while torchrun runs here: every rank stopped; the message is the run's own line ("interrupted: ...")."""
+
+    exit_code = EXIT_INTERRUPTED
+    label = None
 
 
 def announce(planned: Planned, command: Command, job_id: str) -> str:

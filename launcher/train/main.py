@@ -30,6 +30,8 @@ A restarted or preempted run continues where it stopped: torchrun's --max-restar
 complete checkpoint; SIGTERM (SLURM's --signal, scancel, an eviction; torchrun passes it on)
 makes every rank finish its step, stop after the same one, write a checkpoint and exit 75; so does
 torchrun's death (kill -9 included: each worker asks Linux for a SIGTERM when its parent dies).
+Ctrl-C (SIGINT, which torchrun passes on) stops every rank at once, without a checkpoint: exit 130,
+one line naming the step reached and the newest complete checkpoint.
 
 A run owns its folder: global rank 0 holds the lock on train.output_dir for its life (it joins the
 one `fp8launch run` holds, or takes it where no launcher here does: sbatch, Kubernetes, torchrun.sh
@@ -39,7 +41,8 @@ Exit codes: 0 done; 2 the plan names something unusable (train.resume included);
 machine cannot run the plan, or a checkpoint cannot be written; 4 the loss diverged (non-finite
 loss or gradient norm; the message names the step, the last complete checkpoint and the likely
 causes); 75 preempted: stopped by SIGTERM after a complete checkpoint, run the same command
-again to continue. A user-facing error is printed once, as one line, without a traceback.
+again to continue; 130 interrupted (Ctrl-C). A user-facing error is printed once, as one line,
+without a traceback.
 """
 
 from __future__ import annotations
@@ -71,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     except LauncherError as e:
         _report(e, distributed)
         return e.exit_code
+    except BaseException:  # a Ctrl-C before the first step, or what it caused on its way through
+        if not preempt.interrupted():
+            raise
+        stop = preempt.Interrupted("interrupted: Ctrl-C before the first step of this run; run the same command again to start it")
+        _report(stop, distributed)
+        return stop.exit_code
     finally:
         _leave(distributed)
 
@@ -115,6 +124,10 @@ def train(plan_path: str) -> int:
             distributed.barrier()
         except RuntimeError:  # a rank already gone (its node stopped): the checkpoint is complete all the same
             pass
+        raise
+    except BaseException:  # a Ctrl-C (or what it caused in a collective a stopped peer left): one line, no traceback
+        if preempt.interrupted():
+            raise trainer.interrupted() from None
         raise
     finally:
         logger.close()

@@ -19,7 +19,10 @@ A second SIGTERM changes nothing (SLURM and torchrun may both deliver one). Unde
 worker also gets a SIGTERM when torchrun dies (`follow_parent`: kill -9 included), so a killed
 launcher or agent still ends in a checkpoint.
 
-SIGINT (Ctrl-C) keeps its usual meaning: stop now, without a checkpoint.
+SIGINT (Ctrl-C; torchrun passes the terminal's on to every worker) keeps its usual meaning: stop
+now, without a checkpoint. It is recorded (`interrupted`) before it raises KeyboardInterrupt, so the
+entrypoint can tell it from the errors it causes on the way out (a peer gone mid-collective) and
+exit 130 with one line instead of a traceback per rank.
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ import signal
 import threading
 
 # EXIT_PREEMPTED (75) is EX_TEMPFAIL in sysexits.h: "preempted, resumable"; 143 = 128 + SIGTERM would mean it died without a checkpoint.
-from launcher.errors import EXIT_PREEMPTED, LauncherError
+from launcher.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, LauncherError
 
 SIGNALS = (signal.SIGTERM,)
 """The signals that ask for a checkpoint and a clean stop."""
 
 _received: list[str] = []
+_interrupted: list[int] = []
 
 
 class Preempted(LauncherError):
@@ -44,18 +48,32 @@ class Preempted(LauncherError):
     label = None  # "preempted: ..." is a clean stop, not an error
 
 
+class Interrupted(LauncherError):
+    """Ctrl-C stopped the run: no new checkpoint; the message says where it stopped and what continues it."""
+
+    exit_code = EXIT_INTERRUPTED
+    label = None
+
+
 def _handler(signum, frame) -> None:  # noqa: ARG001 - the signal module's signature
     if not _received:
         _received.append(signal.Signals(signum).name)
 
 
+def _on_interrupt(signum, frame) -> None:  # noqa: ARG001
+    _interrupted.append(signum)
+    raise KeyboardInterrupt
+
+
 def install() -> bool:
-    """Make SIGTERM set the stop flag in this process. Only the main thread can install handlers:
-    elsewhere (a test harness's thread) returns False and leaves the signals alone."""
+    """Make SIGTERM set the stop flag in this process, and record a SIGINT before it raises KeyboardInterrupt.
+    Only the main thread can install handlers: elsewhere (a test harness's thread) returns False and leaves
+    the signals alone."""
     if threading.current_thread() is not threading.main_thread():
         return False
     for s in SIGNALS:
         signal.signal(s, _handler)
+    signal.signal(signal.SIGINT, _on_interrupt)
     return True
 
 
@@ -73,6 +91,9 @@ def follow_parent() -> bool:
     return True
 
 
+def interrupted() -> bool:
+    """Whether a SIGINT (Ctrl-C) reached this process."""
+    return bool(_interrupted)
 
 
 def requested() -> str | None:
@@ -89,3 +110,4 @@ def request(name: str = "SIGTERM") -> None:
 def reset() -> None:
     """Forget a request (a new run in the same process, e.g. in tests)."""
     _received.clear()
+    _interrupted.clear()
