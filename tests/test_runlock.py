@@ -173,16 +173,18 @@ exit 1
 """
 
 
-def test_ctrl_c_shows_the_ranks_one_line_and_nothing_they_print_on_the_way_out(tmp_path):
+@pytest.mark.parametrize("said", [True, False], ids=["a rank said where it stopped", "no rank did"])
+def test_ctrl_c_shows_the_ranks_one_line_and_nothing_they_print_on_the_way_out(tmp_path, said):
     script = tmp_path / "torchrun.sh"
-    script.write_text(FAKE_TORCHRUN)
+    script.write_text(FAKE_TORCHRUN if said else "\n".join(line for line in FAKE_TORCHRUN.splitlines() if "interrupted:" not in line))
     script.chmod(0o755)
     shown = []
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(RunInterrupted) as e:
         execute(Command(kind="torchrun", argv=(str(script),), logs=str(tmp_path / "logs")), out=shown.append, err=shown.append)
-    assert (e.value.exit_code, str(e.value)) == (130, "interrupted: Ctrl-C after step 1 of 10, without a checkpoint of it; "
-                                                      "no checkpoint was written")
+    line = ("interrupted: Ctrl-C after step 1 of 10, without a checkpoint of it; no checkpoint was written" if said
+            else f"interrupted: Ctrl-C; torchrun and its workers stopped; full logs: {tmp_path / 'logs'}/")
+    assert (e.value.exit_code, str(e.value)) == (130, line)
     assert shown == ["step 1/10\n"]
     assert "Connection closed by peer" in (tmp_path / "logs" / "torchrun.log").read_text()  # kept, in the log
     assert signal.getsignal(signal.SIGINT) is before

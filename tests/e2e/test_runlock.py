@@ -7,11 +7,14 @@ after the other in one test (each phase needs the state the one before left):
 2. kill -9 of A's launcher alone: torchrun (its parent-death signal) stops the workers with SIGTERM, they finish the
    step, write a complete checkpoint of it and exit; every process of A is gone within torchrun's 30 s grace (torchrun
    itself a few seconds after its workers: it first reports the broken pipe to the dead launcher).
-3. Run C, the same command: takes the lock A left over, resumes from that checkpoint; Ctrl-C (SIGINT to its process
+3. Run C, the same command: takes the lock A left over, resumes from that checkpoint. The plan's torchrun.sh started by
+   hand (as sbatch or Kubernetes start a job: no launcher holds the folder for it) into C's folder: its rank 0 finds
+   the folder held and every rank stops with exit 3 before writing anything. Ctrl-C to C (SIGINT to its process
    group, as a terminal sends it): exit 130, no traceback, stderr ends with the one line naming the step reached and
    that checkpoint; the folder is free again.
 
-~25-30 s on the 2-core development machine (two runs' start-up, most of it importing torch in every process).
+~45-50 s on the 2-core development machine (three jobs' start-up, most of it importing torch in every process; the
+hand-started torchrun.sh ~18 s of it, its workers importing torch beside C's training).
 """
 
 from __future__ import annotations
@@ -166,8 +169,18 @@ def test_a_run_owns_its_folder_and_stops_with_its_launcher(tmp_path):
         # -- 3. the same command takes the folder over, resumes, and a Ctrl-C stops it -------------------------
         c = start(tmp_path, "run", str(spec))
         try:
-            logged = wait_for(c, out, starts=2, step=stopped + 2)
+            wait_for(c, out, starts=2, step=stopped + 1)
             assert json.loads((out / LOCK_FILE).read_text())["pid"] == c.pid
+            # the job's own script, as sbatch or a user starts it, with no launcher: its rank 0 finds C's hold, every rank stops
+            t0 = time.monotonic()
+            d = subprocess.run(["bash", str(out / "plan" / "torchrun.sh")], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                               env={**env(), "PATH": f"{Path(FP8LAUNCH).parent}:{os.environ['PATH']}"})
+            direct_s = time.monotonic() - t0
+            assert d.returncode == 1, f"exit {d.returncode}\n{d.stderr[-3000:]}"  # torchrun's own code for failed workers
+            assert d.stderr.count(f"error: train.output_dir runs/owned is in use by another run: pid {c.pid} on host ") == 1
+            assert d.stderr.count("exitcode  : 3 ") == 2  # torchrun's failure table: each rank stopped itself with 3
+            assert [r["event"] for r in records(out)].count("start") == 2  # and wrote nothing
+            logged = wait_for(c, out, starts=2, step=stopped + 2)
             pids = tree(c.pid)
             os.killpg(c.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
             t0 = time.monotonic()
@@ -198,5 +211,5 @@ def test_a_run_owns_its_folder_and_stops_with_its_launcher(tmp_path):
         kill_all([a.pid, *pids])
         a.wait()
     print(f"second run refused (exit 3) in {refuse_s:.2f} s; kill -9 of the launcher at step {stopped}: both workers gone "
-          f"{workers_s:.1f} s later, torchrun {torchrun_s:.1f} s; checkpoint step-{stopped} complete and resumed; Ctrl-C: exit 130 "
-          f"{ctrl_c_s:.1f} s after it")
+          f"{workers_s:.1f} s later, torchrun {torchrun_s:.1f} s; checkpoint step-{stopped} complete and resumed; torchrun.sh by hand "
+          f"into the held folder: every rank exit 3, {direct_s:.1f} s; Ctrl-C: exit 130 {ctrl_c_s:.1f} s after it")
