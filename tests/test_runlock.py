@@ -55,7 +55,7 @@ def test_a_second_hold_is_refused_at_once_naming_the_first(tmp_path, held):
     t0 = time.monotonic()
     with pytest.raises(EnvironmentProblem) as e:  # another open of the file: refused as another process would be
         hold(str(folder))
-    assert time.monotonic() - t0 < 0.5  # no waiting for the holder
+    assert time.monotonic() - t0 < 5  # no waiting for the holder (a waiting lock would wait for ever)
     assert e.value.exit_code == 3 and str(e.value) == in_use_line(folder, holder)
     assert json.loads((folder / LOCK_FILE).read_text()) == holder  # the refused one changed nothing
 
@@ -112,6 +112,10 @@ def test_a_failed_command_leaves_nothing_of_the_lock_behind(tmp_path):
     with pytest.raises(ValueError), hold(str(tmp_path / "kept")):
         raise ValueError
     assert sorted(os.listdir(tmp_path / "kept")) == [LOCK_FILE]  # what it did not create stays
+    with pytest.raises(ValueError), hold(str(tmp_path / "written")):
+        (tmp_path / "written" / "train.log").write_text("the run started")
+        raise ValueError("the run failed")
+    assert sorted(os.listdir(tmp_path / "written")) == [LOCK_FILE, "train.log"]  # a folder written into keeps its lock file
     with hold(str(tmp_path / "ok")):
         pass
     assert sorted(os.listdir(tmp_path / "ok")) == [LOCK_FILE]  # a command that went through leaves the lock file
@@ -163,6 +167,7 @@ FAKE_TORCHRUN = """\
 #!/bin/bash
 sleep 0.3
 echo "[fp8launch-rank0]:step 1/10"
+sleep 0.3         # shown before the Ctrl-C (a line the launcher reads after it is not)
 kill -INT $PPID   # Ctrl-C: the terminal's SIGINT reaches the launcher (and torchrun, and through it every worker)
 sleep 0.3
 echo "[fp8launch-rank1]:Traceback (most recent call last):" >&2

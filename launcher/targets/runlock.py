@@ -94,10 +94,14 @@ class RunLock:
         old file meanwhile finds it gone once it holds it (`hold` checks) and takes the lock anew."""
         if not self.fds:
             return
-        for path in self.made:
+        try:
+            untouched = self.made and os.listdir(self.folder) == [LOCK_FILE]
+        except OSError:
+            untouched = False
+        for path in self.made if untouched else ():
             try:
                 os.unlink(path) if path.endswith(LOCK_FILE) else os.rmdir(path)
-            except OSError:  # something else was written there: kept
+            except OSError:  # something else is there: kept
                 break
         self.release()
 
