@@ -51,7 +51,7 @@ def run_bench(spec: str, *, vs: str = "bf16", steps: int | None = None, repeats:
                          f"steps after it (train.steps = {first.plan.train.steps}, --warmup {warmup}); fix: --warmup 2 --steps 6 or more")
     out_dir = out_dir or os.path.join(os.path.dirname(first.plan.train.output_dir.rstrip("/")) or ".", f"{first.plan.name}-bench")
     check_out(out_dir)
-    with hold(out_dir, key="bench --out", elsewhere="name another --out"):  # exit 3 at once where another bench holds it
+    with hold(out_dir, key="bench --out", elsewhere="name another --out", make=make_folder):  # exit 3 at once where another holds it
         return _bench(spec, a, b, first, out_dir=out_dir, steps=steps, repeats=repeats, warmup=warmup, max_loss_gap=max_loss_gap,
                       profile=profile, profiled_steps=profiled_steps, echo=echo)
 

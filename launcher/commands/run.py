@@ -35,7 +35,7 @@ from launcher.commands import kubectl
 from launcher.commands.plan import Planned, plan_one
 from launcher.errors import ENTRYPOINT_CODES, EXIT_FILE_ENV, EXIT_INTERRUPTED, EnvironmentProblem, LauncherError, UsageError
 from launcher.planning.install import INSTALL
-from launcher.targets.files import Change, write
+from launcher.targets.files import Change, make_folder, write
 from launcher.targets.kubernetes import JobRef, job_ref, manifest_file
 from launcher.targets.runlock import RunLock, hold, stop_with_this_process
 
@@ -107,7 +107,7 @@ def claim(planned: Planned, command: Command, environ: Mapping[str, str] | None 
     environ = os.environ if environ is None else environ
     if command.kind == "torchrun" and command.env.get("NODE_RANK", environ.get("NODE_RANK", "0")).strip() not in ("", "0"):
         return RunLock(planned.plan.train.output_dir, peer=True)
-    return hold(planned.plan.train.output_dir)
+    return hold(planned.plan.train.output_dir, make=lambda folder: make_folder(folder, "train.output_dir"))
 
 
 def launch_command(planned: Planned, *, node_rank: int | None = None, rdzv_endpoint: str | None = None,

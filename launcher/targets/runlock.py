@@ -67,7 +67,7 @@ class RunLock:
     peer: bool = False
     """An agent of node rank > 0: nothing held here, node rank 0's launcher holds it."""
     made: tuple[str, ...] = ()
-    """What taking the lock created (the lock file, then the folders, innermost first): what `discard` may remove."""
+    """What taking the lock created (the lock file, then the folders, innermost first): what `release` removes."""
     _closed: bool = field(default=False, repr=False)
 
     @property
@@ -83,45 +83,44 @@ class RunLock:
         return {LOCK_ENV: self.token} if self.fds else {}
 
     def release(self) -> None:
-        """Close this process's copy (a child given `fds` still holds the lock until it exits)."""
-        if self.fd is not None and not self._closed:
-            self._closed = True
-            os.close(self.fd)
-
-    def discard(self) -> None:
-        """Release, and remove what taking the lock created where nothing else was written since (a command that
-        failed before writing anything leaves nothing behind). Removed while still held: a process that opened the
-        old file meanwhile finds it gone once it holds it (`hold` checks) and takes the lock anew."""
-        if not self.fds:
+        """Let go of this process's copy (a child given `fds` holds the lock until it exits), and remove what taking it
+        created, the lock file and the folders left empty, unless another process holds the lock still (a joined worker
+        that outlived torchrun): a command leaves no lock file behind, a refused one nothing at all. A process that opened
+        the file just before finds it gone once it holds it (`hold` checks) and takes the lock anew."""
+        if self.fd is None or self._closed:
             return
+        self._closed = True
         try:
-            untouched = self.made and os.listdir(self.folder) == [LOCK_FILE]
-        except OSError:
-            untouched = False
-        for path in self.made if untouched else ():
-            try:
-                os.unlink(path) if path.endswith(LOCK_FILE) else os.rmdir(path)
-            except OSError:  # something else is there: kept
-                break
-        self.release()
+            if self.made:
+                import fcntl
+
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else holds it
+                os.unlink(self.made[0])
+                for folder in self.made[1:]:
+                    os.rmdir(folder)
+        except OSError:  # held by another process, or something else is in the folder: kept
+            pass
+        finally:
+            os.close(self.fd)
 
     def __enter__(self) -> "RunLock":
         return self
 
-    def __exit__(self, kind, value, traceback) -> None:
-        self.discard() if kind is not None else self.release()
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
-def hold(folder: str, *, key: str = "train.output_dir", elsewhere: str = "set train.output_dir to another folder") -> RunLock:
-    """Take `folder`'s lock for this process (creating the folder and the lock file where missing), or raise
-    EnvironmentProblem (exit 3) naming the run that holds it. `key` and `elsewhere` word the message:
+def hold(folder: str, *, key: str = "train.output_dir", elsewhere: str = "set train.output_dir to another folder",
+         make: Callable[[str], None] | None = None) -> RunLock:
+    """Take `folder`'s lock for this process (creating the folder, with `make` where given, and the lock file where
+    missing), or raise EnvironmentProblem (exit 3) naming the run that holds it. `key` and `elsewhere` word the message:
     "{key} {folder} is in use by another run: ...; fix: wait for it to end or stop it, or {elsewhere}"."""
     import fcntl
 
     missing = []
     for _ in range(5):  # a lock file removed between our open and our lock (`discard`) is opened anew
         missing = missing or _missing(folder)
-        fd, made = _create(folder, key)
+        fd, made = _create(folder, key, make)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -195,18 +194,22 @@ def _missing(folder: str) -> list[str]:
     return missing
 
 
-def _create(folder: str, key: str) -> tuple[int, tuple[str, ...]]:
+def _create(folder: str, key: str, make: Callable[[str], None] | None) -> tuple[int, tuple[str, ...]]:
     """The lock file opened (created, with the folder, where missing); also what was created: (path,) or ()."""
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        raise EnvironmentProblem(with_fix(f"{key} {folder} cannot be created ({e.strerror})", "set it to a folder you can write")) from None
+    if make is not None:
+        make(folder)
+    else:
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            raise EnvironmentProblem(with_fix(f"{key} {folder} cannot be created ({e.strerror})",
+                                              "set it to a folder you can write")) from None
     fd = _open(folder, key, exclusive=True)
     if fd is not None:
         return fd, (os.path.abspath(os.path.join(folder, LOCK_FILE)),)
     fd = _open(folder, key)
     if fd is None:  # removed between the two opens: once more, creating it
-        return _create(folder, key)
+        return _create(folder, key, make)
     return fd, ()
 
 

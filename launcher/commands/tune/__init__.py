@@ -54,7 +54,7 @@ def run_tune(spec: str, *, steps: int | None = None, candidates: list[str] = (),
     probe = plan_variant(Variant("probe", spec, overrides), None, steps)
     preflight.check(probe.plan, local=True)  # as bench and run do: one line, exit 3, before any run
     out_dir = out_dir or os.path.join(os.path.dirname(probe.plan.train.output_dir.rstrip("/")) or ".", f"{probe.plan.name}-tune")
-    with hold(out_dir, key="tune --out", elsewhere="name another --out"):
+    with hold(out_dir, key="tune --out", elsewhere="name another --out", make=make_folder):
         return _tune(spec, probe, out_dir, steps=steps, candidates=candidates, repeats=repeats, warmup=warmup,
                      max_loss_gap=max_loss_gap, overrides=overrides, echo=echo, runs_here=runs_here)
 
