@@ -17,7 +17,7 @@ torchrun.sh by hand) is held by its global rank 0 alone, on the node where that 
 
     held = hold("runs/x")                 # RunLock; EnvironmentProblem (exit 3) where another run holds it
     Popen(..., pass_fds=held.fds, env={**os.environ, **held.env}, preexec_fn=stop_with_this_process())
-    held.release()
+    held.release()                        # and the lock file it created goes, unless a joined worker still holds it
 
 A file system without flock (Lustre mounted without `flock`, NFS without a lock daemon) cannot hold it: the run
 goes on, with a warning (`RunLock.warning`). `stop_with_this_process` (Linux's parent-death signal) makes a child's
@@ -118,7 +118,7 @@ def hold(folder: str, *, key: str = "train.output_dir", elsewhere: str = "set tr
     import fcntl
 
     missing = []
-    for _ in range(5):  # a lock file removed between our open and our lock (`discard`) is opened anew
+    for _ in range(5):  # a lock file removed between our open and our lock (`RunLock.release`) is opened anew
         missing = missing or _missing(folder)
         fd, made = _create(folder, key, make)
         try:
