@@ -13,7 +13,7 @@ after the other in one test (each phase needs the state the one before left):
    group, as a terminal sends it): exit 130, no traceback, stderr ends with the one line naming the step reached and
    that checkpoint; the folder is free again.
 
-~45-50 s on the 2-core development machine (three jobs' start-up, most of it importing torch in every process; the
+~30-50 s on the 2-core development machine, by its load (three jobs' start-up, most of it importing torch in every process; the
 hand-started torchrun.sh ~18 s of it, its workers importing torch beside C's training).
 """
 
