@@ -311,7 +311,7 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict, prof
     Exits with the training's exit code."""
     from launcher.commands import preflight
     from launcher.commands.plan import warning_lines
-    from launcher.commands.run import announce, describe, execute, launch_command, plan_for_run, write_plan
+    from launcher.commands.run import announce, claim, describe, execute, launch_command, plan_for_run, write_plan
 
     planned = plan_for_run(spec, _overrides(sets, nodes), strict)
     for line in warning_lines(planned):
@@ -322,6 +322,10 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict, prof
 
         command = profiled(command, planned.plan, profile_steps)
     preflight.check(planned.plan, local=command.kind != "sbatch" and not dry_run, gpu_here=command.kind == "torchrun" and not dry_run)
+    lock = claim(planned, command)  # exit 3 at once where another run holds train.output_dir; before anything is written there
+    click.get_current_context().call_on_close(lock.release)
+    if lock.warning:
+        click.echo(lock.warning, err=True)
     for c in write_plan(planned, force):
         if c.status == "kept":
             click.echo(f"note: {c.path} {c.why}; left as it is", err=True)
@@ -330,7 +334,7 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict, prof
         return
     click.echo(f"fp8launch: {planned.plan.name}: planned into {planned.folder}/; starting {command.kind}", err=True)
     code = execute(command, on_job_id=lambda job: click.echo(announce(planned, command, job)),
-                   out=lambda line: click.echo(line, nl=False), err=lambda line: click.echo(line, nl=False, err=True))
+                   out=lambda line: click.echo(line, nl=False), err=lambda line: click.echo(line, nl=False, err=True), lock=lock)
     if code != 0:
         logs = f"; full logs (torchrun's report, each rank's output): {command.logs}/" if command.logs else ""
         click.echo(f"fp8launch: {planned.plan.name}: {command.kind} exited with code {code}{logs}", err=True)

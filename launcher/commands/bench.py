@@ -19,6 +19,7 @@ from launcher.errors import LauncherError, TrainingFailed, UsageError
 from launcher.planning.gpus import MFU_BASIS, MFU_NOTE
 from launcher.planning.install import INSTALL
 from launcher.targets.files import make_folder, output_error, save_atomic, write_atomic
+from launcher.targets.runlock import LOCK_FILE, hold
 
 
 def variants(spec: str, vs: str, overrides: list[str]) -> tuple[Variant, Variant]:
@@ -49,6 +50,14 @@ def run_bench(spec: str, *, vs: str = "bf16", steps: int | None = None, repeats:
         raise UsageError(f"bench --profile needs --warmup >= 2 (the first step compiles, the second starts the profiler) and measured "
                          f"steps after it (train.steps = {first.plan.train.steps}, --warmup {warmup}); fix: --warmup 2 --steps 6 or more")
     out_dir = out_dir or os.path.join(os.path.dirname(first.plan.train.output_dir.rstrip("/")) or ".", f"{first.plan.name}-bench")
+    check_out(out_dir)
+    with hold(out_dir, key="bench --out", elsewhere="name another --out", make=make_folder):  # exit 3 at once where another holds it
+        return _bench(spec, a, b, first, out_dir=out_dir, steps=steps, repeats=repeats, warmup=warmup, max_loss_gap=max_loss_gap,
+                      profile=profile, profiled_steps=profiled_steps, echo=echo)
+
+
+def _bench(spec: str, a: Variant, b: Variant, first: Planned, *, out_dir: str, steps: int | None, repeats: int, warmup: int,
+           max_loss_gap: float, profile: bool, profiled_steps: tuple[int, int] | None, echo) -> dict:
     prepare_out(out_dir, [f"{v.label}-{i + 1}" for i in range(repeats) for v in (a, b)])
     for i in range(repeats):
         for v in (a, b):
@@ -82,27 +91,34 @@ MARKER = ".fp8launch-bench"
 OWN_FILES = ("bench.json", "bench.png", "profile.json", "profile.png", MARKER)
 
 
+def check_out(out_dir: str) -> None:
+    """Refuse an `out_dir` that is not a folder, or a non-empty one that no bench wrote (before anything is written)."""
+    if os.path.isdir(out_dir) and set(os.listdir(out_dir)) - {LOCK_FILE} and not os.path.isfile(os.path.join(out_dir, MARKER)):
+        raise UsageError(f"bench --out {out_dir}: the folder is not empty and is not a bench's output, and bench "
+                         "writes its runs there; fix: name a new or empty folder")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UsageError(f"bench --out {out_dir}: exists and is not a folder; fix: name a new or empty folder")
+
+
 def prepare_out(out_dir: str, run_dirs: list[str]) -> None:
     """Make `out_dir` ready for a bench writing `run_dirs` (+ bench.json, bench.png) into it. A new or empty
     folder is used as it is; a previous bench's folder loses only what that bench wrote (its marker lists it);
-    any other non-empty folder is refused: bench never deletes a file it did not write."""
+    any other non-empty folder is refused: bench never deletes a file it did not write. The lock file
+    (launcher/targets/runlock.py) is the lock's, never a bench's."""
+    check_out(out_dir)
     marker = os.path.join(out_dir, MARKER)
-    if os.path.isdir(out_dir) and os.listdir(out_dir):
-        if not os.path.isfile(marker):
-            raise UsageError(f"bench --out {out_dir}: the folder is not empty and is not a bench's output, and bench "
-                             "writes its runs there; fix: name a new or empty folder")
+    if os.path.isdir(out_dir) and set(os.listdir(out_dir)) - {LOCK_FILE}:
         with open(marker, encoding="utf-8") as f:
             previous = [line.strip() for line in f if line.strip()]
         for name in previous:
             path = os.path.join(out_dir, name)
-            if os.path.basename(name) != name or name in ("", ".", ".."):
-                continue  # a marker edited to name something outside the folder: ignore that line
+            if os.path.basename(name) != name or name in ("", ".", "..", LOCK_FILE):
+                continue  # a marker edited to name something outside the folder (or the lock): ignore that line
             if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
+                with hold(path, key="bench --out", elsewhere="name another --out"):  # a run in it now: refused, not deleted
+                    shutil.rmtree(path)
             elif os.path.lexists(path):
                 os.remove(path)
-    elif os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise UsageError(f"bench --out {out_dir}: exists and is not a folder; fix: name a new or empty folder")
     make_folder(out_dir, "--out")
     try:
         write_atomic(marker, "".join(f"{name}\n" for name in [*run_dirs, *OWN_FILES]))

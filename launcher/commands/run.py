@@ -35,8 +35,9 @@ from launcher.commands import kubectl
 from launcher.commands.plan import Planned, plan_one
 from launcher.errors import ENTRYPOINT_CODES, EXIT_FILE_ENV, EXIT_INTERRUPTED, EnvironmentProblem, LauncherError, UsageError
 from launcher.planning.install import INSTALL
-from launcher.targets.files import Change, write
+from launcher.targets.files import Change, make_folder, write
 from launcher.targets.kubernetes import JobRef, job_ref, manifest_file
+from launcher.targets.runlock import RunLock, hold, stop_with_this_process
 
 PLAN_SUBDIR = "plan"
 LOGS_SUBDIR = "logs"
@@ -48,6 +49,8 @@ RANK_PREFIX = "[fp8launch-rank${rank}]:"
 workers' lines (shown) from torchrun's own (its traceback and failure table: to the log only)."""
 WORKER_LINE = re.compile(r"\[fp8launch-rank(\d+)\]:(.*)", re.DOTALL)
 TRACEBACK = re.compile(r"(\[rank\d+\]: ?)?Traceback \(most recent call last\):")
+INTERRUPTED_LINE = re.compile(r"(\[rank \d+\] )?(interrupted: .*)")
+"""The line a worker prints after a Ctrl-C (launcher/train/main.py): where the run stopped, what continues it."""
 DISPLAY_HIDDEN = ("PATH", EXIT_FILE_ENV)
 """Variables set for the child but left out of the printed command (machine-specific noise)."""
 
@@ -95,6 +98,16 @@ def _check_endpoint(endpoint: str) -> None:
     host, sep, port = endpoint.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise UsageError(f"--rdzv-endpoint {endpoint!r} is not HOST:PORT (e.g. node0:29500)")
+
+
+def claim(planned: Planned, command: Command, environ: Mapping[str, str] | None = None) -> RunLock:
+    """`run`'s hold on train.output_dir, taken before anything is written there: EnvironmentProblem (exit 3) at once
+    where another run holds it. A torchrun agent of node rank > 0 takes none: node rank 0's launcher holds it for the
+    job (the workers are told so, see launcher/targets/runlock.py)."""
+    environ = os.environ if environ is None else environ
+    if command.kind == "torchrun" and command.env.get("NODE_RANK", environ.get("NODE_RANK", "0")).strip() not in ("", "0"):
+        return RunLock(planned.plan.train.output_dir, peer=True)
+    return hold(planned.plan.train.output_dir, make=lambda folder: make_folder(folder, "train.output_dir"))
 
 
 def launch_command(planned: Planned, *, node_rank: int | None = None, rdzv_endpoint: str | None = None,
@@ -166,16 +179,25 @@ def describe(command: Command, environ: Mapping[str, str] | None = None) -> str:
 
 def execute(command: Command, *, on_job_id: Callable[[str], None] = lambda job: None,
             environ: Mapping[str, str] | None = None, log: str | None = None,
-            out: Callable[[str], None] | None = None, err: Callable[[str], None] | None = None) -> int:
+            out: Callable[[str], None] | None = None, err: Callable[[str], None] | None = None, lock: RunLock | None = None) -> int:
     """Start `command`, wait for it, and return the training's exit code. With `log`, the
     training's stdout and stderr go to that file instead of the terminal (torchrun only).
 
     A torchrun command with `logs` (and no `log`) shows its workers' lines through `out`/`err`
     and writes everything, torchrun's own report of a failure included, to `logs`/torchrun.log
     (and each rank's output to its own file there): a worker that stops with a code of ours has
-    printed its one-line error, and that stays the last thing on the terminal."""
+    printed its one-line error, and that stays the last thing on the terminal.
+
+    `lock` (the run's hold on its folder, `claim`): torchrun (or slurm.sbatch) keeps it while it lives and its rank-0
+    worker joins it; a job submitted to run elsewhere (sbatch, kubectl) takes it where it runs, so it is let go here.
+    A Ctrl-C while torchrun runs raises RunInterrupted with the one line the run's rank 0 printed."""
     env = {**(os.environ if environ is None else environ), **command.env}
     _require(command, env)
+    fds = ()
+    if lock is not None and command.kind in ("sbatch", "kubectl"):
+        lock.release()
+    elif lock is not None:
+        env, fds = {**env, **lock.env}, lock.fds
     if command.kind == "sbatch":
         return _sbatch(command, env, on_job_id)
     if command.kind == "kubectl":
@@ -186,13 +208,15 @@ def execute(command: Command, *, on_job_id: Callable[[str], None] = lambda job: 
         if command.kind == "torchrun" and command.logs and log is None:
             logs = os.path.abspath(command.logs)
             env.update({LOG_DIR_ENV: logs, RANK_PREFIX_ENV: RANK_PREFIX})
-            shown = _run_shown(command.argv, env, logs, out or _stdout, err or _stderr)
+            shown = _run_shown(command.argv, env, logs, out or _stdout, err or _stderr, fds)
+            if shown.interrupted is not None:
+                raise RunInterrupted(shown.interrupted)
             code = _reported_code(exit_file, shown.code)
             if code not in (0, *ENTRYPOINT_CODES) and not shown.worker_lines:  # torchrun itself failed: its lines are all there is
                 for line in shown.agent_lines:
                     (err or _stderr)(line)
             return code
-        code = _run(command.argv, env, log)
+        code = _run(command.argv, env, log, fds)
         return _reported_code(exit_file, code)
 
 
@@ -214,17 +238,19 @@ class _Shown:
     crashed: int | None = None
     """The rank whose traceback is shown; a traceback of another rank goes to the log only."""
     hidden: set[int] = field(default_factory=set)
+    interrupted: str | None = None
+    """After a Ctrl-C: the line that says where the run stopped (a worker's, else one of ours); nothing else is shown."""
 
 
 def _run_shown(argv: tuple[str, ...], env: Mapping[str, str], logs: str,
-               out: Callable[[str], None], err: Callable[[str], None]) -> _Shown:
+               out: Callable[[str], None], err: Callable[[str], None], fds: tuple[int, ...] = ()) -> _Shown:
     """Run torchrun with its workers' lines (tagged by RANK_PREFIX) shown on out/err, untagged,
     and every line, torchrun's own included, in `logs`/torchrun.log."""
     os.makedirs(logs, exist_ok=True)
-    shown, lock = _Shown(), threading.Lock()
+    shown, lock, before = _Shown(), threading.Lock(), len(INTERRUPTS)
     with open(os.path.join(logs, "torchrun.log"), "w", encoding="utf-8") as full:
         child = subprocess.Popen(argv, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True, errors="replace", bufsize=1)
+                                 text=True, errors="replace", bufsize=1, pass_fds=fds, preexec_fn=stop_with_this_process())
 
         def pump(pipe, echo):
             for line in pipe:
@@ -237,6 +263,11 @@ def _run_shown(argv: tuple[str, ...], env: Mapping[str, str], logs: str,
                         continue
                     rank, text = int(match.group(1)), match.group(2)
                     shown.worker_lines += 1
+                    if len(INTERRUPTS) > before:  # Ctrl-C: what the ranks print on their way out stays in the log
+                        said = INTERRUPTED_LINE.match(text)
+                        if said and shown.interrupted is None:
+                            shown.interrupted = said.group(2).strip()
+                        continue
                     if TRACEBACK.match(text):  # one crash shown: the others are its consequences (peers gone)
                         shown.crashed = rank if shown.crashed is None else shown.crashed
                         if shown.crashed != rank:
@@ -251,6 +282,8 @@ def _run_shown(argv: tuple[str, ...], env: Mapping[str, str], logs: str,
         shown.code = _wait(child)
         for t in pumps:
             t.join()
+    if len(INTERRUPTS) > before and shown.interrupted is None:
+        shown.interrupted = f"interrupted: Ctrl-C; torchrun and its workers stopped; full logs: {logs}/"
     return shown
 
 
@@ -283,12 +316,14 @@ def _reported_code(exit_file: str, code: int) -> int:
         return code
 
 
-def _run(argv: tuple[str, ...], env: Mapping[str, str], log: str | None = None) -> int:
+def _run(argv: tuple[str, ...], env: Mapping[str, str], log: str | None = None, fds: tuple[int, ...] = ()) -> int:
     """Run a child in the foreground. SIGTERM/SIGHUP are passed on to it; Ctrl-C reaches it
-    directly (same process group), so this process only waits for it to finish."""
+    directly (same process group), so this process only waits for it to finish. It gets a SIGTERM
+    when this process dies (kill -9 included), as it would from us."""
     out = open(log, "w", encoding="utf-8") if log else None  # noqa: SIM115 (closed below)
     try:
-        return _wait(subprocess.Popen(argv, env=dict(env), stdout=out, stderr=subprocess.STDOUT if out else None))
+        return _wait(subprocess.Popen(argv, env=dict(env), stdout=out, stderr=subprocess.STDOUT if out else None, pass_fds=fds,
+                                      preexec_fn=stop_with_this_process()))
     finally:
         if out:
             out.close()
@@ -366,6 +401,13 @@ class Interrupted(LauncherError):
     """Ctrl-C while `run --wait` waits for a batch job: the job is not ours to stop."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+class RunInterrupted(LauncherError):
+    """Ctrl-C while torchrun runs here: every rank stopped; the message is the run's own line ("interrupted: ...")."""
+
+    exit_code = EXIT_INTERRUPTED
+    label = None
 
 
 def announce(planned: Planned, command: Command, job_id: str) -> str:

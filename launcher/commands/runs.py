@@ -18,6 +18,7 @@ from typing import Callable
 
 from launcher.commands.plan import Planned
 from launcher.commands.run import execute, launch_command, plan_for_run, write_plan
+from launcher.targets.runlock import hold
 
 PROGRESS_EVERY_S = 5.0
 """At most one progress line per run this often (the last step is always shown)."""
@@ -57,22 +58,24 @@ def plan_variant(v: Variant, run_dir: str | None, steps: int | None) -> Planned:
 def train(planned: Planned, run_dir: str, *, label: str, echo: Callable[[str], None], profile: tuple[int, int] | None = None) -> int:
     """Write the plan, train it with its output in `run_dir`/train.log, and show its progress through `echo`
     (step i/N, tokens/s, time left); returns the training's exit code. `profile` = (steps, warmup): profile those
-    steps (launcher/train/profiling.py writes `run_dir`/profile.json)."""
+    steps (launcher/train/profiling.py writes `run_dir`/profile.json). The run holds `run_dir` as `fp8launch run`
+    holds its folder (exit 3 where another run does)."""
     command = launch_command(planned)
     if profile is not None:
         from launcher.commands.run import profiled
 
         command = profiled(command, planned.plan, *profile)
-    write_plan(planned)
-    total = planned.plan.train.steps
-    done = threading.Event()
-    watcher = threading.Thread(target=_progress, args=(os.path.join(run_dir, "metrics.jsonl"), total, label, echo, done), daemon=True)
-    watcher.start()
-    try:
-        return execute(command, log=os.path.join(run_dir, "train.log"))
-    finally:
-        done.set()
-        watcher.join()
+    with hold(run_dir) as lock:
+        write_plan(planned)
+        total = planned.plan.train.steps
+        done = threading.Event()
+        watcher = threading.Thread(target=_progress, args=(os.path.join(run_dir, "metrics.jsonl"), total, label, echo, done), daemon=True)
+        watcher.start()
+        try:
+            return execute(command, log=os.path.join(run_dir, "train.log"), lock=lock)
+        finally:
+            done.set()
+            watcher.join()
 
 
 def _progress(path: str, total: int, label: str, echo: Callable[[str], None], done: threading.Event) -> None:

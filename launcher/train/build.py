@@ -90,9 +90,10 @@ class Measures:
     effects: dict[str, typing.Any]
 
 
-def open_run(plan_path: str) -> Run:
-    """Read the plan, join the process group and decide where the run resumes from (before building
-    anything). Returns the Run."""
+def open_run(plan_path: str, *, own_folder: bool = False) -> Run:
+    """Read the plan, join the process group, hold train.output_dir (`own_folder`: rank 0 takes or joins the
+    run's lock; where another run holds it, every rank stops with exit 3) and decide where the run resumes
+    from (before building anything). Returns the Run."""
     from launcher.planning.plan import load_plan
     from launcher.planning.schedule import plan_at
     from launcher.train.checkpoint import CheckpointManager, read_marker
@@ -103,6 +104,8 @@ def open_run(plan_path: str) -> Run:
     spec_dir = os.path.normpath(os.path.join(plan_dir, plan.spec_dir))
     env = distributed.init(plan.launch.device, cpu_tensors=distributed.holds_cpu_tensors(plan))
     distributed.check_world(plan.world_size, env)
+    if own_folder:
+        _own_folder(plan.train.output_dir, env)
     t = plan.train
     checkpoints = CheckpointManager.for_plan(plan, rank=env.rank, world_size=env.world_size)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
@@ -334,6 +337,30 @@ def _shown(path: str) -> str:
     """A path as the user would type it: relative to the current directory when inside it."""
     rel = os.path.relpath(path)
     return path if rel.startswith("..") else rel
+
+
+def _own_folder(output_dir: str, env: DistEnv) -> None:
+    """Rank 0 holds the folder's lock for this process's life (launcher/targets/runlock.py); its refusal stops every rank."""
+    import torch
+
+    from launcher.errors import EnvironmentProblem
+    from launcher.targets import runlock
+    from launcher.train.parallel.distributed import all_reduce_sum
+
+    refused = None
+    if env.rank == 0:
+        try:
+            held = runlock.for_worker(output_dir)
+        except EnvironmentProblem as e:
+            refused = e
+        else:
+            if held is not None and held.warning:
+                print(held.warning, file=sys.stderr, flush=True)
+    flag = all_reduce_sum(torch.tensor([1.0 if refused else 0.0], device=env.device))
+    if refused is not None:
+        raise refused
+    if flag.item() > 0:
+        raise EnvironmentProblem(f"train.output_dir {output_dir} is in use by another run (rank 0 says which)")
 
 
 def _load(plan_path: str, load_plan):

@@ -328,6 +328,13 @@ class Trainer:
             + _how_to_continue(self.plan.train.resume)
         )
 
+    def interrupted(self) -> preempt.Interrupted:
+        """What a Ctrl-C became: the step reached, no checkpoint of it, and the checkpoint the same command continues from."""
+        latest, step, total = self._last_checkpoint(), self.state.step, self.plan.train.steps
+        then = (f"the newest complete checkpoint is {latest}; " + _how_to_continue(self.plan.train.resume) if latest
+                else "no checkpoint was written, so the same command starts again from step 0")
+        return preempt.Interrupted(f"interrupted: Ctrl-C after step {step} of {total}, without a checkpoint of it; {then}")
+
     def summary(self, *, steps_run: int, elapsed_s: float, times: list[float]) -> dict[str, Any]:
         # The first step carries one-time costs (compile, allocator warm-up): leave it out of the median when there are others.
         steady = times[1:] if len(times) > 1 else times

@@ -28,13 +28,21 @@ Several nodes (on every node, node 0's address as the rendezvous):
 A restarted or preempted run continues where it stopped: torchrun's --max-restarts
 (launch.max_restarts) restarts the workers after a failure and they resume from the newest
 complete checkpoint; SIGTERM (SLURM's --signal, scancel, an eviction; torchrun passes it on)
-makes every rank finish its step, stop after the same one, write a checkpoint and exit 75.
+makes every rank finish its step, stop after the same one, write a checkpoint and exit 75; so does
+torchrun's death (kill -9 included: each worker asks Linux for a SIGTERM when its parent dies).
+Ctrl-C (SIGINT, which torchrun passes on) stops every rank at once, without a checkpoint: exit 130,
+one line naming the step reached and the newest complete checkpoint.
+
+A run owns its folder: global rank 0 holds the lock on train.output_dir for its life (it joins the
+one `fp8launch run` holds, or takes it where no launcher here does: sbatch, Kubernetes, torchrun.sh
+by hand); another run holding it stops every rank before anything is written (exit 3).
 
 Exit codes: 0 done; 2 the plan names something unusable (train.resume included); 3 this
 machine cannot run the plan, or a checkpoint cannot be written; 4 the loss diverged (non-finite
 loss or gradient norm; the message names the step, the last complete checkpoint and the likely
 causes); 75 preempted: stopped by SIGTERM after a complete checkpoint, run the same command
-again to continue. A user-facing error is printed once, as one line, without a traceback.
+again to continue; 130 interrupted (Ctrl-C). A user-facing error is printed once, as one line,
+without a traceback.
 """
 
 from __future__ import annotations
@@ -56,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet.install()  # known-harmless library messages, dropped by their exact text
     preempt.install()  # before importing torch: a SIGTERM from now on asks for a clean stop
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # a torchrun worker, in a session of its own: torchrun's death stops it too
+        preempt.follow_parent()
     _forget_exit_code_of_earlier_attempt()
     from launcher.train.parallel import distributed
 
@@ -64,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     except LauncherError as e:
         _report(e, distributed)
         return e.exit_code
+    except BaseException:  # a Ctrl-C before the first step, or what it caused on its way through
+        if not preempt.interrupted():
+            raise
+        stop = preempt.Interrupted("interrupted: Ctrl-C before the first step of this run; run the same command again to start it")
+        _report(stop, distributed)
+        return stop.exit_code
     finally:
         _leave(distributed)
 
@@ -97,7 +113,7 @@ def train(plan_path: str) -> int:
     from launcher.train.checkpoint import preempt
     from launcher.train.parallel import distributed
 
-    trainer, logger = build_run(plan_path)
+    trainer, logger = build_run(plan_path, own_folder=True)
     try:
         trainer.run()
     except preempt.Preempted as e:
@@ -109,18 +125,23 @@ def train(plan_path: str) -> int:
         except RuntimeError:  # a rank already gone (its node stopped): the checkpoint is complete all the same
             pass
         raise
+    except BaseException:  # a Ctrl-C (or what it caused in a collective a stopped peer left): one line, no traceback
+        if preempt.interrupted():
+            raise trainer.interrupted() from None
+        raise
     finally:
         logger.close()
     return 0
 
 
-def build_run(plan_path: str, *, stream=None):
+def build_run(plan_path: str, *, stream=None, own_folder: bool = False):
     """Everything up to the first step: process group, model, precision, blocks, engine, data,
     metrics (start record written). Returns (Trainer, MetricsLogger); close the logger after.
-    Each step is in launcher/train/build.py; their order matters (see there)."""
+    Each step is in launcher/train/build.py; their order matters (see there). `own_folder`: rank 0
+    holds the run's lock on train.output_dir for this process's life (the entrypoint's runs)."""
     from launcher.train import build
 
-    run = build.open_run(plan_path)  # the plan read, the process group joined, the checkpoint to resume from chosen
+    run = build.open_run(plan_path, own_folder=own_folder)  # the plan read, the process group joined, the folder held, the resume chosen
     model = build.build_model(run)
     precision = build.convert_precision(run, model)
     engine = build.build_engine(run, model, precision)

@@ -32,6 +32,7 @@ from launcher.commands.tune.candidates import BASELINE, candidate_overrides, doc
 from launcher.commands.tune.record import DEFAULT_MAX_LOSS_GAP, Candidate, tune_record, tuned_spec
 from launcher.errors import EXIT_INTERRUPTED, EnvironmentProblem, LauncherError, TrainingFailed, UsageError
 from launcher.targets.files import make_folder, write_atomic
+from launcher.targets.runlock import hold
 
 
 class TuneInterrupted(LauncherError):
@@ -47,10 +48,19 @@ class TuneInterrupted(LauncherError):
 def run_tune(spec: str, *, steps: int | None = None, candidates: list[str] = (), out_dir: str | None = None, repeats: int = 2,
              warmup: int = 2, max_loss_gap: float = DEFAULT_MAX_LOSS_GAP, overrides: list[str] = (), echo=print,
              runs_here=None) -> dict:
-    """Measure every candidate and the bf16 twin; write tune.json, the tuned spec (and return the record)."""
+    """Measure every candidate and the bf16 twin; write tune.json, the tuned spec (and return the record). The tune
+    holds `out_dir` for its whole life, as a run holds its folder (exit 3 at once where another tune or run does)."""
     overrides = list(overrides)
     probe = plan_variant(Variant("probe", spec, overrides), None, steps)
     preflight.check(probe.plan, local=True)  # as bench and run do: one line, exit 3, before any run
+    out_dir = out_dir or os.path.join(os.path.dirname(probe.plan.train.output_dir.rstrip("/")) or ".", f"{probe.plan.name}-tune")
+    with hold(out_dir, key="tune --out", elsewhere="name another --out", make=make_folder):
+        return _tune(spec, probe, out_dir, steps=steps, candidates=candidates, repeats=repeats, warmup=warmup,
+                     max_loss_gap=max_loss_gap, overrides=overrides, echo=echo, runs_here=runs_here)
+
+
+def _tune(spec: str, probe, out_dir: str, *, steps: int | None, candidates: list[str], repeats: int, warmup: int,
+          max_loss_gap: float, overrides: list[str], echo, runs_here) -> dict:
     if runs_here is None:
         runs_here = doctor_says(spec, overrides)
     wanted = [w.strip() for item in candidates for w in item.split(",") if w.strip()]
@@ -58,7 +68,6 @@ def run_tune(spec: str, *, steps: int | None = None, candidates: list[str] = (),
     if not chosen:
         raise EnvironmentProblem("tune: no FP8 recipe runs on this machine (`fp8launch doctor` says why); fix: run tune where an "
                                  "FP8 backend runs, or name the candidates to try with --candidates")
-    out_dir = out_dir or os.path.join(os.path.dirname(probe.plan.train.output_dir.rstrip("/")) or ".", f"{probe.plan.name}-tune")
     bf16 = ['precision.mode="bf16"']
     runs = [Candidate(BASELINE, bf16, Variant(BASELINE, spec, overrides + bf16), status="baseline")]
     runs += [Candidate(label, sets, Variant(label, spec, overrides + sets)) for label, sets in chosen]
