@@ -10,11 +10,13 @@ import time
 import tomllib
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher.commands.importer import import_config
 from launcher.errors import LauncherError
+from tests.hostile.corpus import Case, check
 from tests.hostile.mutate import SOURCES, mutated
 
 SLOWEST_S = 5.0
@@ -38,3 +40,17 @@ def test_a_mutated_real_config_imports_or_is_refused_in_lines(source, steps, dat
             spec = tomllib.loads(result.text)  # the spec it would write parses, and names itself
             assert spec["version"] == 1 and spec["name"] == result.name
         assert time.monotonic() - t0 < SLOWEST_S, source
+
+
+FOUND = [
+    # benchmarks/fuzz_inputs.py found these; each was a traceback before
+    Case(id="deepspeed-global-batch-0", argv=("import", "ds.json", "--out", "s.toml"), code=2, absent=("s.toml",),
+         files={"ds.json": '{"train_batch_size": 0, "train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}}'},
+         line=r"^error: ds\.json: a value this DeepSpeed JSON should not have: train_batch_size: 0 sequences per step; "
+              r"a batch is at least 1$"),
+]
+
+
+@pytest.mark.parametrize("case", FOUND, ids=str)
+def test_what_the_long_fuzz_found(case, tmp_path):
+    check(case, tmp_path)

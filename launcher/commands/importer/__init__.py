@@ -240,5 +240,8 @@ def import_config(path: str, folder: str = ".") -> Imported:
     draft.name = spec_name(kind.name(draft) or source_stem(path))
     header = [f"Imported by `fp8launch import` from {os.path.basename(path)} ({kind.title}).",
               "Each setting of the source and what it became; a line marked PLACEHOLDER needs your value.", ""]
-    text = settle(draft, lambda d: render(d, header + [d.report.summary() + ":"]), folder, label=f"{path} (imported)")
+    try:
+        text = settle(draft, lambda d: render(d, header + [d.report.summary() + ":"]), folder, label=f"{path} (imported)")
+    except (ValueError, TypeError) as e:  # a value that only the batch or the layout arithmetic finds wrong (a batch of 0)
+        raise SourceError(path, f"a value this {kind.title} should not have: {e}") from None
     return Imported(kind=kind, name=draft.name, text=text, report=draft.report)

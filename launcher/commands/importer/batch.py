@@ -66,6 +66,8 @@ def _fixed(b: Batch, micro: int, ranks: int, where: str) -> Entry:
     """A global batch the source fixes: grad_accum_steps from it, and distributed.global_batch_size."""
     g = b.global_
     sources = ", ".join(s for s in (b.global_source, b.accum_source) if s)
+    if g < 1:  # DeepSpeed asserts train_batch_size > 0 too
+        raise ValueError(f"{sources or 'the global batch'}: {g} sequences per step; a batch is at least 1")
     value = g if not b.accum_source else [g, b.accum]
     accum, rest = divmod(g, micro * ranks)
     split = f"; the source's {b.split_what} ranks are data-parallel ranks here" if b.split > 1 else ""
