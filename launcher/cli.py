@@ -443,7 +443,10 @@ def report(run_dirs, out_path) -> None:
     an underflow heatmap by layer and step. RUN_DIR is a run's train.output_dir."""
     from launcher.commands.report import report as draw_report
 
-    click.echo(f"wrote {draw_report(list(run_dirs), out_path)}")
+    path, notes = draw_report(list(run_dirs), out_path)
+    for note in notes:
+        click.echo(note, err=True)
+    click.echo(f"wrote {path}")
 
 
 @main.command(epilog=EXIT_CODES)

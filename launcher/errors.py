@@ -31,6 +31,9 @@ ENTRYPOINT_CODES = (EXIT_INVALID, EXIT_ENVIRONMENT, EXIT_DIVERGED, EXIT_PREEMPTE
 EXIT_FILE_ENV = "FP8LAUNCH_EXIT_FILE"
 """The entrypoint writes its exit code to this file on a reported error (torchrun itself exits 1), where
 `fp8launch run` and slurm.sbatch read it."""
+ERROR_LINE_FILE_ENV = "FP8LAUNCH_ERROR_LINE_FILE"
+"""`fp8launch run` sets it; the entrypoint writes its one-line error there too (the first rank to write wins): torchrun's
+--tee writes each rank's output into files under train.output_dir, and a full disk there loses the line on its way."""
 
 
 def os_error_text(e: OSError) -> str:

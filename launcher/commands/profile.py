@@ -31,7 +31,7 @@ def run_failure(run_dir: str) -> str | None:
             record = json.loads(line)
         except ValueError:
             continue
-        if record.get("event") == "end":
+        if isinstance(record, dict) and record.get("event") == "end":
             return record.get("profile_error")
     return None
 

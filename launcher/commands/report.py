@@ -12,7 +12,6 @@ Loading is plain Python; only drawing imports matplotlib (the `bench` extra).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from launcher.errors import UsageError
 from launcher.planning.install import INSTALL
 from launcher.targets.files import save_atomic
+from launcher.train.metrics import jsonl, read_records
 
 METRICS_FILE = "metrics.jsonl"
 STATS_FILE = "fp8_stats.jsonl"
@@ -40,6 +40,8 @@ class Run:
     """fp8_stats.jsonl records (empty without the monitor)."""
     evals: list[dict] = field(default_factory=list)
     """Eval records ([eval]) by step, the last one written for a step."""
+    skipped: list[str] = field(default_factory=list)
+    """One line per file of the run with lines that could not be drawn: how many, and why (the first few)."""
 
     def eval_series(self) -> tuple[list[int], list[float]]:
         return _series(self.evals, "eval_loss")
@@ -75,36 +77,34 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def _jsonl(path: str) -> list[dict]:
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:  # a line cut short by a killed run
-                    continue
-    return out
-
-
 def load_run(folder: str) -> Run:
-    """The run in `folder` (a train.output_dir). UsageError (exit 2) when it holds none."""
+    """The run in `folder` (a train.output_dir). UsageError (exit 2) when it holds none, or no step record that can be
+    drawn; lines that cannot be read are skipped and named in `skipped`."""
     metrics = os.path.join(folder, METRICS_FILE)
     if not os.path.isfile(metrics):
         why = "does not exist" if not os.path.isdir(folder) else f"holds no run (no {METRICS_FILE})"
         raise UsageError(f"{folder} {why}; fix: pass a run's train.output_dir, where `fp8launch run` wrote {METRICS_FILE}")
-    records = _jsonl(metrics)
-    by_step = {r["step"]: r for r in records if r.get("event") == "step" and isinstance(r.get("step"), int)}
-    evals = {r["step"]: r for r in records if r.get("event") == "eval" and isinstance(r.get("step"), int)}
+    records, problems = read_records(metrics)
+    by_step = {r["step"]: r for r in records if r.get("event") == "step"}
+    evals = {r["step"]: r for r in records if r.get("event") == "eval"}
     if not by_step:
+        if problems:
+            raise UsageError(f"{metrics} has no step record that can be drawn: {jsonl.summary(problems)}; "
+                             "fix: report a run that has logged at least one step")
         raise UsageError(f"{metrics} has no step records yet; fix: report a run that has logged at least one step")
     starts = [r for r in records if r.get("event") == "start"]
-    name = (starts[-1].get("name") if starts else None) or os.path.basename(os.path.normpath(folder))
+    name = starts[-1].get("name") if starts and isinstance(starts[-1].get("name"), str) else None
+    name = name or os.path.basename(os.path.normpath(folder))
     stats_path = os.path.join(folder, STATS_FILE)
-    stats = [r for r in _jsonl(stats_path) if {"step", "layer", "tensor", "underflow"} <= r.keys()] if os.path.isfile(stats_path) else []
+    stats, stats_problems = [], []
+    if os.path.isfile(stats_path):
+        rows, stats_problems = jsonl.read(stats_path)
+        stats = [r for _, r in rows if {"step", "layer", "tensor", "underflow"} <= r.keys()
+                 and isinstance(r["underflow"], (int, float)) and isinstance(r["step"], int) and isinstance(r["layer"], str)]
+        stats_problems += [(n, "not an FP8 stats record") for n, r in rows if not any(r is s for s in stats)]
+    skipped = [f"{path}: {jsonl.summary(found)}" for path, found in ((metrics, problems), (stats_path, stats_problems)) if found]
     return Run(folder=folder, name=name, steps=[by_step[s] for s in sorted(by_step)], stats=stats,
-               evals=[evals[s] for s in sorted(evals)])
+               evals=[evals[s] for s in sorted(evals)], skipped=skipped)
 
 
 def _labels(runs: list[Run]) -> list[str]:
@@ -174,7 +174,8 @@ def draw(runs: list[Run], path: str) -> str:
     return path
 
 
-def report(folders: list[str], out: str | None = None) -> str:
-    """Load every run first (a bad folder stops before anything is written), then draw."""
+def report(folders: list[str], out: str | None = None) -> tuple[str, list[str]]:
+    """Load every run first (a bad folder stops before anything is written), then draw. Returns the picture's path, and
+    a note for each file with lines that were skipped."""
     runs = [load_run(f) for f in folders]
-    return draw(runs, out or os.path.join(folders[0], REPORT_FILE))
+    return draw(runs, out or os.path.join(folders[0], REPORT_FILE)), [f"note: {line}" for run in runs for line in run.skipped]

@@ -8,7 +8,6 @@ the progress shows here, then its metrics.jsonl turned into figures.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import threading
@@ -19,6 +18,7 @@ from typing import Callable
 from launcher.commands.plan import Planned
 from launcher.commands.run import execute, launch_command, plan_for_run, write_plan
 from launcher.targets.runlock import hold
+from launcher.train.metrics import read_records
 
 PROGRESS_EVERY_S = 5.0
 """At most one progress line per run this often (the last step is always shown)."""
@@ -96,13 +96,12 @@ def _progress(path: str, total: int, label: str, echo: Callable[[str], None], do
 
 
 def _records(path: str) -> list[dict]:
-    """The complete lines of a metrics.jsonl being written (rank 0 may be writing the last one)."""
+    """The records of a metrics.jsonl being written: its lines that are not records (the last one while rank 0 writes it,
+    one a killed run cut short) are skipped."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        return read_records(path)[0]
     except OSError:
         return []
-    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
 
 
 def read_run(run_dir: str, code: int, warmup: int) -> dict:

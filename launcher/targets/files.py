@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass, replace
 
 from launcher.errors import EnvironmentProblem, UsageError, with_fix
+from launcher.targets.disk import DiskFull, no_space
 from launcher.targets.written import RECORD, Owners, owners, read_regular, record_text
 
 EXECUTABLE = (".sh", ".sbatch")
@@ -183,8 +184,9 @@ def output_error(folder: str, e: OSError, option: str, verb: str) -> Exception:
     what = f"cannot {verb} {folder}/ ({where}{e.strerror or e})"
     if e.errno in SHAPE:
         return UsageError(with_fix(what, f"point {option} elsewhere"))
-    fix = {errno.ENOSPC: "free space there", errno.EDQUOT: "free space there", errno.EACCES: "make it writable",
-           errno.EPERM: "make it writable"}.get(e.errno)
+    if no_space(e):
+        return DiskFull(f"{folder}/", elsewhere=f"point {option} at a folder on another filesystem")
+    fix = {errno.EACCES: "make it writable", errno.EPERM: "make it writable"}.get(e.errno)
     return EnvironmentProblem(with_fix(what, f"{fix + ', or ' if fix else ''}point {option} at a folder you can write to"))
 
 
@@ -195,18 +197,32 @@ def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
 
 
 def save_atomic(path: str, save, mode: int = 0o644) -> None:
-    """`save(tmp_path)` writes the file (a figure's savefig, say); it then replaces `path` at once."""
+    """`save(tmp_path)` writes the file (a figure's savefig, say); it then replaces `path` at once. A full disk is
+    DiskFull (exit 3), naming `path`."""
     folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=folder)
+    except OSError as e:
+        full = _full(e, path)
+        if full is None:
+            raise
+        raise full from e
     os.close(fd)
     try:
         save(tmp)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        full = _full(e, path)
+        if full is not None:
+            raise full from e
         raise
+
+
+def _full(error: BaseException, path: str) -> DiskFull | None:
+    return DiskFull(path, elsewhere="write to a folder on another filesystem") if no_space(error) else None
 
 
 def _write_text(path: str, text: str) -> None:

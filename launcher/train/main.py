@@ -72,9 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return train(args.plan)
     except LauncherError as e:
+        e = _disk_full(e, args.plan) or e
         _report(e, distributed)
         return e.exit_code
-    except BaseException:  # a Ctrl-C before the first step, or what it caused on its way through
+    except BaseException as e:
+        # a write nothing above named (a rank's own output on a full disk); a Ctrl-C before the first step, or what it
+        # caused on its way through
+        full = _disk_full(e, args.plan) if isinstance(e, OSError) else None
+        if full is not None:
+            _report(full, distributed)
+            return full.exit_code
         if not preempt.interrupted():
             raise
         stop = preempt.Interrupted("interrupted: Ctrl-C before the first step of this run; run the same command again to start it")
@@ -164,12 +171,16 @@ def _record_exit_code(code: int) -> None:
     whatever its workers' codes. The first rank to write wins."""
     from launcher.errors import EXIT_FILE_ENV
 
-    path = os.environ.get(EXIT_FILE_ENV)
+    _write_first(os.environ.get(EXIT_FILE_ENV), f"{code}\n")
+
+
+def _write_first(path: str | None, text: str) -> None:
+    """Write `text` to `path` unless a rank has already written it."""
     if path:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             with os.fdopen(fd, "w") as f:
-                f.write(f"{code}\n")
+                f.write(text)
         except OSError:
             pass
 
@@ -190,11 +201,39 @@ def _forget_exit_code_of_earlier_attempt() -> None:
 
 
 def _report(error: LauncherError, distributed) -> None:
-    """Print the error once for the whole job, and leave its exit code where `fp8launch run` looks."""
+    """Print the error once for the whole job, and leave its exit code and its line where `fp8launch run` looks
+    (the line also where this rank's own output is on a full disk, and the print fails)."""
+    from launcher.errors import ERROR_LINE_FILE_ENV
+
     _record_exit_code(error.exit_code)
+    _write_first(os.environ.get(ERROR_LINE_FILE_ENV), f"{error}\n")
     if distributed.first_to_report():
         rank = int(os.environ.get("RANK", 0))
-        print(f"{f'[rank {rank}] ' if rank else ''}{error}", file=sys.stderr, flush=True)
+        try:
+            print(f"{f'[rank {rank}] ' if rank else ''}{error}", file=sys.stderr, flush=True)
+        except OSError:
+            pass
+
+
+def _disk_full(error: BaseException, plan_path: str) -> LauncherError | None:
+    """`error` as the one line of a full disk with the newest complete checkpoint of the run, where it is one (an OSError
+    ENOSPC or EDQUOT, or a DiskFull raised where the checkpoints were not known); None otherwise."""
+    from launcher.targets.disk import DiskFull, no_space
+
+    if isinstance(error, DiskFull) and error.checkpoints:
+        return error
+    if not isinstance(error, DiskFull) and not (isinstance(error, OSError) and no_space(error)):
+        return None
+    from launcher.planning.plan import load_plan
+    from launcher.train.checkpoint import CheckpointManager
+
+    try:
+        output_dir = load_plan(plan_path).train.output_dir
+        newest = CheckpointManager(output_dir, keep=1, strategy="ddp", rank=0, world_size=1).latest_complete()
+    except (LauncherError, OSError, ValueError):
+        return error if isinstance(error, DiskFull) else DiskFull(getattr(error, "filename", None) or ".")
+    path = error.path if isinstance(error, DiskFull) else (error.filename or output_dir)
+    return DiskFull(os.fspath(path), checkpoints=True, newest=newest)
 
 
 if __name__ == "__main__":  # pragma: no cover

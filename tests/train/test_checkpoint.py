@@ -120,7 +120,8 @@ def test_pruning_keeps_the_newest_and_deletes_only_after_a_newer_one_is_complete
         save_small(m, step)
     assert steps_on_disk(m) == ["step-2", "step-3"]
     monkeypatch.setattr(ckpt_mod.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
-    with pytest.raises(LauncherError, match="cannot write checkpoint .*No space left on device; fix: check the free space"):
+    with pytest.raises(LauncherError, match=r"no space left on device writing .*/\.tmp-step-4 \([\d,]+ bytes free on /.*\); the newest "
+                                             r"complete checkpoint is .*/step-3; fix: free space on"):
         save_small(m, 4)
     monkeypatch.undo()
     assert [s for s, _ in m.complete()] == [2, 3]  # the failed save removed nothing

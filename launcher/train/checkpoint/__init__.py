@@ -65,6 +65,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from launcher import __version__
 from launcher.errors import EnvironmentProblem, InputError, LauncherError
+from launcher.targets import disk
 from launcher.train.checkpoint import record
 from launcher.train.checkpoint.dcp import FLAT, NESTED, _load_dcp, _save_dcp
 from launcher.train.checkpoint.deepspeed import _clean_param_names, _naming_reads, clean_fqn
@@ -312,8 +313,10 @@ class CheckpointManager:
             else:
                 float8_scales, rank_state["fp8_extra_state"], optimizer_layout = _save_dcp(tmp, model, optimizer)
             rank_state["te_scaling"] = te_state.scaling_state(_inner(deepspeed_engine.module if deepspeed_engine is not None else model))
-        except (OSError, CheckpointException) as e:
-            raise _write_error(tmp, e) from e
+        except (OSError, RuntimeError, CheckpointException) as e:
+            if isinstance(e, RuntimeError) and not disk.full(e, tmp):  # torch.save reports a full disk as a stream error
+                raise
+            raise _write_error(tmp, e, self.dir) from e
         self._each_rank(lambda: _write_rank_file(os.path.join(tmp, _rank_file(self.rank)), rank_state))
         # every rank has written: each describes its own files (record.py), rank 0 gathers them into the marker
         described = self._each_rank(lambda: record.describe(tmp, record.owned(tmp, self.rank, self.world_size)), gather=True)
@@ -348,7 +351,7 @@ class CheckpointManager:
                 shutil.rmtree(replaced, ignore_errors=True)
             self._prune(final)
         except OSError as e:
-            raise _write_error(tmp, e) from e
+            raise _write_error(tmp, e, self.dir) from e
 
     def _prune(self, saved: str) -> None:
         # never the checkpoint just saved: a resumed run saves below the damaged checkpoints it skipped
@@ -518,7 +521,7 @@ class CheckpointManager:
         try:
             result = fn()
         except OSError as e:
-            error = _write_error(self.dir, e)
+            error = _write_error(self.dir, e, self.dir)
         except Exception as e:  # noqa: BLE001 - re-raised below, after telling the other ranks
             error = e
         results = [result]
@@ -602,7 +605,7 @@ def _fresh_folder(checkpoints: str, tmp: str) -> None:
                 shutil.rmtree(os.path.join(checkpoints, name), ignore_errors=True)
         os.makedirs(tmp)
     except OSError as e:
-        raise _write_error(tmp, e) from e
+        raise _write_error(tmp, e, checkpoints) from e
 
 
 def _check_shared(tmp: str, rank: int) -> None:
@@ -667,7 +670,11 @@ def _fsync_tree(root: str) -> None:
         _fsync_dir(folder)
 
 
-def _write_error(path: str, error: Exception) -> EnvironmentProblem:
+def _write_error(path: str, error: BaseException, checkpoints: str) -> EnvironmentProblem:
+    """A failed write of `path`: a full disk named as such (with the newest complete checkpoint in `checkpoints`)."""
+    if disk.full(error, path):
+        newest = _complete_in(checkpoints)
+        return disk.DiskFull(path, checkpoints=True, newest=newest[-1][1] if newest else None)
     return EnvironmentProblem(f"cannot write checkpoint {path}: {_first_line(error)}; "
                               "fix: check the free space and permissions of train.output_dir")
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Sequence
 
 from launcher.planning.gpus import MFU_NOTE
+from launcher.targets import disk
+from launcher.train.metrics import jsonl
 
 if TYPE_CHECKING:  # torch is imported where it is used: trackers.py, beside this, is read by processes that load no torch
     import torch
@@ -33,6 +35,43 @@ STEP_FIELDS = ("step", "loss", "lr", "tokens_per_s", "tflops_per_device", "mfu",
 """The field names of a step record (the contract); more fields may follow them."""
 
 METRICS_FILE = "metrics.jsonl"
+NUMBER_FIELDS = (*STEP_FIELDS, "grad_norm", "eval_loss", "eval_perplexity")
+"""Keys whose value, where a record has one, is a number or null (drawn by `fp8launch report`, compared by bench)."""
+
+
+def record_problem(record: dict[str, Any]) -> str | None:
+    """Why a metrics.jsonl record is not one a reader can use (no event, a step record without a step number, a string
+    where a number belongs), or None."""
+    event = record.get("event")
+    if not isinstance(event, str):
+        return 'no "event"' if event is None else f'its "event" is {_shown(event)}, not a name'
+    step = record.get("step")
+    if event in ("step", "eval") and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        return f"a {event} record without a step number" if step is None else f'its "step" is {_shown(step)}, not a step number'
+    for key in NUMBER_FIELDS:
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f'its "{key}" is {_shown(value)}, not a number'
+    return None
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def read_records(path: str) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+    """The records of metrics.jsonl `path` a reader can use, in order, and (line, why) for each line that is not one
+    (jsonl.read's, and `record_problem`'s)."""
+    rows, problems = jsonl.read(path)
+    records = []
+    for number, record in rows:
+        why = record_problem(record)
+        if why is None:
+            records.append(record)
+        else:
+            problems.append((number, why))
+    return records, problems
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -127,12 +166,15 @@ class MetricsLogger:
         self.stream = stream or sys.stdout
         self._file = None
         self._bar = None
+        self.repaired: str | None = None
+        """What was done to a partial last line an earlier run left (None: nothing); `start` says it."""
         self.trackers = list(trackers) if enabled else []
         self._resume_ids = dict(tracker_ids or {})
         if not enabled:
             return
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, METRICS_FILE)
+        self.repaired = jsonl.repair(self.path)
         self._file = open(self.path, "a", encoding="utf-8")
         if progress is None:
             progress = sys.stderr.isatty()
@@ -157,6 +199,8 @@ class MetricsLogger:
                 raise
             record = {**record, "trackers": where}
             line += "\n" + trackers_line(where)
+        if self.repaired:
+            line = f"note: {self.repaired}\n{line}"
         self._emit({"event": "start", **record}, line)
 
     def track(self, record: dict[str, Any]) -> None:
@@ -196,14 +240,23 @@ class MetricsLogger:
             self._bar.close()
             self._bar = None
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except OSError as e:  # what a failed write left in the buffer: `_emit` has raised DiskFull for it already
+                if not disk.full(e, self.path):
+                    raise
 
     def _emit(self, record: dict[str, Any], line: str) -> None:
         if not self.enabled:
             return
-        self._file.write(json.dumps(_finite(record), allow_nan=False) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(_finite(record), allow_nan=False) + "\n")
+            self._file.flush()
+        except OSError as e:
+            if not disk.full(e, self.path):
+                raise
+            raise disk.DiskFull(self.path) from e
         if self._bar is not None:
             self._bar.write(line, file=self.stream)
         else:

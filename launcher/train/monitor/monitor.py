@@ -21,6 +21,8 @@ from typing import IO, Any, Callable
 
 from torch import nn
 
+from launcher.targets import disk
+from launcher.train.metrics import jsonl
 from launcher.train.parallel.distributed import all_reduce_max, all_reduce_sum
 
 from .alerts import Warner
@@ -93,9 +95,15 @@ class FP8Monitor:
         if self.is_main and records:
             if self._file is None:
                 os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+                jsonl.repair(self.path)  # a partial last line of a killed run would swallow this run's first record
                 self._file = open(self.path, "a", encoding="utf-8")
-            self._file.write("".join(json.dumps(r) + "\n" for r in records))
-            self._file.flush()
+            try:
+                self._file.write("".join(json.dumps(r) + "\n" for r in records))
+                self._file.flush()
+            except OSError as e:
+                if not disk.full(e, self.path):
+                    raise
+                raise disk.DiskFull(self.path) from e
             for line in lines:
                 print(line, file=self.stream, flush=True)
             if self.sink is not None:
@@ -114,8 +122,12 @@ class FP8Monitor:
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except OSError as e:  # what a failed write left in the buffer: write_sample has raised DiskFull for it already
+                if not disk.full(e, self.path):
+                    raise
 
 
 def monitor_targets(model: nn.Module, precision: Precision) -> list[Target]:

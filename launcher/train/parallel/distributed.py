@@ -128,8 +128,11 @@ def exit_now(code: int) -> typing.NoReturn:
     called without an active exception", SIGABRT), turning finished work into a failure. The caller
     has closed what it wrote; logging and stdio are flushed here."""
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # its file on a full disk (the error is reported already), or closed
+            pass
     os._exit(code)
 
 
