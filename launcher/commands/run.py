@@ -31,9 +31,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from launcher.commands import kubectl
+from launcher.commands import failure, kubectl
 from launcher.commands.plan import Planned, plan_one
-from launcher.errors import ENTRYPOINT_CODES, EXIT_FILE_ENV, EXIT_INTERRUPTED, EnvironmentProblem, LauncherError, UsageError
+from launcher.errors import ERROR_LINE_FILE_ENV, EXIT_FILE_ENV, EXIT_INTERRUPTED, EnvironmentProblem, LauncherError, UsageError
 from launcher.planning.install import INSTALL
 from launcher.targets.files import Change, make_folder, write
 from launcher.targets.kubernetes import JobRef, job_ref, manifest_file
@@ -207,15 +207,13 @@ def execute(command: Command, *, on_job_id: Callable[[str], None] = lambda job: 
         env = {**env, EXIT_FILE_ENV: exit_file}
         if command.kind == "torchrun" and command.logs and log is None:
             logs = os.path.abspath(command.logs)
-            env.update({LOG_DIR_ENV: logs, RANK_PREFIX_ENV: RANK_PREFIX})
+            line_file = os.path.join(tmp, "error-line")
+            env.update({LOG_DIR_ENV: logs, RANK_PREFIX_ENV: RANK_PREFIX, ERROR_LINE_FILE_ENV: line_file})
             shown = _run_shown(command.argv, env, logs, out or _stdout, err or _stderr, fds)
             if shown.interrupted is not None:
                 raise RunInterrupted(shown.interrupted)
-            code = _reported_code(exit_file, shown.code)
-            if code not in (0, *ENTRYPOINT_CODES) and not shown.worker_lines:  # torchrun itself failed: its lines are all there is
-                for line in shown.agent_lines:
-                    (err or _stderr)(line)
-            return code
+            return failure.told(_reported_code(exit_file, shown.code), shown, torchrun_sh=command.argv[0], logs=command.logs,
+                                launch_env=command.env, environ=environ, line_file=line_file, err=err or _stderr)
         code = _run(command.argv, env, log, fds)
         return _reported_code(exit_file, code)
 
@@ -240,6 +238,10 @@ class _Shown:
     hidden: set[int] = field(default_factory=set)
     interrupted: str | None = None
     """After a Ctrl-C: the line that says where the run stopped (a worker's, else one of ours); nothing else is shown."""
+    held: failure.Held = field(default_factory=failure.Held)
+    """A failing rank's traceback and error line, shown once the run's end says whether they are the cause (failure.told)."""
+    log_error: OSError | None = None
+    """Why torchrun.log could not be written (a full disk): the lines are still shown."""
 
 
 def _run_shown(argv: tuple[str, ...], env: Mapping[str, str], logs: str,
@@ -247,7 +249,8 @@ def _run_shown(argv: tuple[str, ...], env: Mapping[str, str], logs: str,
     """Run torchrun with its workers' lines (tagged by RANK_PREFIX) shown on out/err, untagged,
     and every line, torchrun's own included, in `logs`/torchrun.log."""
     os.makedirs(logs, exist_ok=True)
-    shown, lock, before = _Shown(), threading.Lock(), len(INTERRUPTS)
+    held = failure.Held(restarts=failure.plan_facts(argv[0]).get("max_restarts") or 0)
+    shown, lock, before = _Shown(held=held), threading.Lock(), len(INTERRUPTS)
     with open(os.path.join(logs, "torchrun.log"), "w", encoding="utf-8") as full:
         child = subprocess.Popen(argv, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True, errors="replace", bufsize=1, pass_fds=fds, preexec_fn=stop_with_this_process())
@@ -255,11 +258,16 @@ def _run_shown(argv: tuple[str, ...], env: Mapping[str, str], logs: str,
         def pump(pipe, echo):
             for line in pipe:
                 with lock:
-                    full.write(line)
-                    full.flush()
+                    if shown.log_error is None:
+                        try:
+                            full.write(line)
+                            full.flush()
+                        except OSError as e:  # a full disk: go on showing the lines (and draining the pipe)
+                            shown.log_error = e
                     match = WORKER_LINE.match(line)
                     if not match:
                         shown.agent_lines.append(line)
+                        shown.held.agent(line, echo)
                         continue
                     rank, text = int(match.group(1)), match.group(2)
                     shown.worker_lines += 1
@@ -273,7 +281,7 @@ def _run_shown(argv: tuple[str, ...], env: Mapping[str, str], logs: str,
                         if shown.crashed != rank:
                             shown.hidden.add(rank)
                     if rank not in shown.hidden:
-                        echo(_untagged(rank, text))
+                        shown.held.line(rank, _untagged(rank, text), echo)
 
         pumps = [threading.Thread(target=pump, args=(child.stdout, out), daemon=True),
                  threading.Thread(target=pump, args=(child.stderr, err), daemon=True)]
