@@ -321,7 +321,8 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict, prof
         from launcher.commands.run import profiled
 
         command = profiled(command, planned.plan, profile_steps)
-    preflight.check(planned.plan, local=command.kind != "sbatch" and not dry_run, gpu_here=command.kind == "torchrun" and not dry_run)
+    preflight.check(planned.plan, local=command.kind != "sbatch" and not dry_run, gpu_here=command.kind == "torchrun" and not dry_run,
+                    launch_env=command.env if command.kind == "torchrun" and not dry_run else None)
     lock = claim(planned, command)  # exit 3 at once where another run holds train.output_dir; before anything is written there
     click.get_current_context().call_on_close(lock.release)
     if lock.warning:

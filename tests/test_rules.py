@@ -927,3 +927,24 @@ def test_an_msamp_spec_that_cannot_run_here_names_its_native_keys(level):
     native.setdefault("distributed", {}).setdefault("strategy", "ddp")
     native["precision"]["torchao"] = {**native["precision"].get("torchao", {}), "skip_small": False}
     assert not [f.rule.id for f in check(Facts(plan=plan_of(native)), "plan") if f.is_error]
+
+
+# -- a CPU run's ranks against this machine's memory (issue 49) ----------
+SMALL_CPU = {"launch": {"device": "cpu"}, "train": {"model": "builtin:llama-small", "seq_len": 64},
+             "distributed": {"strategy": "ddp", "procs_per_node": 2}}
+RUN_CASES["MEMORY-EXCEEDS-HOST"] = (SMALL_CPU, {"host_memory": 3 << 30}, {"host_memory": 64 << 30})  # one rank would fit
+
+
+def test_host_memory_names_ranks_estimate_and_what_is_available_and_fixes_what_is_left():
+    """2 ranks of llama-small under DDP: 2.1 GiB a rank by the plan's estimate against 3 GiB available; not looked (None:
+    a GPU run, several nodes) never fires; the fix leaves out what the plan already does."""
+    plan = plan_of(SMALL_CPU)
+    (finding,) = [f for f in check(Facts(plan=plan, host_memory=3 << 30), "run") if f.rule.id == "MEMORY-EXCEEDS-HOST"]
+    assert re.match(r"2 ranks x 2\.\d GiB \(the plan's memory estimate per rank: .*\) = 4\.\d GiB, but this machine has 3\.0 GiB "
+                    r"available \(MemAvailable\)", finding.message), finding.message
+    assert "distributed.strategy = \"fsdp2\"" in finding.fix and "distributed.procs_per_node" in finding.fix
+    assert "MEMORY-EXCEEDS-HOST" not in fired(SMALL_CPU, host_memory=None)
+    one = plan_of({**SMALL_CPU, "distributed": {"strategy": "fsdp2", "procs_per_node": 1}, "activation_checkpointing": {"mode": "full"},
+                   "train": {"model": "builtin:llama-small", "seq_len": 64, "micro_batch_size": 1}})
+    (finding,) = [f for f in check(Facts(plan=one, host_memory=1 << 20), "run") if f.rule.id == "MEMORY-EXCEEDS-HOST"]
+    assert finding.fix == "lower train.seq_len, choose a smaller train.model, or run on a machine with more memory"

@@ -8,7 +8,10 @@ imported torch and torchrun has printed its failure table.
   are not the machine that submits it);
 - the run-stage rules that need only the installed packages: an MS-AMP that cannot run next to them
   (MSAMP-STACK), NVMe offload without libaio (DS-NVME-AIO);
-- train.output_dir can be created and written.
+- a CPU run whose ranks all run here fits this machine's available memory by the plan's own estimate
+  (MEMORY-EXCEEDS-HOST);
+- train.output_dir can be created and written;
+- the rendezvous port is not held by another program (launcher/commands/rendezvous.py), for a torchrun started here.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import shutil
 import subprocess
 from typing import Mapping
 
+from launcher.commands import rendezvous
 from launcher.commands.doctor import packages_needed
 from launcher.errors import EnvironmentProblem, with_fix
 from launcher.planning.plan import Plan
@@ -27,11 +31,14 @@ from launcher.planning.rules import check as check_rules
 from launcher.planning.stack import importable, msamp_problem
 
 
-def check(plan: Plan, *, local: bool, gpu_here: bool | None = None, environ: Mapping[str, str] | None = None) -> None:
+def check(plan: Plan, *, local: bool, gpu_here: bool | None = None, environ: Mapping[str, str] | None = None,
+          launch_env: Mapping[str, str] | None = None) -> None:
     """Raise EnvironmentProblem (exit 3) for the first thing that keeps `plan` from running here.
     `local`: the training processes use this Python environment (torchrun, or slurm.sbatch run inside an
     allocation); `gpu_here` (default: `local`): they run on this machine, so its GPUs are theirs
-    (not so for slurm.sbatch from an salloc shell, which may sit on a login node)."""
+    (not so for slurm.sbatch from an salloc shell, which may sit on a login node), and its memory.
+    `launch_env`: the variables torchrun.sh starts with (NODE_RANK, RDZV_ENDPOINT from the command line), for a
+    torchrun started here: its rendezvous port is checked."""
     environ = os.environ if environ is None else environ
     check_output_dir(plan.train.output_dir)
     if not local:
@@ -41,14 +48,31 @@ def check(plan: Plan, *, local: bool, gpu_here: bool | None = None, environ: Map
             facts = Facts(plan=plan, missing_package=package)
             rule = RULES_BY_ID["BACKEND-MISSING"]
             raise EnvironmentProblem(with_fix(rule.detail(facts), rule.fix_of(facts)), rule="BACKEND-MISSING")
-    facts = Facts(plan=plan, msamp_stack=msamp_problem(plan.distributed.strategy), libaio=libaio_present(environ))
+    here = local if gpu_here is None else gpu_here
+    facts = Facts(plan=plan, msamp_stack=msamp_problem(plan.distributed.strategy), libaio=libaio_present(environ),
+                  host_memory=host_memory(plan, environ) if here else None)
     for finding in check_rules(facts, "run"):
         if finding.is_error:
             raise EnvironmentProblem(finding.text, rule=finding.rule.id)
-    if plan.launch.device == "cuda" and (local if gpu_here is None else gpu_here) and not gpu_present(environ):
+    if plan.launch.device == "cuda" and here and not gpu_present(environ):
         raise EnvironmentProblem('launch.device = "cuda" but this machine shows no GPU (no /dev/nvidia*, no /proc/driver/nvidia/gpus, '
                                  'no GPU in `nvidia-smi -L`, or CUDA_VISIBLE_DEVICES hides them); fix: run on a GPU machine, '
                                  'or set launch.device = "cpu" (or "auto")')
+    if launch_env is not None:
+        rendezvous.check(plan, launch_env, environ)
+
+
+def host_memory(plan: Plan, environ: Mapping[str, str], meminfo: str = "/proc/meminfo") -> int | None:
+    """MemAvailable of this machine, in bytes, for a CPU run whose ranks all run here (one node); None otherwise, or
+    where the kernel does not say."""
+    cpu = plan.launch.device == "cpu" or (plan.launch.device == "auto" and not gpu_present(environ))
+    if not cpu or plan.distributed.nodes != 1:
+        return None
+    try:
+        with open(meminfo, encoding="ascii") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
 
 
 LIBRARY_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib/*-linux-gnu", "/lib", "/lib64", "/lib/*-linux-gnu",

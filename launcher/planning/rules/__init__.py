@@ -63,6 +63,7 @@ ORDER: tuple[str, ...] = (
     "PP-PRECISION-SCHEDULE", "PP-FP16", "PP-GRAD-REDUCE", "PP-MONITOR", "PP-EXPERT-PARALLEL",
     "CP-DIVIDES-WORLD", "CP-SEQ", "CP-STRATEGY", "CP-MODEL", "CP-PIPELINE", "CP-TENSOR-PARALLEL", "CP-EXPERT-PARALLEL", "CP-BACKEND",
     "CP-COMPILE", "PP-STAGES-PER-RANK", "PP-ZBV-COMPILE", "PP-ZBV-RESHARD", "PP-ZBV-EVAL",
+    "MEMORY-EXCEEDS-HOST",
 )
 """The order `fp8launch explain` lists the rules in, and findings of one severity print in: the order they were added
 in, so that the listing and every plan's output stay as they were when the table was split by domain. New ids go last."""

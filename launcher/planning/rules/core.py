@@ -45,6 +45,9 @@ class Facts:
     """Features the spec asks for that the run's setup did not take (launcher/train/effects.py), at run time."""
     torchao_mx_supported: bool | None = None
     """Whether the installed torch has what torchao's MXFP8 training asserts, at run time; None: not looked."""
+    host_memory: int | None = None
+    """Bytes of memory this machine has available (MemAvailable) for a CPU run whose ranks all run on it, at run time;
+    None: not looked (a GPU run, several nodes, not launched here)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -87,6 +87,42 @@ def _memory_fix(f: Facts) -> str:
     return ", ".join(out)
 
 
+def _host_excess(f: Facts) -> str | None:
+    """'... GiB per rank x N ranks ... but this machine has ... available' when a CPU run's ranks, all on this machine, need
+    more than its available memory by the plan's own estimate (the larger of its peak and its initialisation peak); else
+    None. Builtin models only (the others are sized when built)."""
+    if f.host_memory is None or f.plan.launch.device == "cuda":
+        return None
+    from launcher.planning.memory import estimate, model_params
+
+    plan = f.plan
+    params = model_params(plan.train.model)
+    if not params:
+        return None
+    est = estimate(plan, params)
+    per_rank = max(est.peak_bytes, est.init_peak.bytes if est.init_peak else 0.0)
+    ranks = plan.distributed.procs_per_node
+    if ranks * per_rank <= f.host_memory:
+        return None
+    gib = 2**30
+    return (f"{ranks} rank{'s' * (ranks > 1)} x {per_rank / gib:.1f} GiB (the plan's memory estimate per rank: model states, "
+            f"activations, initialisation) = {ranks * per_rank / gib:.1f} GiB, but this machine has {f.host_memory / gib:.1f} GiB "
+            "available (MemAvailable); the kernel would kill a rank part-way.")
+
+
+def _host_fix(f: Facts) -> str:
+    """MEMORY-EXCEEDS-HOST's fix: the changes this plan has not made already."""
+    p = f.plan
+    out = ["use fewer ranks (distributed.procs_per_node)"] if p.distributed.procs_per_node > 1 else []
+    if p.distributed.strategy == "ddp" and p.distributed.procs_per_node > 1:
+        out.append('shard the model states over the ranks (distributed.strategy = "fsdp2")')
+    if p.activation_checkpointing.mode != "full":
+        out.append('set activation_checkpointing.mode = "full"')
+    lower = (["train.micro_batch_size"] if p.train.micro_batch_size > 1 else []) + ["train.seq_len"]
+    out += ["lower " + " / ".join(lower), "choose a smaller train.model", "or run on a machine with more memory"]
+    return ", ".join(out)
+
+
 def _gpu_cannot_run(f: Facts) -> str:
     """What an explicitly chosen launch.gpu lacks for the plan's precision ("" when it runs it, or for "auto"/AMD)."""
     from launcher.planning.gpus import PLAN_GPUS
@@ -174,6 +210,17 @@ RULES: tuple[Rule, ...] = (
              "train.micro_batch_size / train.seq_len",
          condition=lambda f: _memory_excess(f) is not None,
          detail=lambda f: _memory_excess(f), fix_for=_memory_fix),
+    Rule(id="MEMORY-EXCEEDS-HOST", severity="error", stage="run",
+         when='a CPU run (launch.device = "cpu", or "auto" on a machine without a GPU) whose ranks all run on this machine, '
+              "where distributed.procs_per_node x the plan's memory estimate per rank exceeds the memory it has available",
+         why="the kernel's out-of-memory killer would stop a rank with SIGKILL part-way through, or the machine would swap to a "
+             "crawl. The estimate leaves out torch itself (~0.2 GiB a process), temporary buffers and the allocator: it was "
+             "0.18-0.74x of the peak resident memory of real CPU runs (benchmarks/results/cpu_memory_estimate.json), so a run "
+             "it refuses could not fit.",
+         fix="use fewer ranks (distributed.procs_per_node), shard the model states (distributed.strategy = \"fsdp2\"), set "
+             "activation_checkpointing.mode = \"full\", lower train.micro_batch_size / train.seq_len, a smaller train.model, "
+             "or a machine with more memory",
+         condition=lambda f: _host_excess(f) is not None, detail=lambda f: _host_excess(f), fix_for=_host_fix),
     Rule(id="FP8-NO-GAIN", severity="warning", stage="plan",
          when='the predicted fp8_vs_bf16 for this model, batch and launch.gpu is below 1.0 (a GPU run: not for launch.device = "cpu")',
          why="small GEMMs lose to the cast overhead (torchao microbenchmarks: 1024^3 at 0.42-0.8x of bf16); "
