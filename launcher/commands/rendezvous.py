@@ -15,6 +15,7 @@ program let go, 208 s, then a traceback). So:
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import socket
@@ -92,7 +93,8 @@ def hosted_here(host: str) -> bool:
 
 
 def bindable(port: int) -> bool:
-    """Whether a store could listen on `port` here now (bound as torch's store binds it: every address, SO_REUSEADDR)."""
+    """Whether `port` is free of other listeners here now (bound as torch's store binds it: every address, SO_REUSEADDR).
+    A bind refused for another reason (a port below 1024 without the right) is torchrun's to report."""
     for family in (socket.AF_INET6, socket.AF_INET):
         try:
             s = socket.socket(family, socket.SOCK_STREAM)
@@ -104,8 +106,8 @@ def bindable(port: int) -> bool:
                 s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             s.bind(("", port))
             return True
-        except OSError:
-            return False
+        except OSError as e:
+            return e.errno != errno.EADDRINUSE
         finally:
             s.close()
     return True
