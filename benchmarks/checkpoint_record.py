@@ -1,4 +1,4 @@
-"""What recording and checking a checkpoint's files costs (launcher/train/checkpoint/record.py), on this CPU.
+"""What recording and checking a checkpoint's files costs (launcher/targets/checkpoint_record.py), on this CPU.
 
 1. Each checksum the standard library offers, through record.digest's own read loop, over one file of --mb MB
    already in the page cache (as a save finds the files it just wrote): GB/s and seconds per GB on one core, and
@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from launcher.train.checkpoint import record  # noqa: E402 - after the path
+from launcher.targets import checkpoint_record as record  # noqa: E402 - after the path
 
 TB = 1e12
 RANKS = 64

@@ -3,9 +3,13 @@ are escaped), and a Plan from a spec held in memory."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import socket
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from launcher.planning.plan import Plan, resolve
 from launcher.planning.read import SpecSource, nested, validate
@@ -18,6 +22,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def tmpfs(mnt: Path, size: str):
+    """A tmpfs of `size` (e.g. "64k", "20m") mounted at `mnt` for the block, to fill a disk for real: root only, the test
+    skipped where `mount` is refused. Unmounted after (lazily: a run's last handle may still be closing)."""
+    mnt.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
 def spec_toml(flat: dict) -> str:

@@ -25,7 +25,7 @@ NOT_RULE_IDS = {
     "AMX-INT8": "an x86 CPU feature (launcher/train/precision/cpu_scaled_mm.py)",
     "AVX-512": "an x86 CPU feature (launcher/train/compile_ac.py)",
     "AVX-NE-CONVERT": "an x86 CPU feature (launcher/commands/doctor.py: fast bf16 matmuls)",
-    "CRC-32": "the checksum a checkpoint's record keeps per file (launcher/train/checkpoint/record.py)",
+    "CRC-32": "the checksum a checkpoint's record keeps per file (launcher/targets/checkpoint_record.py)",
     "DNS-1123": "the Kubernetes name format (launch.kubernetes.namespace)",
     "GPT-2": "the model family (Conv1D, its tokenizer)",
     "MS-AMP": "Microsoft's FP8 library",

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from launcher.errors import ENTRYPOINT_CODES, EnvironmentProblem, LauncherError, with_fix
+from launcher.targets.checkpoint_record import complete
 from launcher.targets.disk import DiskFull, no_space
 
 TRACEBACK_HEAD = "Traceback (most recent call last):"
@@ -30,7 +31,6 @@ ERROR_LINE = re.compile(r"(\[rank \d+\] )?(error(\[[A-Z0-9-]+\])?|preempted): ")
 """The shape of the entrypoint's one-line report (launcher/train/main.py `_report`)."""
 _PREFIX = re.compile(r"^(\[rank \d+\] )?(\[rank\d+\]: ?)?")
 _FAILURE = re.compile(r"rank\s*: (\d+) \(local_rank: (\d+)\)\s*\n\s*exitcode\s*: (-?\d+) \(pid: (\d+)\)")
-_STEP_DIR = re.compile(r"step-(\d+)")
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 _SIGNALLED = re.compile(r"(?:Sending process (\d+) closing signal|Unable to shutdown process (\d+) via)")
 
@@ -249,22 +249,6 @@ def _read_line(path: str) -> str | None:
 
 
 def _newest(output_dir: str) -> str | None:
-    """The newest complete checkpoint of the run in `output_dir`: a checkpoints/step-N folder whose COMPLETE.json names
-    step N, as launcher/train/checkpoint defines it (read here without it: importing it imports torch, seconds on this
-    failure path of the launcher)."""
-    folder = os.path.join(output_dir, "checkpoints")
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return None
-    found = []
-    for name in names:
-        m = _STEP_DIR.fullmatch(name)
-        try:
-            with open(os.path.join(folder, name, "COMPLETE.json"), encoding="utf-8") as f:
-                marker = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if m and isinstance(marker, dict) and marker.get("step") == int(m.group(1)):
-            found.append((int(m.group(1)), os.path.join(folder, name)))
-    return max(found)[1] if found else None
+    """The newest complete checkpoint of the run in `output_dir`."""
+    found = complete(os.path.join(output_dir, "checkpoints"))
+    return found[-1][1] if found else None

@@ -164,3 +164,25 @@ lr = 3e-3
 output_dir = "{out}/runs/{{name}}"
 """
     return text + (f'[eval]\ndata = "synthetic"\nsteps = {eval_steps}\n' if eval_steps else "")
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc: a test finds its own run's processes, never any by name)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # field 4, after the parenthesised command name
+                found.append(int(entry))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid`'s children, theirs, and so on."""
+    out = []
+    for child in children(pid):
+        out += [child, *descendants(child)]
+    return out

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import FP8LAUNCH, env, output_of, run, write_spec
+from tests.support import tmpfs
+
+from .helpers import FP8LAUNCH, descendants, env, output_of, run, write_spec
 
 pytestmark = pytest.mark.slow
 MODEL = "builtin:llama-debug?layers=1&vocab=512"
@@ -25,16 +27,9 @@ MODEL = "builtin:llama-debug?layers=1&vocab=512"
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 20 MB tmpfs (root only: skipped where `mount` is refused): one checkpoint of the model below fits, a second does not."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
-    try:
+    """A 20 MB tmpfs: one checkpoint of the model below fits, a second does not."""
+    with tmpfs(tmp_path / "disk", "20m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
 def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_the_checkpoint_before_stays_whole(tmp_path, small_disk):
@@ -66,19 +61,6 @@ def test_a_disk_that_fills_during_a_checkpoint_is_one_line_and_the_checkpoint_be
     assert all(torch.isfinite(t).all() for t in weights.values())
 
 
-def _descendants(pid: int) -> list[int]:
-    out = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                children = [int(c) for c in f.read().split()]
-        except OSError:
-            continue
-        for child in children:
-            out += [child, *_descendants(child)]
-    return out
-
-
 def _environ(pid: int) -> dict[str, str]:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -100,7 +82,7 @@ def test_a_rank_killed_by_a_signal_is_one_line_then_the_run_resumes_past_a_cut_m
         for line in p.stdout:
             if line.startswith("step 3/8"):
                 break
-        workers = [d for d in _descendants(p.pid) if _environ(d).get("RANK") == "1" and "TORCHELASTIC_RUN_ID" in _environ(d)]
+        workers = [d for d in descendants(p.pid) if _environ(d).get("RANK") == "1" and "TORCHELASTIC_RUN_ID" in _environ(d)]
         assert len(workers) == 1, workers
         os.kill(workers[0], signal.SIGKILL)
         killed = time.monotonic()

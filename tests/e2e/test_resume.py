@@ -38,10 +38,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.train.checkpoint import read_marker, record
+from launcher.targets import checkpoint_record as record
+from launcher.train.checkpoint import read_marker
 from launcher.train.loop import MAX_CONSECUTIVE_SKIPS
 
-from .helpers import FP8, FP8LAUNCH, env, output_of, run, write_spec
+from .helpers import FP8, FP8LAUNCH, children, env, output_of, run, write_spec
 
 pytestmark = pytest.mark.slow
 
@@ -160,19 +161,6 @@ def wait_for_step(proc: subprocess.Popen, out: Path, step: int, timeout: float =
         time.sleep(0.01)
     proc.kill()
     raise AssertionError(f"no step {step} within {timeout} s")
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # field 4, after the parenthesised command name
-                found.append(int(entry))
-    return found
 
 
 def stop_tree(proc: subprocess.Popen) -> None:

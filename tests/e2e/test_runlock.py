@@ -34,7 +34,7 @@ import pytest
 from launcher.targets.runlock import LOCK_FILE, hold
 from launcher.train.checkpoint import read_marker
 
-from .helpers import FP8LAUNCH, env, output_of, run, write_spec
+from .helpers import FP8LAUNCH, children, env, output_of, run, write_spec
 
 pytestmark = pytest.mark.slow
 
@@ -69,19 +69,6 @@ def wait_for(proc: subprocess.Popen, out: Path, *, starts: int, step: int, timeo
                 return stepped[-1]
         time.sleep(0.02)
     raise AssertionError(f"no step {step} within {timeout} s")
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # field 4, after the parenthesised command name
-                found.append(int(entry))
-    return found
 
 
 def alive(pid: int) -> bool:

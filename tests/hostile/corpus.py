@@ -18,11 +18,13 @@ traceback a user would have seen.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,6 +128,26 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     return out
 
 
+RECORD_ENV = "FP8LAUNCH_HOSTILE_RECORD"
+"""A file each checked case appends one JSON line to (benchmarks/hostile_record.py counts them for docs/reliability.md)."""
+
+
+def _record(case: Case, got: Outcome | None, seconds: float, folder: Path) -> None:
+    path = os.environ.get(RECORD_ENV)
+    if not path:
+        return
+    kept = case.files if case.kept is None else case.kept
+    lost = [name for name, content in kept.items() if not name.endswith("/") and (
+        not (folder / name).exists() or ((folder / name).is_file() and not (folder / name).is_symlink()
+                                         and (folder / name).read_bytes() != (content.encode() if isinstance(content, str) else content)))]
+    lines = [line for line in got.stderr.splitlines() if line.strip()] if got else []
+    row = {"id": case.id, "command": case.argv[0] if case.argv else "", "code": got.code if got else None, "expected": case.code,
+           "hang": got is None, "traceback": bool(got and got.traceback), "lines": len(lines), "lost": lost,
+           "left": [name for name in case.absent if os.path.lexists(folder / name)], "seconds": round(seconds, 3)}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def check(case: Case, tmp_path: Path) -> Outcome:
     """Run `case` in tmp_path/case and assert everything it promises; return what it gave."""
     folder = tmp_path / "case"
@@ -133,7 +155,13 @@ def check(case: Case, tmp_path: Path) -> Outcome:
     lay_out(folder, case.files)
     if case.setup is not None:
         case.setup(folder)
-    got = invoke(case, folder)
+    t0 = time.monotonic()
+    try:
+        got = invoke(case, folder)
+    except AssertionError:
+        _record(case, None, time.monotonic() - t0, folder)
+        raise
+    _record(case, got, time.monotonic() - t0, folder)
     where = f"{case.id}: exit {got.code}\nstderr:\n{got.stderr}\nstdout:\n{got.stdout[-2000:]}"
     assert not got.traceback, where
     assert got.code == case.code, where

@@ -21,6 +21,7 @@ from launcher.commands import failure, rendezvous
 from launcher.targets.disk import DiskFull, no_space
 from launcher.train.metrics import MetricsLogger, jsonl
 from tests.hostile.corpus import Case, check
+from tests.support import tmpfs
 
 pytest.importorskip("matplotlib")
 
@@ -202,16 +203,9 @@ def test_another_machines_port_held_by_a_silent_program_is_refused_within_the_pr
 
 @pytest.fixture
 def tiny_tmpfs(tmp_path):
-    """A 64 KB tmpfs mounted under tmp_path (root only: skipped where `mount` is refused), unmounted after."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
-    try:
+    """A 64 KB tmpfs mounted under tmp_path."""
+    with tmpfs(tmp_path / "mnt", "64k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
 def _fill(folder: Path) -> None:

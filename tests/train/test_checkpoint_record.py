@@ -1,4 +1,4 @@
-"""The record of a checkpoint's files (launcher/train/checkpoint/record.py) and the check before resuming: real
+"""The record of a checkpoint's files (launcher/targets/checkpoint_record.py) and the check before resuming: real
 checkpoints saved in this process (a world of one), then damaged the ways disks and people damage them. Each
 test takes well under a second."""
 
@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from launcher.errors import EXIT_INVALID, InputError
-from launcher.train.checkpoint import MARKER, CheckpointManager, read_marker, record
+from launcher.targets import checkpoint_record as record
+from launcher.train.checkpoint import MARKER, CheckpointManager, read_marker
 
 from ._engine_setup import gloo_world
 

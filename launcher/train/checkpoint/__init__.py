@@ -65,8 +65,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from launcher import __version__
 from launcher.errors import EnvironmentProblem, InputError, LauncherError
+from launcher.targets import checkpoint_record as record
 from launcher.targets import disk
-from launcher.train.checkpoint import record
 from launcher.train.checkpoint.dcp import FLAT, NESTED, _load_dcp, _save_dcp
 from launcher.train.checkpoint.deepspeed import _clean_param_names, _naming_reads, clean_fqn
 from launcher.train.precision import te_state
@@ -85,7 +85,6 @@ DS_TAG = "ds"
 """DeepSpeed's tag (sub-folder) inside `<checkpoint>/deepspeed/`."""
 FORMAT_VERSION = 1
 KEY = "train.resume"
-_STEP_DIR = record.STEP_DIR
 _TMP, _TRASH = ".tmp-", ".trash-"
 
 
@@ -181,7 +180,7 @@ class CheckpointManager:
 
     def complete(self) -> list[tuple[int, str]]:
         """(step, path) of every complete checkpoint, oldest first."""
-        return _complete_in(self.dir)
+        return record.complete(self.dir)
 
     def latest_complete(self) -> str | None:
         """The newest complete checkpoint, or None."""
@@ -430,7 +429,7 @@ class CheckpointManager:
                 ) from e
             unreadable = record.unreadable_in(e)
             if unreadable is not None:  # a damaged file the record could not tell (none, or it changed since)
-                older = [p for s, p in _complete_in(os.path.dirname(path)) if s < int(marker["step"])]
+                older = [p for s, p in record.complete(os.path.dirname(path)) if s < int(marker["step"])]
                 raise InputError(KEY, f"{path}: {unreadable}",
                                  f"resume from an older checkpoint (train.resume = \"{older[-1]}\")" if older else
                                  "restore it from a copy, or start fresh in a new train.output_dir") from e
@@ -580,22 +579,6 @@ def _remote_error(failure: tuple[str, int, str | None], where: str) -> LauncherE
 
 # -- files --------------------------------------------------------------------------------
 
-def _complete_in(folder: str) -> list[tuple[int, str]]:
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    found = []
-    for name in names:
-        m = _STEP_DIR.match(name)
-        path = os.path.join(folder, name)
-        if m and os.path.isdir(path):
-            marker = read_marker(path)
-            if marker is not None and marker["step"] == int(m.group(1)):
-                found.append((int(m.group(1)), path))
-    return sorted(found)
-
-
 def _fresh_folder(checkpoints: str, tmp: str) -> None:
     """Rank 0 before a save: remove what crashed saves and prunes left behind, create `tmp`."""
     try:
@@ -673,7 +656,7 @@ def _fsync_tree(root: str) -> None:
 def _write_error(path: str, error: BaseException, checkpoints: str) -> EnvironmentProblem:
     """A failed write of `path`: a full disk named as such (with the newest complete checkpoint in `checkpoints`)."""
     if disk.full(error, path):
-        newest = _complete_in(checkpoints)
+        newest = record.complete(checkpoints)
         return disk.DiskFull(path, checkpoints=True, newest=newest[-1][1] if newest else None)
     return EnvironmentProblem(f"cannot write checkpoint {path}: {_first_line(error)}; "
                               "fix: check the free space and permissions of train.output_dir")

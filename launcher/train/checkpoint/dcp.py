@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import torch
 
-from launcher.train.checkpoint.record import UnreadableFile, unreadable_in
+from launcher.targets.checkpoint_record import UnreadableFile, unreadable_in
 from launcher.train.precision import te_state
 
 # -- DCP (DDP, FSDP2) ---------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pickle
 import zipfile
 from contextlib import contextmanager
 
-from launcher.train.checkpoint.record import UnreadableFile
+from launcher.targets.checkpoint_record import UnreadableFile
 from launcher.train.fqn import clean_fqn
 
 # -- DeepSpeed ----------------------------------------------------------------------------

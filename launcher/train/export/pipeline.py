@@ -33,7 +33,8 @@ class Exported:
 def find_checkpoint(run_dir: str, step: int | None, echo: Callable[[str], None] = lambda line: None) -> tuple[int, str]:
     """(step, path) of the newest intact checkpoint of the run in `run_dir`, each newer damaged one skipped with a line
     through `echo`; or of step `step`, which must be intact. Only the files the weights are read from are checked."""
-    from launcher.train.checkpoint import CHECKPOINTS, CheckpointManager, Choice, record
+    from launcher.targets import checkpoint_record as record
+    from launcher.train.checkpoint import CHECKPOINTS, CheckpointManager, Choice
 
     manager = CheckpointManager(run_dir, keep=1, strategy="ddp", rank=0, world_size=1)
     folder = os.path.join(run_dir, CHECKPOINTS)

@@ -36,9 +36,9 @@ import torch
 
 from launcher.errors import BackendMissing, InputError
 from launcher.planning.install import INSTALL
+from launcher.targets.checkpoint_record import UnreadableFile, unreadable_in
 from launcher.train.checkpoint import DS_TAG, read_marker
 from launcher.train.checkpoint.dcp import load_naming, naming_reader
-from launcher.train.checkpoint.record import UnreadableFile, unreadable_in
 from launcher.train.fqn import clean_fqn
 
 from . import KEY

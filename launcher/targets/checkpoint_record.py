@@ -9,7 +9,7 @@ A checkpoint is intact when every recorded file is there with its recorded size 
 added to the folder later are not looked at. A checkpoint written before checkpoints recorded their
 files has no "files": nothing to check it against (`Candidate.unchecked`).
 
-Who hashes what (CheckpointManager in __init__.py runs the collectives):
+Who hashes what (launcher/train/checkpoint's CheckpointManager runs the collectives):
 - at a save, each rank the files it wrote (`owner`: DCP's `__R_N.distcp`, the rank files, DeepSpeed's
   `zero_pp_rank_R_*`), read back from its page cache; rank 0 also the files whose writer the name does
   not tell (DCP's `.metadata`, DeepSpeed's model states and scripts) and any nobody reported;
@@ -161,6 +161,13 @@ def candidates(folder: str) -> list[Candidate]:
         if m and os.path.isdir(path):
             found.append(candidate(path, int(m.group(1))))
     return sorted(found, key=lambda c: c.step, reverse=True)
+
+
+def complete(folder: str) -> list[tuple[int, str]]:
+    """(step, path) of every complete checkpoint in checkpoints folder `folder` (a `step-N` folder whose COMPLETE.json
+    names step N), oldest first; intact or not is `check`'s question. The launcher asks it too (the newest complete
+    checkpoint a failure line names): this module imports nothing of torch."""
+    return [(c.step, c.path) for c in reversed(candidates(folder)) if c.marker is not None]
 
 
 def candidate(path: str, step: int | None = None) -> Candidate:
