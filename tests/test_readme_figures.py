@@ -86,3 +86,22 @@ def test_the_deepspeed_bucket_figure_is_its_default():
     assert plan.precision.compute_dtype == "bf16"
     assert elements == plan.distributed.deepspeed.reduce_bucket_size
     assert gib == pytest.approx(elements * BYTES[plan.precision.compute_dtype] / GIB, rel=0.10)
+
+
+def test_the_reliability_record_is_what_the_committed_results_counted():
+    """docs/reliability.md and the README quote the corpus and the fuzz as benchmarks/results/hostile_record.json and
+    fuzz_inputs.json counted them, and those counted no traceback, hang or lost file."""
+    corpus = json.loads((REPO / "benchmarks" / "results" / "hostile_record.json").read_text())
+    fuzz = json.loads((REPO / "benchmarks" / "results" / "fuzz_inputs.json").read_text())
+    page = " ".join((REPO / "docs" / "reliability.md").read_text().split())
+    assert not corpus["failed"] and all(corpus["all"].get(k, 0) == 0 for k in ("traceback", "hang", "lost", "left"))
+    assert corpus["all"]["as documented"] == corpus["all"]["tried"]
+    assert all(r["traceback"] == r["hang"] == r["other"] == 0 for r in fuzz["rows"]) and not fuzz["failures"]
+    tried = corpus["all"]["tried"]
+    assert f"| {tried} | {tried} ({corpus['all']['one-line error']} one-line errors, " in page
+    assert f"pytest: {corpus['tests']} tests, 0 failed" in page
+    per_target = {r["target"]: r["tried"] for r in fuzz["rows"]}
+    assert f"| {per_target['plan']} + {per_target['import']} | all (0 other) | 0 | 0 |" in page
+    properties = sum(int(n) for n in re.search(r"\| (\d+) \+ (\d+) \+ (\d+) \| all \| 0 \| 0 \|", page).groups())
+    hostile, inputs = quoted(r"the record of ([0-9,]+) hostile commands, ([0-9,]+) broken inputs")
+    assert (hostile, inputs) == (tried, per_target["plan"] + per_target["import"] + properties)

@@ -326,7 +326,7 @@ _FOLDER = tempfile.mkdtemp(prefix="fp8launch-property-")  # hypothesis runs many
 atexit.register(shutil.rmtree, _FOLDER, ignore_errors=True)
 
 
-@settings(max_examples=100, deadline=2000, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=documents(), as_toml=st.booleans(),
        sets=st.lists(st.tuples(st.sampled_from(OVERRIDE_KEYS), st.sampled_from(HOSTILE_TEXT + ["1", "nan", "[[[[1]]]]", "{a=1}"])),
                      max_size=2))
@@ -343,7 +343,7 @@ TOKENS = list('{}[]",:=.\n \\#\'0123456789aeflnrstuxvINF-+_') + ["nan", "inf", "
                                                                 "\u2028", "\0", "[train]\n", "steps = ", "1e999"]
 
 
-@settings(max_examples=60, deadline=2000, derandomize=True)
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(text=st.lists(st.sampled_from(TOKENS), max_size=60).map("".join), suffix=st.sampled_from([".toml", ".json"]))
 def test_any_text_plans_or_is_refused_with_exit_2(text, suffix):
     path = os.path.join(_FOLDER, "t" + suffix)
