@@ -6,11 +6,12 @@ missing is "not measured".
         [--torchtitan OUT/torchtitan] [--results benchmarks/results] [--out OUT]
 
 The first --bench is the core: the reference loop ran on its shape (reference/bf16.json, reference/fp8.json), so its
-bf16 baseline and FP8 spec are what the reference is compared with. A bench's profile is its own (an older
-`bench --profile` run) or, as gpu_bench.sh runs it, that of a separate short profiled bench of the same spec beside it
-(DIR-profile/): then every ratio and tokens/s comes from the unprofiled DIR, and the profile gives the FP8 GEMM FLOP
-share and the ceiling ("of ceiling" = the unprofiled ratio / the ceiling). Writes <date>-<device>-speed.json and .md
-into --results (and --out), and prints the markdown.
+bf16 baseline and FP8 spec are what the reference is compared with. A bench's profile is, as gpu_bench.sh runs it, its
+own runs' last steps (`bench --profile-last N`: bench.json's timed_steps, which no profiler touched, give every ratio
+and tokens/s); else that of a separate short profiled bench of the same spec beside it (DIR-profile/, an older
+session's layout); else an older `bench --profile` run's own, whose first runs were profiled throughout. The profile
+gives the FP8 GEMM FLOP share and the ceiling; "of ceiling" = the unprofiled ratio / the ceiling wherever there is an
+unprofiled ratio. Writes <date>-<device>-speed.json and .md into --results (and --out), and prints the markdown.
 """
 
 from __future__ import annotations
@@ -52,11 +53,16 @@ def _load(path: str) -> dict | None:
 
 
 def fp8launch_tokens_per_s(record: dict, side: str) -> tuple[float | None, str]:
-    """(tokens/s of one variant of a bench, which runs it comes from). With --profile the first run of each variant
-    ran under the profiler: the later runs are used where there are any."""
+    """(tokens/s of one variant of a bench, which runs it comes from). With --profile-last the figures are the medians
+    over the steps before the profiled ones; with --profile the first run of each variant ran under the profiler: the
+    later runs are used where there are any."""
     runs = [r for r in record[side]["runs"] if r.get("figures", {}).get("tokens_per_s") is not None]
     if not runs:
         return None, "no run"
+    if record.get("timed_steps"):
+        first, last = record["timed_steps"]
+        return (record[side]["figures"]["tokens_per_s"],
+                f"median of {len(runs)} run(s), steps {first}..{last} (unprofiled: the profiled steps came after them)")
     if record.get("profile") and len(runs) > 1:
         return statistics.median(r["figures"]["tokens_per_s"] for r in runs[1:]), f"median of runs 2..{len(runs)} (run 1 was profiled)"
     if record.get("profile"):
@@ -90,13 +96,15 @@ def bench_row(path: str) -> dict:
     }
     if profile:
         ceiling, ratio = profile["spec"].get("ceiling"), record["ratios"]["tokens_per_s"]
+        unprofiled = not own or bool(record.get("timed_steps"))  # a ratio no profiler touched
+        source = (f"the timing runs' last {record.get('profile_last')} steps" if own and unprofiled
+                  else "the bench's own first runs" if own else f"a separate profiled bench ({name}-profile)")
         row["profile"] = {"fp8_gemm_flop_share": profile["spec"].get("fp8_gemm_flop_share"),
                           "baseline_gemm_fp8_s": profile["baseline"]["parts"].get("gemm_fp8"),
                           "ceiling": ceiling, "measured_ratio": profile.get("measured_ratio"),
-                          "of_ceiling": profile.get("of_ceiling") if own else (ratio / ceiling if ratio and ceiling else None),
+                          "of_ceiling": (ratio / ceiling if ratio and ceiling else None) if unprofiled else profile.get("of_ceiling"),
                           "profiled_of_ceiling": profile.get("of_ceiling"), "ceiling_basis": profile.get("ceiling_basis"),
-                          "advice": profile.get("advice", []),
-                          "source": "the bench's own first runs" if own else f"a separate profiled bench ({name}-profile)",
+                          "advice": profile.get("advice", []), "source": source, "unprofiled": unprofiled,
                           "command": None if own else bench_command(beside)}
     elif beside is not None:
         row["profile_error"] = beside.get("profile_error") or "the profiled bench wrote no profile"
@@ -112,8 +120,9 @@ def bench_command(record: dict) -> str:
     vs = b["spec"] if b["label"] == "baseline" else b["label"]
     steps = len(s["runs"][0]["losses"]) if s["runs"] else 0
     profiled = bool(record.get("profile") or record.get("profile_error"))
+    flag = ["--profile-last", str(record["profile_last"])] if record.get("profile_last") else ["--profile"] if profiled else []
     words = ["fp8launch", "bench", s["spec"], "--vs", vs, "--steps", str(steps), "--warmup", str(record.get("warmup_steps_excluded")),
-             "--repeats", str(record.get("repeats"))] + (["--profile"] if profiled else [])
+             "--repeats", str(record.get("repeats"))] + flag
     for item in s.get("overrides", []):
         words += ["--set", item]
     return " ".join(shlex.quote(w) for w in words)
@@ -201,7 +210,7 @@ def markdown(r: dict) -> str:
     lines = [f"# fp8launch speed on {r['device_name'] or 'an unknown device'}, {r['date']}", "",
              f"torch {env.get('torch')}, torchao {env.get('torchao')}, fp8launch {env.get('fp8launch')}; world size "
              f"{env.get('world_size')}. Every figure below was read from this session's bench.json, profile.json and reference "
-             "JSONs.", "", "## FP8 vs bf16 (`fp8launch bench SPEC --vs BF16_TWIN`, unprofiled; the profile from a separate run)", "",
+             "JSONs.", "", "## FP8 vs bf16 (`fp8launch bench SPEC --vs BF16_TWIN`, timed on unprofiled steps)", "",
              "| bench | FP8 layers | tokens/s bf16 | tokens/s FP8 | FP8 / bf16 | FP8 GEMM FLOP share | ceiling | of ceiling | "
              "ratio under the profiler | runs x steps |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -215,9 +224,11 @@ def markdown(r: dict) -> str:
                      f"{_f(t['fp8'])} | {_f(t['ratio'], '{:.3f}')} | {_f(p.get('fp8_gemm_flop_share'), '{:.1%}')} | "
                      f"{_f(p.get('ceiling'), '{:.3f}')} | {_f(p.get('of_ceiling'), '{:.0%}')} | {_f(p.get('measured_ratio'), '{:.3f}')} | "
                      f"{b['runs']} x {b['steps']} |")
-        if p:
+        if p and p["unprofiled"]:
             notes.append(f"{b['bench']}: the FLOP share and the ceiling from {p['source']}; \"of ceiling\" is the unprofiled "
-                         "FP8 / bf16 over the ceiling" if p.get("command") else f"{b['bench']}: profiled in its own first runs")
+                         "FP8 / bf16 over the ceiling")
+        elif p:
+            notes.append(f"{b['bench']}: profiled in its own first runs (its figures are under the profiler)")
         elif b.get("profile_error"):
             notes.append(f"{b['bench']}: no profile: {b['profile_error']}")
     lines += [""] + [f"- {n}" for n in notes] if notes else []

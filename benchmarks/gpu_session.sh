@@ -13,14 +13,17 @@
 #                      at the end, so a call cut off at its time limit still brings the last one back
 #   the stage's key files, copied out of WORK: speed: the comparison table (<date>-<device>-speed.md), the FP8 vs bf16
 #   table (<date>-<device>.md), the core bench's picture (<core>-bench.png) and its profile's (<core>-profile.png)
+# Every stage's environment.txt: the versions and benchmarks/api_probe.py's line for each version-dependent API it uses.
 #
 # STAGE: speed   benchmarks/gpu_bench.sh's parts in one call of at most BUDGET (540) seconds, install included: the core
-#                (the 15-layer Llama-3-8B shape with full AC) timed unprofiled, FP8 vs bf16; the reference loop in bf16
-#                and FP8 on that shape; a short separate profiled run of the same spec; the tables with the targets
-#                (docs/benchmarks.md). GPU_DRY_RUN=1 runs it here on tiny CPU shapes, with no install and no GPU:
+#                (the 15-layer Llama-3-8B shape with full AC), FP8 vs bf16, timed on unprofiled steps and profiled in
+#                the same runs' last steps; the reference loop in bf16 and FP8 on that shape; the tables with the targets
+#                (docs/benchmarks.md). A core that fails (out of GPU memory) is run again smaller in the same call
+#                (gpu_bench.sh FALLBACK_SETS). GPU_DRY_RUN=1 runs it here on tiny CPU shapes, with no install and no GPU:
 #                  GPU_DRY_RUN=1 bash benchmarks/gpu_session.sh NONE speed OUT
 #                GPU_PLAN=1 prints the parts, their commands and estimates, the machine's start and the session's device
-#                time, and runs nothing
+#                time, writes them to OUT/plan.json ({"parts": [{"name", "seconds"}], "call_s", "budget_s", "margin_s",
+#                "skipped", "fallback", ...}), and runs nothing
 #        bench   benchmarks/gpu_bench.sh on the first session's pair (the Llama-3-8B slice and llama3-1b-fp8.toml,
 #                2 x 40 steps each, no profile, no reference)
 #        matrix  the GPU support matrix (tests/gpu/test_support_matrix_gpu.py), the TE/MS-AMP, block-format and MoE tests
@@ -35,7 +38,8 @@ set -uo pipefail
 wheels="${1:?usage: gpu_session.sh WHEELHOUSE STAGE OUT}"; stage="${2:?usage: gpu_session.sh WHEELHOUSE STAGE OUT}"
 out="${3:?usage: gpu_session.sh WHEELHOUSE STAGE OUT}"
 MACHINE_START_S=240  # the machine's start (~4 min), before the call's own time limit begins; it counts in the session's 900 s
-INSTALL_S=35         # pip from the wheelhouse, the environment, doctor
+INSTALL_S=35         # pip from the wheelhouse, the environment (benchmarks/api_probe.py), doctor
+TABLES_S=10          # the report pass and the last pack
 case "$stage" in
   speed) budget="${BUDGET:-$([[ ${GPU_DRY_RUN:-0} == 1 ]] && echo 1500 || echo 540)}" ;;
   bench|te) budget="${BUDGET:-540}" ;;
@@ -50,8 +54,35 @@ core=$(set -- ${BENCHES:-8b-ac}; echo "$1")
 if [[ ${GPU_PLAN:-0} == 1 ]]; then
   [[ $stage == speed ]] || { echo "gpu_session: GPU_PLAN covers the speed stage only" >&2; exit 2; }
   echo "gpu_session plan: the machine's start ~$MACHINE_START_S s (before this call's timeout_s; in the session's device time)"
-  echo "gpu_session plan: install, environment, doctor ~$INSTALL_S s; this call's BUDGET $budget s"
-  DEADLINE=$(( $(date +%s) + budget - INSTALL_S - 20 )) bash benchmarks/gpu_bench.sh OUT/speed plan | sed "s/^/  /" || exit
+  echo "gpu_session plan: install, environment (the API probe), doctor ~$INSTALL_S s; this call's BUDGET $budget s"
+  bench_plan=$(mktemp "${TMPDIR:-/tmp}/gpu-plan.XXXXXX")
+  PLAN_JSON="$bench_plan" DEADLINE=$(( $(date +%s) + budget - INSTALL_S - 20 )) bash benchmarks/gpu_bench.sh OUT/speed plan \
+    | sed "s/^/  /"
+  (( PIPESTATUS[0] == 0 )) || { rm -f "$bench_plan"; exit 2; }
+  mkdir -p "$out"
+  python3 - "$bench_plan" "$out/plan.json" "$INSTALL_S" "$TABLES_S" "$budget" "$MACHINE_START_S" <<'EOP'
+import json, os, sys
+bench, path = json.load(open(sys.argv[1])), sys.argv[2]
+install, tables, budget, start = (int(x) for x in sys.argv[3:])
+def call(plan, before):
+    parts = before + plan["parts"] + [{"name": "tables and the last pack", "seconds": tables}]
+    return {"parts": parts, "call_s": sum(p["seconds"] for p in parts), "skipped": plan["skipped"]}
+doc = {**call(bench["call"], [{"name": "install, environment (the API probe), doctor", "seconds": install}]), "budget_s": budget}
+doc["margin_s"] = budget - doc["call_s"]
+doc["machine_start_s"], doc["session_s"], doc["session_budget_s"] = start, start + budget + 60 + 30, 900
+if "fallback" in bench:  # after the core's first run failed at its first step: the parts run again, smaller
+    failed = bench["fallback"].pop("failed_s", None)
+    doc["fallback"] = call(bench["fallback"], [{"name": "install, environment (the API probe), doctor", "seconds": install}]
+                           + ([{"name": "the core's failed first run", "seconds": failed}] if failed is not None else []))
+tmp = path + ".tmp"
+with open(tmp, "w") as f:
+    json.dump(doc, f, indent=2)
+    f.write("\n")
+os.replace(tmp, path)
+print(f"gpu_session plan: {path}: the call ~{doc['call_s']} s of BUDGET {budget} s ({doc['margin_s']} s to spare); skipped: "
+      + ("; ".join(doc["skipped"]) or "none"))
+EOP
+  rc=$?; rm -f "$bench_plan"; (( rc == 0 )) || exit 2
   echo "gpu_session plan: a session of this call alone: ~$MACHINE_START_S s start + this call's timeout_s (BUDGET + 60) + ~30 s" \
        "idle before give_back = $(( MACHINE_START_S + budget + 60 + 30 )) s of the 900 s"
   exit 0
@@ -61,7 +92,7 @@ mkdir -p "$out"
 work="${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/fp8launch-$stage.XXXXXX")}"
 mkdir -p "$work"
 case "$stage" in
-  speed) singles=("*.md" "speed/$core/bench.png=$core-bench.png" "speed/$core-profile/profile.png=$core-profile.png") ;;
+  speed) singles=("*.md" "speed/$core/bench.png=$core-bench.png" "speed/$core/profile.png=$core-profile.png") ;;
   bench) singles=("*.md") ;;
   matrix) singles=(matrix.txt support_matrix_gpu.json) ;;
   specs) singles=(specs.txt) ;;
@@ -69,25 +100,25 @@ case "$stage" in
 esac
 pack() { python3 benchmarks/pack_results.py "$work" "$out" "${singles[@]/#/--single=}"; }
 
-install() {  # fp8launch, torchao, DeepSpeed from the wheelhouse, unless they import already (an earlier call installed them)
+install() {  # fp8launch, torchao, DeepSpeed from the wheelhouse, unless they import already (an earlier call installed them);
+             # then the environment: the GPU, the versions, each version-dependent API the stages use (benchmarks/api_probe.py)
+  local rc=0
   if ! python3 -c "import torchao, deepspeed, jsonschema, launcher" 2>/dev/null; then
     python3 -m pip install -q --no-index --find-links "$wheels" torchao==0.18.0 deepspeed==0.19.8 jsonschema hjson pydantic \
-      || return 1
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || return 1
+      && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || rc=1
   fi
   {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-    python3 -c "import sys, torch, torchao, deepspeed; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'torchao', torchao.__version__, 'deepspeed', deepspeed.__version__, 'capability', torch.cuda.get_device_capability())"
+    python3 benchmarks/api_probe.py
   } 2>&1 | tee "$work/environment.txt"
-  return 0  # what the environment says is information: a probe that fails stops nothing
+  return "$rc"  # what the environment says is information: a probe that fails stops nothing
 }
 
 stage_speed() {
   # The parts, the report pass after a timeout and the last pack within BUDGET: a part that does not fit is skipped
   # (gpu_bench.sh DEADLINE), and a timeout still leaves the tables of what finished.
   if [[ ${GPU_DRY_RUN:-0} == 1 ]]; then
-    python3 -c "import sys, torch, torchao; print('GPU_DRY_RUN: no GPU, nothing installed; python', sys.version.split()[0], 'torch', torch.__version__, 'torchao', torchao.__version__)" \
-      2>/dev/null | tee "$work/environment.txt"
+    { echo "GPU_DRY_RUN: no GPU, nothing installed"; python3 benchmarks/api_probe.py 2>/dev/null; } | tee "$work/environment.txt"
   else
     install || return 1
   fi

@@ -63,7 +63,7 @@ import launcher.train.precision.torchao_fp8 as torchao_fp8
 from launcher.train.precision import apply_precision
 from tests.train._precision import TinyLlama, fp8_plan
 if sys.argv[1] == "baseline":
-    torchao_fp8.skip_triton_codegen_patch = lambda device: False
+    torchao_fp8.skips_triton_codegen_patch = lambda device: False
 apply_precision(TinyLlama(), fp8_plan(torchao={"skip_small": False}), torch.device("cpu"))
 """
 

@@ -362,8 +362,11 @@ def run(spec, nodes, node_rank, rdzv_endpoint, sets, dry_run, wait, strict, prof
 @click.option("--profile", is_flag=True,
               help="Profile the measured steps of each variant's first run (torch.profiler): where each step's time goes, the FP8 "
                    "FLOP share, the ceiling and what holds the ratio back; writes profile.json and profile.png.")
+@click.option("--profile-last", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Profile the last N steps of each variant's first run instead, after the measured ones: no figure is read "
+                   "from the profiler's steps (nor its warm-up step), so one bench gives unprofiled figures and the profile [0: off].")
 @_errors
-def bench(spec, vs, steps, repeats, warmup, out_dir, sets, no_plot, max_loss_gap, profile) -> None:
+def bench(spec, vs, steps, repeats, warmup, out_dir, sets, no_plot, max_loss_gap, profile, profile_last) -> None:
     """Train SPEC and a baseline twin alternately; print tokens/s, step time, TFLOP/s, MFU, memory, loss and ratios."""
     import os
 
@@ -371,7 +374,7 @@ def bench(spec, vs, steps, repeats, warmup, out_dir, sets, no_plot, max_loss_gap
     from launcher.errors import EXIT_DIVERGED
 
     record = run_bench(spec, vs=vs, steps=steps, repeats=repeats, warmup=warmup, out_dir=out_dir, overrides=list(sets),
-                       max_loss_gap=max_loss_gap, profile=profile, echo=lambda line: click.echo(line, err=True))
+                       max_loss_gap=max_loss_gap, profile=profile, profile_last=profile_last, echo=lambda line: click.echo(line, err=True))
     click.echo(table(record))
     click.echo(f"wrote {os.path.join(record['out_dir'], 'bench.json')}")
     if record.get("profile"):

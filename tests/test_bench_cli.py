@@ -123,3 +123,22 @@ def test_table_compares_the_levels_bytes_where_a_run_measured_them(tmp_path):
     assert rows["gradient MiB sent/step"] == ["2.00", "4.00", "0.500"]
     del fp8["grad_comm_bytes"], fp32["grad_comm_bytes"]  # one rank sends nothing: no row
     assert "gradient MiB sent/step" not in table(record)
+
+
+def test_profile_last_keeps_the_profilers_steps_out_of_every_figure(cli, spec, tmp_path):
+    """`bench --profile-last N`: a run's medians stop at the step before the profiler's warm-up step (read_run's
+    `until`), and a bench whose steps leave none to measure is refused before anything runs."""
+    import json
+
+    from launcher.commands.runs import read_run
+
+    steps = [{"event": "step", "step": i, "loss": 2.0, "step_time_s": 1.0, "tokens_per_s": tps}
+             for i, tps in enumerate([1.0, 50.0, 60.0, 70.0, 5.0, 6.0, 7.0], start=1)]  # 2 warm-up, 3 timed, 2 under the profiler
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [{"event": "start"}, *steps]))
+    assert read_run(str(tmp_path), 0, warmup=1, until=4)["figures"]["tokens_per_s"] == 60.0  # steps 2..4
+    assert read_run(str(tmp_path), 0, warmup=1)["figures"]["tokens_per_s"] == (7.0 + 50.0) / 2  # steps 2..7, the profiled in
+    path = spec('version = 1\nname = "b"\n[launch]\ndevice = "cpu"\n[distributed]\nprocs_per_node = 1\n')
+    r = cli("bench", path, "--steps", "5", "--warmup", "2", "--profile-last", "2", "--out", "b")
+    assert r.exit_code == 2 and not (tmp_path / "b").exists()
+    assert r.stderr.strip() == ("error: bench --profile-last 2 leaves no measured step: train.steps = 5 holds the 2 warm-up steps, "
+                                "the profiler's own and the 2 profiled; fix: --steps 6 or more")

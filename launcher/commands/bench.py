@@ -37,27 +37,36 @@ DEFAULT_MAX_LOSS_GAP = 0.02
 
 def run_bench(spec: str, *, vs: str = "bf16", steps: int | None = None, repeats: int = 2, warmup: int = 2,
               out_dir: str | None = None, overrides: list[str] = (), max_loss_gap: float = DEFAULT_MAX_LOSS_GAP, profile: bool = False,
-              echo=print) -> dict:
+              profile_last: int = 0, echo=print) -> dict:
     """Train both variants `repeats` times, alternating; return the bench record (also bench.json in out_dir). With
     `profile`, each variant's first run profiles its measured steps (the ones after `warmup`) and the comparison goes
     to profile.json (record["profile"]); where a profiler failed, the runs go on, record["profile"] is None and
-    record["profile_error"] says why."""
+    record["profile_error"] says why. With `profile_last` N, each variant's first run profiles its last N steps
+    instead, after the steps every run's figures are taken from (record["timed_steps"]): the profiler's own warm-up
+    step and the N profiled ones are in no median, so one bench gives unprofiled figures and the profile."""
     a, b = variants(spec, vs, list(overrides))
     first = plan_variant(a, None, steps)
     preflight.check(first.plan, local=True)
-    profiled_steps = (first.plan.train.steps - warmup, warmup) if profile else None
-    if profile and (warmup < 2 or first.plan.train.steps - warmup < 1):
+    total = first.plan.train.steps
+    timed_until = total - profile_last - 1 if profile_last else None  # the step after it is the profiler's warm-up
+    if profile_last and timed_until - warmup < 1:
+        raise UsageError(f"bench --profile-last {profile_last} leaves no measured step: train.steps = {total} holds the {warmup} "
+                         f"warm-up steps, the profiler's own and the {profile_last} profiled; fix: --steps {warmup + profile_last + 2} "
+                         "or more")
+    profile = profile or bool(profile_last)
+    profiled_steps = (profile_last, total - profile_last) if profile_last else (total - warmup, warmup) if profile else None
+    if profile and not profile_last and (warmup < 2 or total - warmup < 1):
         raise UsageError(f"bench --profile needs --warmup >= 2 (the first step compiles, the second starts the profiler) and measured "
-                         f"steps after it (train.steps = {first.plan.train.steps}, --warmup {warmup}); fix: --warmup 2 --steps 6 or more")
+                         f"steps after it (train.steps = {total}, --warmup {warmup}); fix: --warmup 2 --steps 6 or more")
     out_dir = out_dir or os.path.join(os.path.dirname(first.plan.train.output_dir.rstrip("/")) or ".", f"{first.plan.name}-bench")
     check_out(out_dir)
     with hold(out_dir, key="bench --out", elsewhere="name another --out", make=make_folder):  # exit 3 at once where another holds it
         return _bench(spec, a, b, first, out_dir=out_dir, steps=steps, repeats=repeats, warmup=warmup, max_loss_gap=max_loss_gap,
-                      profile=profile, profiled_steps=profiled_steps, echo=echo)
+                      profile=profile, profiled_steps=profiled_steps, timed_until=timed_until, echo=echo)
 
 
 def _bench(spec: str, a: Variant, b: Variant, first: Planned, *, out_dir: str, steps: int | None, repeats: int, warmup: int,
-           max_loss_gap: float, profile: bool, profiled_steps: tuple[int, int] | None, echo) -> dict:
+           max_loss_gap: float, profile: bool, profiled_steps: tuple[int, int] | None, timed_until: int | None, echo) -> dict:
     prepare_out(out_dir, [f"{v.label}-{i + 1}" for i in range(repeats) for v in (a, b)])
     for i in range(repeats):
         for v in (a, b):
@@ -65,10 +74,13 @@ def _bench(spec: str, a: Variant, b: Variant, first: Planned, *, out_dir: str, s
             planned = plan_variant(v, run_dir, steps)
             echo(f"bench: {v.label} run {i + 1}/{repeats}: {planned.plan.name} ({_precision(planned)}) -> {run_dir}/train.log")
             code = train(planned, run_dir, label=f"{v.label} run {i + 1}", echo=echo, profile=profiled_steps if i == 0 else None)
-            v.runs.append(read_run(run_dir, code, warmup))
+            v.runs.append(read_run(run_dir, code, warmup, until=timed_until))
             if code != 0:
                 raise TrainingFailed(f"bench: the {v.label} run exited with code {code}; see {run_dir}/train.log", code)
     record = _record(a, b, warmup=warmup, repeats=repeats, max_loss_gap=max_loss_gap)
+    if timed_until is not None:
+        record["timed_steps"] = [warmup + 1, timed_until]
+        record["profile_last"] = profiled_steps[0]
     if profile:
         from launcher.commands.profile import bench_profile
 

@@ -104,14 +104,17 @@ def _records(path: str) -> list[dict]:
         return []
 
 
-def read_run(run_dir: str, code: int, warmup: int) -> dict:
-    """A finished run's figures: medians over its steady steps (the first `warmup` left out), peak memory, final loss,
-    the last held-out eval loss where the spec has [eval], and why its profile failed where it did (profile_error)."""
+def read_run(run_dir: str, code: int, warmup: int, until: int | None = None) -> dict:
+    """A finished run's figures: medians over its steady steps (the first `warmup` left out, and those after step
+    `until` where given: a run that profiles its last steps), peak memory, final loss, the last held-out eval loss
+    where the spec has [eval], and why its profile failed where it did (profile_error)."""
     records = _records(os.path.join(run_dir, "metrics.jsonl"))
     steps = [r for r in records if r.get("event") == "step"]
     start = next((r for r in records if r.get("event") == "start"), {})
     end = next((r for r in records if r.get("event") == "end"), {})
     steady = steps[warmup:] if len(steps) > warmup else steps[-1:]
+    if until is not None:
+        steady = [r for r in steady if r.get("step", 0) <= until]
     figures = {}
     for name in ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu"):
         values = [r[name] for r in steady if r.get(name) is not None]

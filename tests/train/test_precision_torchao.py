@@ -258,8 +258,8 @@ print(sum(isinstance(m, Float8Linear) for m in model.modules()), "torch._inducto
 
 def test_a_cpu_conversion_finds_torchaos_triton_patch_marked_applied(monkeypatch):
     """torchao 0.18's convert_to_float8_training calls _patch_inductor_min_max_codegen, which returns at once where
-    `_PATCHED` is set, before it imports Inductor's Triton code generator: on CPU fp8launch sets it first. (If torchao
-    stopped calling it, `calls` would be empty and the skip would be dead code.)"""
+    `_PATCHED` is set, before it imports Inductor's Triton code generator: on CPU fp8launch sets it for the conversion,
+    then sets it back. (If torchao stopped calling it, `calls` would be empty and the skip would be dead code.)"""
     from torchao.float8 import _inductor_patch
 
     real, calls = _inductor_patch._patch_inductor_min_max_codegen, []
@@ -272,7 +272,27 @@ def test_a_cpu_conversion_finds_torchaos_triton_patch_marked_applied(monkeypatch
     monkeypatch.setattr(_inductor_patch, "_patch_inductor_min_max_codegen", patch)
     model = TinyLlama()
     apply_precision(model, fp8_plan(torchao={"skip_small": False}), CPU)
-    assert calls == [True] and len(_fp8_linears(model)) == 13
+    assert calls == [True] and len(_fp8_linears(model)) == 13 and _inductor_patch._PATCHED is False
+
+
+def test_a_cuda_conversion_after_a_cpu_one_in_the_same_process_still_gets_torchaos_patch(monkeypatch):
+    """`_PATCHED` is the process's: a CPU conversion that left it set would keep torchao's Triton workaround from a CUDA
+    conversion later in the same process. The CUDA conversion (its device only: the decision and the conversion need no
+    GPU) finds the flag as it was and calls the patch to apply it; one that had applied it before keeps it applied."""
+    from torchao.float8 import _inductor_patch
+
+    from launcher.train.precision.torchao_fp8 import apply_torchao
+
+    calls = []
+    monkeypatch.setattr(_inductor_patch, "_PATCHED", False)
+    monkeypatch.setattr(_inductor_patch, "_patch_inductor_min_max_codegen", lambda: calls.append(_inductor_patch._PATCHED))
+    plan = fp8_plan(torchao={"skip_small": False})
+    for device in (CPU, torch.device("cuda"), CPU):
+        assert apply_torchao(TinyLlama(), plan, device).report.fp8_layers == 13
+    assert calls == [True, False, True]  # the CUDA conversion's call would patch (the stand-in records, patches nothing)
+    _inductor_patch._PATCHED = True  # as torchao's patch leaves it once applied
+    apply_torchao(TinyLlama(), plan, CPU)
+    assert _inductor_patch._PATCHED is True
 
 
 @pytest.mark.slow  # a new process importing torch and torchao: ~6 s
@@ -283,16 +303,21 @@ def test_a_cpu_conversion_leaves_torchaos_triton_patch_and_its_import_out():
 
     repo = Path(__file__).resolve().parents[2]  # where `tests` imports from
     out = subprocess.run([sys.executable, "-c", _CONVERT_IN_A_FRESH_PROCESS], cwd=repo, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["13", "False", "True"], out.stderr[-2000:]
+    assert out.stdout.split() == ["13", "False", "False"], out.stderr[-2000:]  # the flag set back after the conversion
 
 
 def test_on_cuda_torchaos_triton_patch_is_left_to_torchao(monkeypatch):
     from torchao.float8 import _inductor_patch
 
-    from launcher.train.precision.torchao_fp8 import skip_triton_codegen_patch
+    from launcher.train.precision.torchao_fp8 import skips_triton_codegen_patch, triton_codegen_patch_skipped
 
     monkeypatch.setattr(_inductor_patch, "_PATCHED", False)
-    assert skip_triton_codegen_patch(torch.device("cuda")) is False and _inductor_patch._PATCHED is False
-    assert skip_triton_codegen_patch(CPU) is True and _inductor_patch._PATCHED is True
+    assert skips_triton_codegen_patch(torch.device("cuda")) is False and skips_triton_codegen_patch(CPU) is True
+    with triton_codegen_patch_skipped(torch.device("cuda")) as skipped:
+        assert skipped is False and _inductor_patch._PATCHED is False
+    with pytest.raises(RuntimeError), triton_codegen_patch_skipped(CPU) as skipped:
+        assert skipped is True and _inductor_patch._PATCHED is True
+        raise RuntimeError("a conversion that fails")
+    assert _inductor_patch._PATCHED is False  # set back even so
     monkeypatch.delattr(_inductor_patch, "_PATCHED")  # a torchao without the flag: its patch runs as it means to
-    assert skip_triton_codegen_patch(CPU) is False
+    assert skips_triton_codegen_patch(CPU) is False

@@ -10,6 +10,7 @@ nvfp4: torchao's NVFP4 training (`quantize_` with NVFP4TrainingConfig swaps in N
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import typing
 from collections import Counter
@@ -164,21 +165,36 @@ def _emulated_mx_input(module: nn.Module, args: tuple) -> tuple | None:
     return None
 
 
-def skip_triton_codegen_patch(device: torch.device) -> bool:
-    """Off CUDA, mark torchao's Triton-only Inductor patch as applied, so that convert_to_float8_training does not import
-    it. The patch (torchao/float8/_inductor_patch.py, applied by every convert_to_float8_training call) rewrites how
-    Inductor's Triton code generator emits min/max, against a Triton fp8-store miscompile; importing that generator
-    (torch._inductor.codegen.triton and what it pulls in) is 15-20% of a CPU rank's start, and a CPU graph is C++.
-    Returns whether it was skipped: False on CUDA, and where torchao no longer keeps the `_PATCHED` flag (then the
-    patch runs as torchao means it to)."""
+def skips_triton_codegen_patch(device: torch.device) -> bool:
+    """Whether a conversion for `device` leaves torchao's Triton-only Inductor patch out: off CUDA, where torchao keeps
+    its `_PATCHED` flag. The patch (torchao/float8/_inductor_patch.py, applied by every convert_to_float8_training call)
+    rewrites how Inductor's Triton code generator emits min/max, against a Triton fp8-store miscompile; importing that
+    generator (torch._inductor.codegen.triton and what it pulls in) is 15-20% of a CPU rank's start, and a CPU graph is
+    C++. On CUDA, or where torchao no longer keeps the flag, the patch runs as torchao means it to."""
     if device.type == "cuda":
         return False
     from torchao.float8 import _inductor_patch
 
-    if not isinstance(getattr(_inductor_patch, "_PATCHED", None), bool):
-        return False
+    return isinstance(getattr(_inductor_patch, "_PATCHED", None), bool)
+
+
+@contextlib.contextmanager
+def triton_codegen_patch_skipped(device: torch.device):
+    """Around a conversion for `device`: where skips_triton_codegen_patch, torchao's patch marked applied (so that
+    convert_to_float8_training returns before importing it), then its flag set back as it was. The flag is the
+    process's: left set, it would keep the patch from a later CUDA conversion in the same process. Yields whether the
+    patch was left out."""
+    if not skips_triton_codegen_patch(device):
+        yield False
+        return
+    from torchao.float8 import _inductor_patch
+
+    before = _inductor_patch._PATCHED
     _inductor_patch._PATCHED = True
-    return True
+    try:
+        yield True
+    finally:
+        _inductor_patch._PATCHED = before
 
 
 def apply_torchao(model: nn.Module, plan: Plan, device: torch.device) -> TorchaoPrecision:
@@ -199,10 +215,10 @@ def apply_torchao(model: nn.Module, plan: Plan, device: torch.device) -> Torchao
             quantize_(model, config, filter_fn=only)
         else:
             _, convert, _, _ = _torchao()
-            skip_triton_codegen_patch(device)
             config = float8_config(plan, recipe)
             all_gather = all_gather or config.enable_fsdp_float8_all_gather
-            convert(model, config=config, module_filter_fn=only)
+            with triton_codegen_patch_skipped(device):
+                convert(model, config=config, module_filter_fn=only)
     reasons.update(convert_experts(model, plan, lambda: _block_config("mxfp8", plan, device)[1]))  # the MoE expert modules: grouped GEMMs
     if device.type == "cpu":  # (Float8Linear's autocast follows CUDA's only; emulated MX needs one operand dtype)
         for m in model.modules():
