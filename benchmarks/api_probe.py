@@ -50,12 +50,15 @@ def _float8_linear(device: str) -> str:
     from torchao.float8.float8_linear import Float8Linear
 
     before = getattr(_inductor_patch, "_PATCHED", None)
+    if device != "cuda" and isinstance(before, bool):
+        _inductor_patch._PATCHED = True  # off CUDA, as fp8launch converts: without importing Inductor's Triton code generator
     model = torch.nn.Sequential(torch.nn.Linear(32, 32, bias=False)).to(device=device, dtype=torch.bfloat16)
     convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"))
     model(torch.randn(16, 32, device=device, dtype=torch.bfloat16, requires_grad=True)).sum().backward()
-    patched = getattr(_inductor_patch, "_PATCHED", None)
+    if device != "cuda":
+        return f"(tensorwise Float8Linear forward and backward on {device}: {isinstance(model[0], Float8Linear)})"
     return (f"(tensorwise Float8Linear forward and backward on {device}: {isinstance(model[0], Float8Linear)}; "
-            f"torchao's Triton min/max patch applied: {patched} (before: {before}))")
+            f"torchao's Triton min/max patch applied: {getattr(_inductor_patch, '_PATCHED', None)} (before: {before}))")
 
 
 def _collectives() -> str:

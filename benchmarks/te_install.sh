@@ -5,8 +5,17 @@
 # call by call") has the calls; benchmarks/gpu_session.sh's `te` stage runs `next` in each, then tests/gpu's TE cases.
 #
 #   ../shared/tools/gpu-wheelhouse te 3.12 .te       # on a machine with a registry: part-00.., te-core.sha256, deps/
+#   bash benchmarks/te_install.sh complete .te       # there too, where gpu-wheelhouse stopped at the binding's sdist (below)
 #   bash benchmarks/te_install.sh prepare .te        # there too: parts.sha256 (each part checked as it arrives) and
 #                                                    # the calls, with what each carries (at most 64 MiB with the tree)
+#
+# `complete` finishes a folder `gpu-wheelhouse te` left half-made: its `pip download` of the binding's sdist builds the
+# sdist's metadata, which needs a CUDA torch where the wheelhouse is made, and the tool stops there. Without building
+# anything: the core wheel (already downloaded) summed into te-core.sha256 and split into 50 MiB parts; TE's own wheel
+# and the needs the GPU image lacks (NEEDS) downloaded as wheels (pip download --only-binary: no metadata is built);
+# the sdist fetched as a file from the index's simple API (PEP 691 JSON or PEP 503 HTML; TE_INDEX, default
+# $PIP_INDEX_URL or https://pypi.org/simple) and checked against the sha256 the index gives. Its metadata is built on
+# the GPU machine, when `next` builds the binding. Each step is skipped where its files are there already.
 #   bash benchmarks/te_install.sh next .te STATE     # on the GPU machine, every call (STATE outside OUT: OUT is emptied
 #                                                    # before each call; default .te-state, git-ignored, kept while warm)
 #
@@ -18,12 +27,16 @@
 #      each part that arrived matches parts.sha256 (without it: step 4 tells)                                 exit 4
 #      parts still missing: say which to carry next                                                           exit 75
 #   4. the core wheel reassembled from the parts (in name order) matches te-core.sha256                       exit 4
-#   5. pip installs deps/*.whl and the core wheel (no index, no dependencies resolved)                         exit 5
+#   5. pip installs TE's own wheels, the core wheel and, of deps/'s other wheels, only those the machine lacks: the
+#      image's onnx, protobuf, ml_dtypes, pyyaml ... stay as they are (its other packages were built against them;
+#      STATE/deps.txt says what was installed and what kept) (no index, no dependencies resolved)               exit 5
 #   6. the binding builds: NVTE_BUILD_USE_NVIDIA_WHEELS=1 (TE looks for the CUDA headers in the nvidia pip packages,
 #      not $CUDA_HOME/include), CPATH = the folders step 1 found them in, NVTE_PYTORCH_FORCE_BUILD=TRUE (else its
 #      setup tries to download a prebuilt binding); under setsid nohup, so that it survives the call's end; its pid,
 #      log and exit code in STATE (build.pid, build.log, build.rc)
 #   then waits up to TE_WAIT seconds (default 60) for the build: built and importable                         exit 0
+#      (and each requirement of TE's installed distributions checked against what the machine has: one line for
+#      those a kept package does not meet, in STATE/needs.txt; information, not a failure)
 #      still building: run the same call again                                                                exit 75
 #      failed, or stopped without an exit code (the next call starts it again)                                exit 3
 # The header check and the build's environment mirror ../shared/tools/gpu-wheelhouse's te install.sh, which does all
@@ -32,9 +45,71 @@
 # TE_POLL (default 5) seconds between looks at the build.
 set -uo pipefail
 say() { echo "te_install: $*" >&2; }
-usage="usage: te_install.sh prepare PARTS_DIR | te_install.sh next PARTS_DIR STATE_DIR"
+usage="usage: te_install.sh prepare|complete PARTS_DIR | te_install.sh next PARTS_DIR STATE_DIR"
 cmd="${1:?$usage}"; parts="${2:?$usage}"
 pip_cmd=(${PIP:-python3 -m pip})
+TE_VERSION=2.20.2
+NEEDS=(pydantic pydantic-core annotated-types typing-inspection nvdlfw-inspect "nvidia-cudnn-frontend>=1.29.0")
+# ^ what gpu-wheelhouse te downloads for TE that the GPU image lacks (KINDS.md's package list, 2026-11-17: it holds
+#   einops, onnx, onnxscript, onnx-ir, ml-dtypes, protobuf, pyyaml, packaging)
+
+if [[ $cmd == complete ]]; then
+  mkdir -p "$parts/deps"
+  core_whl=$(ls "$parts"/transformer_engine_cu13-*.whl 2>/dev/null | head -n 1)
+  if [[ ! -f "$parts/te-core.sha256" ]]; then
+    [[ -n "$core_whl" ]] || { say "$parts has neither te-core.sha256 nor the core wheel; fix: ../shared/tools/gpu-wheelhouse te 3.12 $parts"; exit 2; }
+    (cd "$parts" && name=$(basename "$core_whl") && sha256sum "$name" > te-core.sha256 && split -b 50m -d "$name" part- && rm "$name") \
+      || { say "could not sum and split $core_whl"; exit 3; }
+    say "the core wheel summed into te-core.sha256 and split: $(cd "$parts" && ls part-* | paste -sd' ')"
+  fi
+  plat=(--only-binary=:all: --python-version "${TE_PYTHON:-3.12}" --implementation cp --platform manylinux2014_x86_64
+        --platform manylinux_2_17_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64)
+  wanted=()
+  compgen -G "$parts/deps/transformer_engine-$TE_VERSION-*.whl" >/dev/null || wanted+=("transformer_engine==$TE_VERSION")
+  for need in "${NEEDS[@]}"; do
+    stem=$(echo "${need%%[<>=]*}" | tr '-' '_')
+    compgen -G "$parts/deps/$stem-*.whl" >/dev/null || wanted+=("$need")
+  done
+  if (( ${#wanted[@]} )); then
+    "${pip_cmd[@]}" download -q --no-deps -d "$parts/deps" "${plat[@]}" "${wanted[@]}" \
+      || { say "pip could not download ${wanted[*]} as wheels"; exit 3; }
+    say "downloaded as wheels: ${wanted[*]}"
+  fi
+  if ! compgen -G "$parts/deps/transformer_engine_torch-$TE_VERSION.tar.gz" >/dev/null; then
+    python3 - "${TE_INDEX:-${PIP_INDEX_URL:-https://pypi.org/simple}}" "transformer_engine_torch-$TE_VERSION.tar.gz" "$parts/deps" <<'EOP' || exit 3
+import hashlib, html, json, os, re, sys, urllib.parse, urllib.request
+index, wanted, folder = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3]
+page = f"{index}/transformer-engine-torch/"
+request = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"})
+with urllib.request.urlopen(request, timeout=60) as r:
+    body = r.read().decode()
+try:  # PEP 691: {"files": [{"filename", "url", "hashes": {"sha256"}}]}
+    files = {f["filename"]: (f["url"], f.get("hashes", {}).get("sha256")) for f in json.loads(body)["files"]}
+except ValueError:  # PEP 503: <a href="URL#sha256=HEX">FILENAME</a>
+    files = {}
+    for href, name in re.findall(r'<a [^>]*href="([^"]+)"[^>]*>([^<]+)</a>', body):
+        url, _, frag = html.unescape(href).partition("#")
+        files[name.strip()] = (url, frag.removeprefix("sha256=") if frag.startswith("sha256=") else None)
+if wanted not in files:
+    sys.exit(f"te_install: {page} lists no {wanted}")
+url, sha = files[wanted]
+if not sha:
+    sys.exit(f"te_install: {page} gives no sha256 for {wanted}: it is not fetched unchecked")
+data = urllib.request.urlopen(urllib.parse.urljoin(page, url), timeout=300).read()
+if hashlib.sha256(data).hexdigest() != sha:
+    sys.exit(f"te_install: {wanted} from {page}: sha256 {hashlib.sha256(data).hexdigest()}, the index says {sha}")
+tmp = os.path.join(folder, "." + wanted)
+with open(tmp, "wb") as f:
+    f.write(data)
+os.replace(tmp, os.path.join(folder, wanted))
+print(f"te_install: fetched {wanted} ({len(data)} bytes, sha256 as {page} gives it); its metadata is built on the GPU machine",
+      file=sys.stderr)
+EOP
+  fi
+  say "$parts is complete: $(ls "$parts" | grep -c '^part-') parts, te-core.sha256, deps/ ($(ls "$parts/deps" | wc -l) files);" \
+      "next: bash benchmarks/te_install.sh prepare $parts"
+  exit 0
+fi
 
 if [[ $cmd == prepare ]]; then
   [[ -f "$parts/te-core.sha256" ]] && compgen -G "$parts/part-*" >/dev/null \
@@ -104,6 +179,36 @@ fi
 echo "nvcc: $nvcc" >> "$state/headers.txt"
 say "headers and nvcc found ($(tr '\n' ';' < "$state/headers.txt" | sed 's/;$//'))"
 
+needs() {  # each requirement of TE's installed distributions against what the machine has: STATE/needs.txt, one line if unmet
+  python3 - "$state/needs.txt" <<'EOP' || true
+import importlib.metadata as md, sys
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    open(sys.argv[1], "w").write("not checked: no packaging module\n"); sys.exit(0)
+lines, unmet = [], []
+for dist in md.distributions():
+    name = dist.metadata["Name"] or ""
+    if not name.lower().replace("-", "_").startswith("transformer_engine"):
+        continue
+    for text in dist.requires or []:
+        req = Requirement(text)
+        if req.marker and not any(req.marker.evaluate({"extra": e}) for e in ("", "pytorch")):
+            continue
+        try:
+            have = md.version(req.name)
+        except md.PackageNotFoundError:
+            have = None
+        ok = have is not None and req.specifier.contains(have, prereleases=True)
+        lines.append(f"{'ok' if ok else 'UNMET'} {name} needs {req.name}{req.specifier}: {have or 'not installed'}")
+        if not ok:
+            unmet.append(f"{name} needs {req.name}{req.specifier}, the machine has {have or 'none'}")
+open(sys.argv[1], "w").write("".join(line + "\n" for line in lines))
+if unmet:
+    print("te_install: " + "; ".join(unmet) + " (kept as they are; see needs.txt)", file=sys.stderr)
+EOP
+}
+
 wait_build() {  # wait up to TE_WAIT seconds for the build started by an earlier step or call; exit with its outcome
   local pid deadline=$(( $(date +%s) + ${TE_WAIT:-60} ))
   pid=$(cat "$state/build.pid" 2>/dev/null)
@@ -118,6 +223,7 @@ wait_build() {  # wait up to TE_WAIT seconds for the build started by an earlier
     if ! python3 -c "import transformer_engine.pytorch" > "$state/import.log" 2>&1; then
       say "transformer_engine_torch built but transformer_engine.pytorch does not import: $(tail -n 1 "$state/import.log")"; exit 3
     fi
+    needs
     say "transformer_engine_torch built and imports (log $state/build.log)"; exit 0
   fi
   if [[ -n "$pid" && -d "/proc/$pid" ]]; then
@@ -176,11 +282,31 @@ if ! (cd "$parts" && sha256sum --quiet -c te-core.sha256) >/dev/null 2>&1; then
 fi
 say "reassembled $core ($(du -h "$parts/$core" | cut -f1)), sha256 ok"
 
-# 5. the Python parts
-if ! "${pip_cmd[@]}" install -q --no-index --no-deps "$parts"/deps/*.whl "$parts/$core" >"$state/pip.log" 2>&1; then
+# 5. the Python parts: TE's own wheels, and of its needs only those the machine lacks
+mapfile -t wheels < <(python3 - "$state/deps.txt" "$parts"/deps/*.whl <<'EOP'
+import importlib.metadata as md, os, sys
+said = []
+for path in (p for p in sys.argv[2:] if os.path.isfile(p)):
+    name, version = os.path.basename(path).split("-")[:2]
+    try:
+        have = md.version(name)
+    except md.PackageNotFoundError:
+        have = None
+    if have is None or name.lower().startswith("transformer_engine"):
+        print(path)
+        said.append(f"installed {name} {version}")
+    else:
+        said.append(f"kept {name} {have} (the machine's; the carried {version} not installed)")
+with open(sys.argv[1], "w") as f:
+    f.write("".join(line + "\n" for line in said))
+EOP
+)
+if ! "${pip_cmd[@]}" install -q --no-index --no-deps "${wheels[@]}" "$parts/$core" >"$state/pip.log" 2>&1; then
   say "pip could not install the wheels (see $state/pip.log): $(tail -1 "$state/pip.log")"
   exit 5
 fi
+kept=$(grep '^kept' "$state/deps.txt" | cut -d' ' -f2,3 | paste -sd, | sed 's/,/, /g')
+say "installed the core wheel and $(grep -c '^installed' "$state/deps.txt") of deps/'s wheels; kept the machine's ${kept:-(none)}"
 rm -f "$parts/$core"  # installed: 276 MB less on the disk
 
 # 6. the binding, in a process of its own session: it runs on after this call returns
