@@ -71,4 +71,5 @@ def test_the_initialisation_peak_puts_the_modules_copy_where_it_is_drawn():
     assert gpu.where == "on the GPU" and "on the GPU while" in gpu.how and "in host memory while" in cpu.how
     offload = peak(launch={"device": "cuda"}, distributed={"fsdp2": {"cpu_offload": True}})
     assert offload.bytes == 4 * params / 8 and offload.where == "host" and "drawn on the GPU" in offload.how
-    assert peak(launch={"device": "cpu"}, distributed={"fsdp2": {"cpu_offload": True}}).bytes == 4 * params / 8 + embedding
+    for device in ("cpu", "auto"):  # the module's copy in host memory too ("auto": a machine without a GPU)
+        assert peak(launch={"device": device}, distributed={"fsdp2": {"cpu_offload": True}}).bytes == 4 * params / 8 + embedding

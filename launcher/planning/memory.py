@@ -406,7 +406,7 @@ def init_peak(plan: Plan, params: int, cfg=None) -> InitPeak:
     if p.fp8 and BACKENDS[p.backend].replaces_modules:
         return InitPeak(full, "on the GPU", f"whole fp32 model before {p.backend} converts it")
     if d.strategy == "fsdp2":
-        if d.fsdp2.cpu_offload and on_gpu:
+        if d.fsdp2.cpu_offload and plan.launch.device == "cuda":  # "auto" may run on a CPU machine: counted as one
             return InitPeak(full / n, "host", "its fp32 shard; one module's full tensors at a time are drawn on the GPU")
         where = "host" if d.fsdp2.cpu_offload else "on the GPU"
         how = f"its fp32 shard; plus one module's full tensors at a time {module_where} while initialising"
