@@ -86,7 +86,8 @@ def plan_record(planned: Planned, changes: list, params: int | None = None) -> d
     text table's total: model states and activations), the files (a file fp8launch did not write: `why`), the prediction,
     the warnings."""
     from launcher.commands.plan_text import phase_records
-    from launcher.planning.memory import estimate, model_params
+    from launcher.planning.init_cost import init_time
+    from launcher.planning.memory import estimate, model_config, model_params
 
     spec_folder = os.path.dirname(os.path.abspath(planned.spec_path))
     n_params = params or model_params(planned.plan.train.model, spec_folder)
@@ -101,6 +102,7 @@ def plan_record(planned: Planned, changes: list, params: int | None = None) -> d
                 "init_peak_bytes_per_rank": int(memory.init_peak.bytes) if memory.init_peak else None,
                 "rows": [{"name": r.name, "dtype": r.dtype, "bytes_per_gpu": int(r.bytes_per_gpu(n_params)), "shards": r.shards,
                           "offloaded": r.offloaded} for r in memory.rows]},
+            "init": init_time(planned.plan, n_params, model_config(planned.plan.train.model, spec_folder)).to_json() if n_params else None,
             "files": [{"path": c.path, "status": c.status, **({"why": c.why} if c.why else {})} for c in changes],
             "prediction": planned.prediction.to_json() if planned.prediction else None,
             "phases": phase_records(planned.plan, params) if planned.plan.precision.schedule else None,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 
 from launcher.errors import UsageError
+from launcher.planning.init_cost import init_time
 from launcher.planning.levels import native_line, reduce_payload
-from launcher.planning.memory import estimate, model_params
+from launcher.planning.memory import estimate, model_config, model_params
 from launcher.planning.plan import Plan
 from launcher.planning.precision_table import ROWS, precision_table
 from launcher.planning.rules import RULES, RULES_BY_ID
@@ -71,6 +72,7 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
     params = params or model_params(plan.train.model, spec_folder)
     if params:
         lines += ["  " + line for line in estimate(plan, params, spec_folder).lines()]
+        lines.append("  " + init_time(plan, params, model_config(plan.train.model, spec_folder)).line())
     else:
         lines.append(f"  model states per GPU: pass --params N to estimate them "
                      f"({plan.train.model.split(':')[0]}: models are sized when built)")

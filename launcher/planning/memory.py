@@ -391,20 +391,25 @@ def activations(plan: Plan, cfg, *, layers: int | None = None, tokens: int | Non
 def init_peak(plan: Plan, params: int, cfg=None) -> InitPeak:
     """The most one rank holds while building and initialising: launcher/train/materialize.py
     builds on the meta device; FSDP2 ranks allocate their fp32 shard and initialise one module's
-    full tensors at a time on the CPU; DeepSpeed ZeRO-3 gives one module at a time its full fp32
-    tensors and partitions it at once (its parameters in DeepSpeed's dtype); DDP and DeepSpeed
-    ZeRO-0/1/2 hold the whole fp32 model on the device; Transformer Engine and MS-AMP need it whole
-    before they convert it."""
+    full tensors at a time (drawn on the GPU; a CPU run: in host memory; with FSDP2's CPU offload
+    the shard is on the host and the module's copy on the GPU); DeepSpeed ZeRO-3 gives one module
+    at a time its full fp32 tensors, draws into them and partitions it at once (its parameters in
+    DeepSpeed's dtype); DDP and DeepSpeed ZeRO-0/1/2 hold the whole fp32 model on the device, drawn
+    in place; Transformer Engine and MS-AMP need it whole before they convert it."""
     d, p = plan.distributed, plan.precision
     n = plan.world_size
     full = 4.0 * params
     largest = 4.0 * max(cfg.vocab_size * cfg.dim, cfg.dim * cfg.ffn_dim,
                         3 * cfg.dim * getattr(cfg, "moe_ffn_dim", 0) * getattr(cfg, "num_experts", 0)) if cfg else 0.0
+    on_gpu = plan.launch.device != "cpu"
+    module_where = "on the GPU" if on_gpu else "in host memory"
     if p.fp8 and BACKENDS[p.backend].replaces_modules:
         return InitPeak(full, "on the GPU", f"whole fp32 model before {p.backend} converts it")
     if d.strategy == "fsdp2":
+        if d.fsdp2.cpu_offload and plan.launch.device == "cuda":  # "auto" may run on a CPU machine: counted as one
+            return InitPeak(full / n, "host", "its fp32 shard; one module's full tensors at a time are drawn on the GPU")
         where = "host" if d.fsdp2.cpu_offload else "on the GPU"
-        how = "its fp32 shard; plus one module's full tensors at a time in host memory while initialising"
+        how = f"its fp32 shard; plus one module's full tensors at a time {module_where} while initialising"
         return InitPeak(full / n + largest, where, how)
     if d.strategy == "deepspeed" and d.deepspeed.zero_stage == 3:
         dtype = p.compute_dtype if p.compute_dtype in ("bf16", "fp16") else "fp32"

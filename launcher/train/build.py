@@ -141,7 +141,7 @@ def build_model(run: Run) -> Model:
     pending = None
     if initializer is not None:
         # A resumed run skips random initialisation: the checkpoint sets every tensor.
-        pending = Pending(None if run.resume else initializer, seed=t.seed)
+        pending = Pending(None if run.resume else initializer, seed=t.seed, draw_on=env.device)  # a GPU run draws on its GPU
         if needs_weights_before_precision(plan):  # TE / MS-AMP copy weights while converting
             pending(model, env.device)
             pending = None

@@ -14,11 +14,25 @@ storage for only what it keeps and initialise that, the way torchtitan does.
 World-size independence: each module's own parameters and buffers are initialised by the model's
 own rule (builtin: `Llama.init_module`; hf: the model's `_init_weights`, or its weights files read one
 module at a time (models/hf_weights.py); py: `reset_parameters()`)
-on a full-size CPU copy of that one module, under a seed derived from the run's seed and the
+on a full-size copy of that one module, under a seed derived from the run's seed and the
 module's name; each rank then keeps its slice of every tensor (a DTensor's local shard, or the
-whole tensor). The initial weights are therefore the same at every world size, on CPU and GPU, and
-no rank ever holds more than one module's full tensors at once. The cost is time: every rank draws
-every parameter's random numbers (for Llama-3-8B about a minute per rank on one CPU thread).
+whole tensor). The initial weights are therefore the same at every world size, and no rank ever
+holds more than one module's full tensors at once. The cost is time: every rank draws every
+parameter's random numbers.
+
+Where the values are drawn (`draw_device`): on the rank's GPU when the run trains on one (each module's
+full copy there, then sliced; the largest module, an 8B's 2 GiB fp32 embedding, is the most it holds
+beside its shards; a whole tensor on that GPU, DDP's or ZeRO-3's, is drawn into as it is), else on
+the CPU, one thread. The time (launcher/planning/init_cost.py, which the plan prints) is memory traffic
+on a GPU, under a second for an 8B; 12.7 s or more per billion parameters on a CPU thread.
+
+torch's CUDA generator (Philox) and its CPU one (Mersenne Twister) draw different numbers from one
+seed, and a CUDA draw's numbers also depend on the GPU's multiprocessor count (torch's distribution
+kernels size their grid by it, aten/src/ATen/native/cuda/DistributionTemplates.h): the initial
+weights are the same at every world size on one GPU model, and on CPUs; not between a CPU run and a
+GPU run, nor between GPUs with different SM counts. DTensor's offset-based RNG (each rank drawing only
+its shard, torch.distributed.tensor._random) is not used: it starts each shard's stream at its shard
+index times the local size, so the numbers change with the mesh.
 """
 
 from __future__ import annotations
@@ -84,16 +98,32 @@ def _own(module: nn.Module) -> list[tuple[str, str, torch.Tensor]]:
     return out
 
 
-def full_copy(module: nn.Module) -> nn.Module:
+def draw_device(storage: torch.device | str, draw_on: torch.device | str | None = None) -> torch.device:
+    """Where each module's values are drawn: `draw_on` when given, else where the weights live when that is a
+    GPU, else the CPU (see the module's docstring: a CUDA draw differs from a CPU one)."""
+    device = torch.device(draw_on if draw_on is not None else storage)
+    if draw_on is None and device.type != "cuda":
+        return torch.device("cpu")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def full_copy(module: nn.Module, device: torch.device | str = "cpu",
+              into: dict[tuple[str, str], torch.Tensor] | None = None) -> nn.Module:
     """A shallow copy of `module` whose own parameters and buffers are new full-size fp32/own-dtype
-    CPU tensors (children are shared, not copied: the initializer only touches the module's own)."""
+    tensors on `device` (children are shared, not copied: the initializer only touches the module's own).
+    `into`: {(kind, name): tensor} drawn into as they are (whole tensors already on `device` in their
+    dtype): no second full copy."""
     # Not copy.copy: FSDP2's unit classes (FSDPEmbedding, ...) construct themselves again in __new__.
     clone = object.__new__(type(module))
     clone.__dict__ = dict(module.__dict__)
     clone._parameters = {n: None for n, p in module._parameters.items() if p is None}  # bias=None stays None
     clone._buffers = {n: None for n, b in module._buffers.items() if b is None}
     for kind, name, t in _own(module):
-        full = torch.empty(tuple(t.shape), dtype=t.dtype, device="cpu")
+        full = (into or {}).get((kind, name))
+        if full is None:
+            full = torch.empty(tuple(t.shape), dtype=t.dtype, device=device)
         if full.is_floating_point():
             full.fill_(float("nan"))  # what no initializer writes stays NaN, and `_check_initialised` names it
         if kind == "param":
@@ -110,7 +140,7 @@ rank's part (DeepSpeed ZeRO-3); called module by module, children before their p
 
 @torch.no_grad()
 def materialize(model: nn.Module, device: torch.device | str, initializer: Initializer | WholeModelInit | None, *, seed: int,
-                partition: Partition | None = None) -> None:
+                partition: Partition | None = None, draw_on: torch.device | str | None = None) -> None:
     """Give `model` (built on meta, possibly sharded by FSDP2) storage on `device` and initialise it.
 
     `initializer` None: storage only (a resumed run: the checkpoint overwrites every tensor).
@@ -118,7 +148,10 @@ def materialize(model: nn.Module, device: torch.device | str, initializer: Initi
     `partition`: storage is given one module at a time (children first) and each module's own
     parameters are handed to it as soon as they hold their initial weights, so that a rank never
     holds more than one module's full tensors (DeepSpeed ZeRO-3); otherwise the whole model gets its
-    storage first (its parameters are already this rank's shards, or the model is kept whole)."""
+    storage first (its parameters are already this rank's shards, or the model is kept whole).
+    `draw_on`: where each module's values are drawn (`draw_device`: by default on `device` if it is a GPU, else
+    on the CPU)."""
+    draw = draw_device(device, draw_on)
     kept = {name: b.detach().clone() for name, b in model.named_buffers() if not _local(b).is_meta}
     if partition is not None and isinstance(initializer, WholeModelInit):
         raise ValueError("a model-level init_weights() needs the whole model: materialize without partition")
@@ -158,7 +191,7 @@ def materialize(model: nn.Module, device: torch.device | str, initializer: Initi
             continue
         if initializer is not None:
             for (ofqn, omodule), tensors in _by_owner(own, owners).items():
-                _initialise(omodule, ofqn, tensors, initializer, seed)
+                _initialise(omodule, ofqn, tensors, initializer, seed, draw)
         done.update(id(t) for _, _, t in own)
         if partition is not None:
             params = [t for k, _, t in own if k == "param"]
@@ -212,20 +245,38 @@ def _own_storage(module: nn.Module, device, stored: dict[int, torch.Tensor]) -> 
         (module._parameters if kind == "param" else module._buffers)[name] = new
 
 
-def _initialise(module: nn.Module, fqn: str, own: list, initializer: Initializer, seed: int) -> None:
-    """The model's rule on a full-size CPU copy of `module`'s own tensors under the module's seed;
-    each tensor then takes its slice of that copy (a DTensor: its local shard; else all of it)."""
-    clone = full_copy(module)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(module_seed(seed, fqn))
+def _initialise(module: nn.Module, fqn: str, own: list, initializer: Initializer, seed: int, draw: torch.device) -> None:
+    """The model's rule on a full-size copy of `module`'s own tensors on `draw`, under the module's seed;
+    each tensor then takes its slice of that copy (a DTensor: its local shard; else all of it). A whole
+    tensor already on `draw` in its dtype is drawn into directly."""
+    into = {(k, n): t for k, n, t in own if local_slice(t) is None and t.device == draw and t.dtype == _dtype(module, k, n)}
+    clone = full_copy(module, draw, into)
+    with _seeded(module_seed(seed, fqn), draw):
         initializer(clean_fqn(fqn), clone)
     for kind, name, t in own:
         full = (clone._parameters if kind == "param" else clone._buffers)[name]
         if kind == "param":
             _check_initialised(f"{clean_fqn(fqn)}.{name}" if fqn else name, full, type(module))
+        if (kind, name) in into and full.data_ptr() == t.data_ptr():
+            continue  # drawn in place (unless the rule put a new tensor in the copy)
         where = local_slice(t)
         part = full if where is None else full[where]
         _local(t).copy_(part.to(dtype=t.dtype))
+
+
+def _dtype(module: nn.Module, kind: str, name: str) -> torch.dtype:
+    """The dtype the module's copy gives its own tensor `name` (the module's, which a tied weight's owner may hold on meta)."""
+    return (module._parameters if kind == "param" else module._buffers)[name].dtype
+
+
+@contextlib.contextmanager
+def _seeded(seed: int, draw: torch.device) -> Iterator[None]:
+    """torch's generators seeded with `seed` (the CPU's and every accelerator's, as torch.manual_seed does), the
+    CPU's and the draw device's restored after."""
+    devices = [draw.index] if draw.type != "cpu" else []
+    with torch.random.fork_rng(devices=devices, device_type=draw.type if draw.type != "cpu" else "cuda"):
+        torch.manual_seed(seed)
+        yield
 
 
 def _short(kept: dict, fqn: str) -> set[str]:
@@ -266,13 +317,17 @@ class Pending:
     """What a meta-built model still needs: storage on a device and its initial weights. The
     engine calls it once the model is sharded (FSDP2) or at once (DDP, DeepSpeed)."""
 
-    def __init__(self, initializer: Initializer | WholeModelInit | None, *, seed: int):
+    def __init__(self, initializer: Initializer | WholeModelInit | None, *, seed: int, draw_on: torch.device | str | None = None):
         self.initializer = initializer
         """None: storage only (a resumed run: the checkpoint sets every tensor)."""
         self.seed = seed
+        self.draw_on = draw_on
+        """Where the values are drawn (`draw_device`); None: where the weights live if that is a GPU, else the CPU.
+        The entrypoint passes the run's device, so that a GPU run whose weights live on the host (FSDP2's CPU
+        offload) still draws on its GPU."""
 
     def __call__(self, model: nn.Module, device: torch.device | str, *, partition: Partition | None = None) -> None:
-        materialize(model, device, self.initializer, seed=self.seed, partition=partition)
+        materialize(model, device, self.initializer, seed=self.seed, partition=partition, draw_on=self.draw_on)
 
     @property
     def whole_model_init(self) -> bool:

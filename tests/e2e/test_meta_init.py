@@ -36,7 +36,14 @@ def test_gathered_initial_weights_are_equal_at_world_1_and_2_for_fsdp2_and_ddp(t
                                                         "precision.torchao.skip_small": False,
                                                         "precision.torchao.fsdp_float8_all_gather": True})
     assert len(one) == 4 * 9 + 3 and set(one) == set(two) == set(ddp) == set(fp8_gather)
+    # and they are what this process draws for the model whole, the reference of the in-process world-size checks
+    # (tests/train/test_materialize.py; on CUDA, tests/gpu/test_materialize_gpu.py)
+    from tests.train._fake_ranks import whole
+
+    in_process = whole("builtin:llama-debug")
+    assert set(in_process) == set(one)
     for name in one:
+        assert torch.equal(one[name], in_process[name]), name
         assert torch.equal(one[name], two[name]), name
         assert torch.equal(one[name], ddp[name]), name
         assert torch.equal(one[name], fp8_gather[name]), name  # through torchao's float8 all-gather weight wrapper too

@@ -316,3 +316,44 @@ def test_a_tied_weight_stays_one_parameter_initialised_by_its_first_owner_whole_
     # nn.Embedding's rule (N(0, 1)), the first owner in the model's order, as without partitioning
     assert torch.equal(parted.embed.weight, whole.embed.weight)
     assert parted.embed.weight.std().item() > 0.5  # not nn.Linear's kaiming-uniform (std ~0.2 for 8 inputs)
+
+
+def test_values_drawn_where_the_weights_live_are_the_same_at_every_world_size_sharded_or_partitioned(monkeypatch):
+    """The path a GPU run takes, drawn on `draw_on` = the CPU here (tests/gpu/test_materialize_gpu.py: on CUDA): each
+    module drawn whole on the draw device under its own seed, then sliced. Whole (DDP, ZeRO-0/1/2: drawn into the
+    storage itself, no second copy), ZeRO-3 module by module, and every rank's FSDP2 shards at world 2, 3 (uneven:
+    FSDP2 pads) and 4 (tensor parallel 2 x FSDP2 2; each rank simulated in turn on torch's fake process group), put
+    back together, are one set of weights, bit for bit; torch's generators are as they were before."""
+    from ._fake_ranks import gathered, whole
+
+    drawn_into = []
+    real_copy = mat.full_copy
+    monkeypatch.setattr(mat, "full_copy", lambda module, device="cpu", into=None: drawn_into.append(len(into or {}))
+                        or real_copy(module, device, into))
+    state = torch.get_rng_state()
+    reference = whole(draw_on="cpu")
+    assert torch.equal(torch.get_rng_state(), state)
+    assert sum(drawn_into) == len(reference)  # every parameter drawn in place (the norms' and Linears' single weights)
+    assert reference["tok_embeddings.weight"].std().item() == pytest.approx(0.02, rel=0.05)  # the builtin rule, not NaN
+    assert torch.equal(reference["layers.0.ffn_norm.weight"], torch.ones(256))
+    candidates = {"zero3": whole(draw_on="cpu", partition=lambda m, ps: None)}
+    drawn_into.clear()
+    candidates |= {f"fsdp2 world {w} tp {tp}": gathered(w, tp=tp, draw_on="cpu") for w, tp in ((2, 1), (3, 1), (4, 2))}
+    assert sum(drawn_into) == 0  # DTensor shards: drawn whole on a copy, each rank keeping its slice
+    for what, weights in candidates.items():
+        assert weights.keys() == reference.keys(), what
+        for name, value in reference.items():
+            assert torch.equal(weights[name], value), (what, name)
+
+
+def test_the_draw_device_is_the_gpu_where_the_weights_live_on_one_and_the_cpu_otherwise(monkeypatch):
+    cuda0, cuda1, cpu = torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cpu")
+    assert mat.draw_device("cpu") == cpu and mat.draw_device("meta") == cpu
+    assert mat.draw_device(cuda1) == cuda1  # a GPU run (DDP, FSDP2, ZeRO): drawn on its own GPU
+    assert mat.draw_device("cpu", cuda0) == cuda0  # FSDP2's CPU offload on a GPU run: the shards on the host, drawn on the GPU
+    assert mat.draw_device(cuda1, "cpu") == cpu
+    calls = []
+    monkeypatch.setattr(mat, "materialize", lambda *a, **k: calls.append(k["draw_on"]))
+    mat.Pending(None, seed=0, draw_on=cuda1)(nn.Linear(2, 2), "cpu")  # the entrypoint passes the run's device
+    mat.Pending(None, seed=0)(nn.Linear(2, 2), "cpu")
+    assert calls == [cuda1, None]
