@@ -56,7 +56,7 @@ results="${RESULTS:-benchmarks/results}"
 S=benchmarks/specs
 
 # name -> "FP8 spec, baseline (a twin spec or bf16), then the estimates on one H100: compile seconds on a cold cache,
-# seconds per step, billions of parameters" (docs/benchmarks.md). A step: the plan's prediction scaled by the 2026-11-24
+# seconds per step, billions of parameters" (docs/benchmarks.md); a rank's weight init is the plan's own figure (init_s). A step: the plan's prediction scaled by the 2026-11-24
 # slice's measured / predicted 0.67. Parameters: `fp8launch plan --format json`'s memory.params.
 declare -A SPEC=(
   [8b-ac]="$S/llama3-8b-ac-fp8.toml $S/llama3-8b-ac-bf16.toml 60 0.8 4.32"
@@ -69,8 +69,6 @@ declare -A SPEC=(
   [1b-2026-11-24]="$S/llama3-1b-fp8.toml bf16 30 0.21 1.50"
 )
 START_S=25    # a run's start on the GPU machine: torchrun, imports, the model built on the meta device
-INIT_S_PER_BPARAM=1.16  # weight init, seconds per billion parameters: ~5 s for the 15-layer 8B shape's 4.32B, drawn on the
-                        # GPU (launcher/train/materialize.py); the one place the init estimate lives
 PROFILE_S=15  # reading a profiled run's trace (rank 0, after its last step)
 PROFILED_PCT=150  # a step under the profiler (record_shapes, CUDA activity), % of an unprofiled one: assumed, not measured
 WARM_PCT=26   # a compile on a warm Inductor cache, % of a cold one: 2026-11-24, the slice's first step in its second run
@@ -144,7 +142,25 @@ est() {  # est KIND NAME: estimated seconds on one H100; KIND timing | profile |
     printf "%d", x }'
 }
 
-init_s() { read -r _ _ _ _ params <<< "${SPEC[$1]}"; awk -v b="$params" -v k="$INIT_S_PER_BPARAM" 'BEGIN { printf "%.1f", b * k }'; }
+declare -A init_cache=()
+init_s() {  # init_s NAME: a rank's weight init in seconds, the plan's own figure for NAME's FP8 spec with SETS on launch.gpu
+            # (`fp8launch plan --format json`'s init; launcher/planning/init_cost.py: drawn on the GPU, whole modules, then
+            # sliced; derived, not yet measured on a GPU), at least 1 s; 5 where the planner cannot say
+  local key="$1 ${sets[*]}"
+  if [[ -z "${init_cache[$key]:-}" ]]; then
+    local spec; read -r spec _ <<< "${SPEC[$1]}"
+    init_cache[$key]=$(PYTHONWARNINGS=ignore "$py" - "$spec" "${sets[@]}" <<'PY' 2>/dev/null || echo 5
+import sys
+from launcher.commands.plan import plan_one, plan_record
+spec, args = sys.argv[1], sys.argv[2:]
+planned = plan_one(spec, "/tmp", [a for a, flag in zip(args[1:], args) if flag == "--set"])
+init = plan_record(planned, [])["init"]
+print(f"{max(1.0, init['seconds_per_rank'] if init else 5.0):.1f}")
+PY
+)
+  fi
+  echo "${init_cache[$key]}"
+}
 
 why() {  # why KIND NAME: the estimate's terms, for the log
   local compile step params
