@@ -14,6 +14,7 @@ from launcher.train import effects
 from launcher.train.compile_ac import prepare_blocks
 from launcher.train.engines import wrap
 from launcher.train.precision import apply_precision
+from tests.support import skip_without_torch_mx
 
 from ._engine_setup import make_plan, tiny_model, token_batches, world_of_one
 
@@ -82,7 +83,8 @@ def test_fsdp2_params_are_read_from_torch_2_11s_single_group_state_too(tmp_path,
                 assert len(groups) <= 1
                 self._fsdp_param_group = groups[0] if groups else None
 
-        monkeypatch.setattr(FSDPModule, "_get_fsdp_state", lambda self: Torch211State(current(self)))
+        if hasattr(current(engine.model), "_fsdp_param_groups"):  # torch >= 2.13; on torch 2.11 the state is already this
+            monkeypatch.setattr(FSDPModule, "_get_fsdp_state", lambda self: Torch211State(current(self)))
         assert len(effects._fsdp_params(engine.model)) == n_params > 0
         assert effects.measure(engine, fp8_modules=fp8_ids) == new_style
         assert new_style["all_gather_dtype"] == "float8_e4m3fn"
@@ -90,6 +92,7 @@ def test_fsdp2_params_are_read_from_torch_2_11s_single_group_state_too(tmp_path,
 
 def test_mxfp8_layers_are_named_as_built_and_fsdp2_all_gathers_their_weights_in_bf16(tmp_path):
     """torchao's MX wrapper all-gathers `_data` in the MixedPrecisionPolicy's dtype and quantizes after it."""
+    skip_without_torch_mx()
     mx = dict(precision__mode="fp8", precision__torchao__recipe="mxfp8", precision__torchao__skip_small=False, train__seq_len=32)
     with world_of_one():
         _, engine, precision = _wrapped(tmp_path / "fsdp2", distributed__strategy="fsdp2", **mx)
