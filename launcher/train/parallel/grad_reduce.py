@@ -294,9 +294,9 @@ def fsdp2_payload(model) -> str:
         if isinstance(getattr(comm, "payload", None), str):
             found.add(comm.payload)
             continue
-        mp = group.mp_policy
         params = [p for p in group.fsdp_params if p.sharded_param.requires_grad]
         for p in params:
+            mp = p.mp_policy  # each parameter's, as fully_shard resolved it (torch 2.15 keeps none on the group)
             found.add(dtype_name(mp.reduce_dtype or mp.param_dtype or p.sharded_param.dtype))
     return "+".join(sorted(found)) or "fp32"
 
