@@ -9,7 +9,7 @@ EXTRAS := torchao,deepspeed,hf,bench,accelerate,tensorboard,wandb,mlflow,data,de
 # worker; `make test-fast` 113-127 s with it, 105-106 s without, 2026-11-27). The caches go to __pycache__ (ignored).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup lint test test-fast test-slow test-matrix smoke plan-check support-matrix dist bench clean
+.PHONY: setup lint test test-fast test-slow test-matrix test-compat smoke plan-check support-matrix dist bench clean
 
 # Each phase prints "ci-phase: NAME SECONDS" (.ci/phase; with CI_TIMES=FILE also a JSON line there).
 PHASE := .ci/phase
@@ -48,6 +48,27 @@ test-matrix: setup
 # generation, ~15 s a process) run on one worker.
 test-fast: setup
 	$(PHASE) fast $(BIN)/python -m pytest -q -m "not slow" -n 2 --dist loadgroup --durations=15
+
+# Another torch, in its own venv (.venv-compat-TORCH, made once; constraints.txt less its torch pin), outside CI's
+# budget: `make test-compat TORCH=2.11.0` runs the fast tier; E2E=1 adds the e2e runs below (FSDP2 with the float8
+# all-gather, DDP and FSDP2 with FP8 gradient reduction, compiled FSDP2); RECORD=1 records the floor's API manifest
+# (benchmarks/torch_api.py). A torch newer than the machine's pip cap (/etc/xdg/pip): PIP_CONFIG_FILE=/dev/null make ...
+# Results: docs/compatibility.md.
+COMPAT_VENV := .venv-compat-$(TORCH)
+COMPAT_E2E  := tests/e2e/test_resume.py::test_fsdp2_torchao_fp8_resume_is_bit_identical_and_exports_with_the_documented_one_liner \
+               tests/e2e/test_levels.py::test_ddp_fp8_states_and_fp8_reduce_against_fp32_states_and_bf16_reduce \
+               tests/e2e/test_levels.py::test_msamp_o3_natively_on_fsdp2_trains_resumes_bit_identically_and_exports_as_trained \
+               tests/e2e/test_resume.py::test_a_precision_schedule_resumes_bit_identically_between_two_switches
+test-compat:
+	@test -n "$(TORCH)" || { echo "error: TORCH is not set; fix: make test-compat TORCH=2.11.0"; exit 2; }
+	test -x $(COMPAT_VENV)/bin/fp8launch || { $(PYTHON) -m venv $(COMPAT_VENV) && $(COMPAT_VENV)/bin/pip install -q \
+	  --disable-pip-version-check --no-compile torch==$(TORCH) && sed '/^torch==/d' constraints.txt > $(COMPAT_VENV)/constraints.txt \
+	  && $(COMPAT_VENV)/bin/pip install -q --disable-pip-version-check --no-compile -c $(COMPAT_VENV)/constraints.txt -e ".[$(EXTRAS)]"; }
+	$(COMPAT_VENV)/bin/python -c "import torch, torchao, deepspeed, sys; print('test-compat: torch', torch.__version__, 'torchao', \
+	  torchao.__version__, 'deepspeed', deepspeed.__version__, 'python', sys.version.split()[0])"
+	$(PHASE) compat-fast $(COMPAT_VENV)/bin/python -m pytest -q -m "not slow" -n 2 --dist loadgroup -p no:cacheprovider
+	$(if $(E2E),$(PHASE) compat-e2e $(COMPAT_VENV)/bin/python -m pytest -q -m slow -n 2 --dist loadgroup -p no:cacheprovider $(COMPAT_E2E))
+	$(if $(RECORD),$(COMPAT_VENV)/bin/python benchmarks/torch_api.py --record)
 
 smoke: setup
 	$(BIN)/fp8launch run specs/cpu-smoke.toml

@@ -53,3 +53,12 @@ def plan_from(data: dict, path: str = "spec.toml") -> Plan:
     source = SpecSource(path=path, data={"version": 1, "name": "t", **copy.deepcopy(data)}, sha256="")
     validate(source)
     return resolve(source)
+
+
+def skip_without_torch_mx() -> None:
+    """Skip a test of torchao's MXFP8 training on a torch that lacks what it asserts (torch < 2.13: rule
+    TORCHAO-MX-TORCH refuses such runs; `make test-compat TORCH=2.11.0` runs the tests there)."""
+    from launcher.train.precision.torchao_fp8 import mx_torch_supported
+
+    if not mx_torch_supported():
+        pytest.skip("torchao's MXFP8 training needs torch >= 2.13 (rule TORCHAO-MX-TORCH)")

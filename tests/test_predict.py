@@ -14,6 +14,7 @@ from launcher.commands.plan import plan_one
 from launcher.planning.models import SIZES, param_count, parse_builtin
 from launcher.planning.predict import linear_speedup, predict
 from launcher.planning.predict.shapes import model_shape
+from tests.support import skip_without_torch_mx
 
 DATA = Path(__file__).parent / "data"
 POINTS = json.loads((DATA / "published_speedups.json").read_text())
@@ -226,6 +227,8 @@ def test_the_predicted_fp8_layers_are_the_ones_the_run_converts(precision, tmp_p
     from launcher.train.precision import apply_precision
     from tests.train._precision import make_plan
 
+    if precision["torchao"].get("recipe") == "mxfp8":
+        skip_without_torch_mx()
     model_name = "builtin:llama-debug?layers=4"
     plan = make_plan(precision={"mode": "fp8", **precision}, distributed={"strategy": "fsdp2", "procs_per_node": 1},
                      train={"model": model_name, "seq_len": 64}, compile={"enabled": True})

@@ -481,6 +481,15 @@ def test_run_rule_fires_only_on_its_facts(rule_id):
     assert rule_id not in fired(data, **good)
 
 
+def test_a_precision_rules_entry_in_mxfp8_needs_torchaos_mx_torch_too():
+    """torchao asserts its MX training's torch APIs for a rules entry's MXFP8 layers as for the plan's recipe."""
+    entry = {"precision": {**TAO, "rules": [{"match": "layers.1.*", "recipe": "mxfp8"}]}}
+    assert "TORCHAO-MX-TORCH" in fired(entry, device="cpu", torchao_mx_supported=False)
+    assert "TORCHAO-MX-TORCH" not in fired(entry, device="cpu", torchao_mx_supported=True)
+    rowwise = {"precision": {**TAO, "rules": [{"match": "layers.1.*", "recipe": "rowwise"}]}}
+    assert "TORCHAO-MX-TORCH" not in fired(rowwise, device="cpu", torchao_mx_supported=False)
+
+
 def test_mxfp8_is_refused_on_sm120():
     mx = {"precision": {**TE, "te": {"recipe": "mxfp8"}}}
     assert "TE-RECIPE-HARDWARE" in fired(mx, device="cuda", capability=(12, 0))

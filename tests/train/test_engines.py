@@ -88,7 +88,7 @@ def test_fsdp2_shards_blocks_then_root_as_fsdp2_json_says(world, tmp_path):
     groups = {name: u._fsdp_param_group for name, u in units.items()}
     assert groups[""] is None  # the root holds no parameter of its own any more
     assert groups["output"].post_forward_mesh_info is None and groups["tok_embeddings"].post_forward_mesh_info is None
-    policy = blocks[0]._get_fsdp_state()._fsdp_param_group.mp_policy
+    policy = blocks[0]._get_fsdp_state()._fsdp_param_group.fsdp_params[0].mp_policy  # per parameter (torch 2.15: only there)
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
     loss, norm = _one_step(engine, token_batches(1)[0])
     assert 7 < loss < 8.5 and isinstance(norm, torch.Tensor) and not isinstance(norm, DTensor)

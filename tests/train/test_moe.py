@@ -21,6 +21,7 @@ from launcher.train.models.moe import (
     unpad_token_groups,
     update_expert_bias,
 )
+from tests.support import skip_without_torch_mx
 
 from ._engine_setup import make_plan, train_in_process
 from ._precision import fp8_plan, lm_loss
@@ -117,6 +118,7 @@ def test_moe_forward_routes_every_token_to_top_k_experts_plus_the_shared_expert(
 
 def test_mxfp8_emulated_grouped_experts_forward_and_backward_stay_close_to_bf16():
     """Measured: relative error 0.065 on the output and 0.078 on w1's gradient (e4m3 has 3 mantissa bits)."""
+    skip_without_torch_mx()
     from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
     from torchao.quantization import quantize_
 
@@ -141,6 +143,7 @@ def test_mxfp8_emulated_grouped_experts_forward_and_backward_stay_close_to_bf16(
 
 
 def test_mxfp8_plan_converts_the_expert_groups_and_keeps_the_router_gate():
+    skip_without_torch_mx()
     model = MoETransformer(parse_builtin("builtin:moe-debug"))
     from launcher.train.effects import layer_precisions
     from launcher.train.precision import apply_precision
@@ -247,6 +250,7 @@ def test_four_steps_of_moe_debug_in_bf16_and_mxfp8_end_within_5_percent(tmp_path
     """Measured (seed 0, 4 x 64 tokens a step): bf16 7.6892 7.4723 7.1996 7.1150; mxfp8 7.6895 7.4723 7.1996
     7.1157 (final 0.01% apart); over seeds 0-5 on an AMX CPU and 0-2 with AVX2 kernels at most 0.05% apart
     (benchmarks/results/test_bounds.md)."""
+    skip_without_torch_mx()
     bf16, _, _ = _losses(tmp_path, "bf16", **{"precision.mode": "bf16"})
     mx, records, trainer = _losses(tmp_path, "mxfp8", **{"precision.mode": "fp8", "precision.backend": "torchao",
                                                          "precision.torchao.recipe": "mxfp8"})
@@ -265,6 +269,7 @@ def test_four_steps_of_moe_debug_in_bf16_and_mxfp8_end_within_5_percent(tmp_path
 
 def test_hf_qwen3_moe_experts_stay_bf16_with_the_exact_reason():
     """transformers 5.23 stores Qwen3-MoE experts fused (3D gate_up_proj, down_proj) and its router is not an nn.Linear."""
+    skip_without_torch_mx()
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from launcher.train.effects import layer_precisions

@@ -21,6 +21,8 @@ torchao = pytest.importorskip("torchao")
 from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: E402
 from torchao.float8.float8_utils import amax_to_scale, to_fp8_saturated  # noqa: E402
 
+from tests.support import skip_without_torch_mx  # noqa: E402
+
 from ._engine_setup import CPU, make_plan, tiny_model, token_batches, world_of_one  # noqa: E402
 
 
@@ -305,6 +307,7 @@ def test_a_monitor_with_nothing_to_watch_says_so(world, tmp_path):
 def test_mxfp8_records_match_torchaos_own_mx_cast(world, tmp_path):
     """torchao MXFP8 (emulated on CPU): the monitor watches its layers in 1 x 32 blocks, and the underflow share it
     records for an input is the one torchao's own to_mx cast (RCEIL, the mode fp8launch's mxfp8 uses) produces."""
+    skip_without_torch_mx()
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
     from torchao.prototype.mx_formats.mx_tensor import to_mx
 

@@ -14,6 +14,7 @@ from launcher.errors import BackendMissing, EnvironmentProblem
 from launcher.planning.install import INSTALL
 from launcher.train.precision import apply_precision
 from launcher.train.precision.torchao_fp8 import float8_config, float8_config_kwargs
+from tests.support import skip_without_torch_mx
 
 from ._fp8_twin import scaled_mm_calls, train_losses, twins
 from ._precision import TinyLlama, fp8_plan, lm_loss
@@ -199,6 +200,7 @@ def test_torchao_drops_a_precomputed_scale_when_fsdp2_copies_an_offloaded_shard(
 def test_precision_rules_mix_recipes_per_module_and_keep_by_mode_first_match_wins():
     """torchao converts each Linear on its own: feed-forward w2 rowwise, layer 1's w1 in MXFP8 (emulated on CPU), the
     attention of layer 1 kept by a mode rule, the rest tensorwise; the first matching entry decides a layer."""
+    skip_without_torch_mx()
     rules = [{"match": "layers.1.attention.*", "mode": "bf16"}, {"match": "*.feed_forward.w2", "recipe": "rowwise"},
              {"match": "layers.1.feed_forward.w1", "recipe": "mxfp8"}, {"match": "layers.1.*", "recipe": "rowwise_with_gw_hp"}]
     model = TinyLlama()

@@ -22,6 +22,12 @@ def _block(f: Facts) -> str | None:
     return recipe if fp8(f, TORCHAO) and recipe in BLOCK_RECIPES else None
 
 
+def _uses_mx(f: Facts) -> bool:
+    """Whether torchao builds MXFP8 layers: the plan's recipe, or a `[[precision.rules]]` entry's."""
+    return fp8(f, TORCHAO) and (f.plan.precision.torchao.recipe == "mxfp8"
+                                or any(r.recipe == "mxfp8" for r in f.plan.precision.rules))
+
+
 def _monitor(f: Facts) -> bool:
     return f.plan.monitor.fp8_stats_every > 0
 
@@ -145,9 +151,10 @@ RULES: tuple[Rule, ...] = (
          fix='set monitor.fp8_stats_every = 0, or precision.torchao.recipe = "mxfp8" (or a Float8Linear recipe) to watch the casts',
          condition=lambda f: _block(f) == "nvfp4" and _monitor(f)),
     Rule(id="TORCHAO-MX-TORCH", severity="error", stage="run",
-         when="torchao recipe mxfp8 with a torch that lacks what torchao's MXFP8 training asserts",
+         when="torchao recipe mxfp8 (the plan's or a precision.rules entry's) with a torch lacking what torchao's MXFP8 asserts",
          why="torchao 0.18's MXFP8 training asserts DTensor's scaled_mm_single_dim_strategy and is_pinned_handler "
              "(moe_training/conversion_utils.py: \"Please install the latest torch nightly\"); torch 2.13 has them, 2.11 not.",
-         fix="install torch >= 2.13 (the version fp8launch pins), or set precision.torchao.recipe = \"tensorwise\"",
-         condition=lambda f: _block(f) == "mxfp8" and f.torchao_mx_supported is False),
+         fix="install torch >= 2.13 (the version fp8launch pins), or set precision.torchao.recipe = \"tensorwise\" (and no "
+             "precision.rules entry's recipe to mxfp8)",
+         condition=lambda f: _uses_mx(f) and f.torchao_mx_supported is False),
 )

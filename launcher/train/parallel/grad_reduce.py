@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from launcher.errors import LauncherError
 from launcher.planning.levels import REDUCE_BLOCK
+from launcher.train.compat import all_gather_single, reduce_scatter_single
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
@@ -104,8 +105,8 @@ def fp8_all_reduce(flat: torch.Tensor, group, meter: "CommMeter") -> torch.Tenso
     codes, scales = quantize_rows(mine.unsqueeze(0))
     all_codes = torch.empty(world * codes.numel(), dtype=torch.uint8, device=flat.device)
     all_scales = torch.empty(world * scales.numel(), dtype=torch.float32, device=flat.device)
-    dist.all_gather_single(all_codes, codes.view(-1), group=group)
-    dist.all_gather_single(all_scales, scales.view(-1), group=group)
+    all_gather_single(all_codes, codes.view(-1), group=group)
+    all_gather_single(all_scales, scales.view(-1), group=group)
     meter.add(share(world) * world * _payload_bytes(codes, scales))
     return dequantize_rows(all_codes.view(world, -1), all_scales.view(world, -1), n).reshape(-1)[:total]
 
@@ -189,7 +190,7 @@ def reduce_scatter_class():
                 else:
                     sent = input_tensor.to(DTYPES[self.payload])
                     summed = torch.empty(n, dtype=sent.dtype, device=sent.device)
-                    dist.reduce_scatter_single(summed, sent, op=dist.ReduceOp.SUM, group=group)
+                    reduce_scatter_single(summed, sent, op=dist.ReduceOp.SUM, group=group)
                     self.meter.add(share(world) * sent.numel() * sent.element_size())
                 if op == dist.ReduceOp.AVG:
                     summed = summed / world
@@ -293,9 +294,9 @@ def fsdp2_payload(model) -> str:
         if isinstance(getattr(comm, "payload", None), str):
             found.add(comm.payload)
             continue
-        mp = group.mp_policy
         params = [p for p in group.fsdp_params if p.sharded_param.requires_grad]
         for p in params:
+            mp = p.mp_policy  # each parameter's, as fully_shard resolved it (torch 2.15 keeps none on the group)
             found.add(dtype_name(mp.reduce_dtype or mp.param_dtype or p.sharded_param.dtype))
     return "+".join(sorted(found)) or "fp32"
 

@@ -33,6 +33,7 @@ from torch import nn
 
 from launcher.errors import LauncherError
 from launcher.planning.plan import stage_blocks
+from launcher.train.compat import after_shape_inference
 from launcher.train.engines.base import Engine, _by_mesh, _total_norm
 
 if typing.TYPE_CHECKING:
@@ -134,20 +135,16 @@ def make_schedule(module: nn.Module, plan: Plan, device, group, loss_fn: typing.
 
 
 def _uncount_shape_inference(stage) -> None:
-    """The stage infers its inputs' and outputs' shapes at the first step by running the first micro-batch forward and
-    backward once more (torch 2.13 pipelining/stage.py, dynamic metadata inference), then drops the gradients that left
-    (`_post_metadata_inference_cleanup`). MoE layers also counted that micro-batch's tokens per expert, which the load
-    balancing reads after the step: dropped there too, so that the expert biases move as without a pipeline."""
+    """The stage infers its inputs' and outputs' shapes by running the first micro-batch through its module once more
+    (launcher.train.compat.after_shape_inference). MoE layers counted that micro-batch's tokens per expert, which the
+    load balancing reads after the step: dropped, so that the expert biases move as without a pipeline."""
     from launcher.train.models.moe import moe_layers
 
-    cleanup = stage._post_metadata_inference_cleanup
-
-    def cleanup_and_uncount() -> None:
-        cleanup()
+    def uncount() -> None:
         for layer in moe_layers(stage.submod):
             layer.tokens_per_expert.zero_()
 
-    stage._post_metadata_inference_cleanup = cleanup_and_uncount
+    after_shape_inference(stage, uncount)
 
 
 class PipelineEngine(Engine):
