@@ -96,7 +96,10 @@ def export_layers(plan: Plan, step: int, spec_dir: str, target: Target, fmt: For
     if not any(layer.kept is None for layer in layers.values()):
         trained_fp8 = [layer for layer in layers.values() if layer.recipe is not None]
         if not trained_fp8:
-            raise InputError("--quant", f"the run trained no layer in FP8 (precision.mode = {phase.precision.mode} at step {step})",
+            first = next(iter(layers.values()), None)
+            detail = (f"precision.mode = {phase.precision.mode} at step {step}" if not phase.precision.fp8 or first is None else
+                      f"each Linear stayed in high precision: {first.name}: {first.kept}")
+            raise InputError("--quant", f"the run trained no layer in FP8 ({detail})",
                              "export without --quant; to serve in FP8 anyway, let vLLM quantize the bf16 export as it loads "
                              "(vllm serve DIR --quantization fp8)")
         first = trained_fp8[0]
