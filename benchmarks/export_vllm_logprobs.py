@@ -33,7 +33,8 @@ folder = sys.argv[1]
 config = json.load(open(os.path.join(folder, "config.json")))
 rows, cols = 2, min(64, int(config.get("max_position_embeddings") or 64))
 ids = torch.randint(0, int(config["vocab_size"]), (rows, cols), generator=torch.Generator().manual_seed(0)).tolist()
-llm = LLM(model=folder, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16", max_model_len=cols + 8, seed=0)
+llm = LLM(model=folder, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16", max_model_len=cols + 8, seed=0,
+          gpu_memory_utilization=float(os.environ.get("VLLM_MEMORY_SHARE", "0.2")))  # on a CPU: the share of RAM reserved
 outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], SamplingParams(prompt_logprobs=0, max_tokens=1,
                     detokenize=False))
 logprobs = []

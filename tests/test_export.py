@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ import torch
 
 from launcher.errors import EXIT_ENVIRONMENT, EXIT_INVALID
 from launcher.planning.install import INSTALL
+from launcher.train.export import hf
 from tests.support import write_toml_spec
 
 transformers = pytest.importorskip("transformers")
@@ -263,10 +265,20 @@ def _meta_llama():
         return build_llama(MODEL)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
-def test_torchao_fp8_run_exports_plain_weights_with_the_logits_of_the_high_precision_model(cli, tmp_path):
-    run = train_run(tmp_path, "fp8", **{"distributed.strategy": "ddp", "precision.mode": "fp8", "precision.backend": "torchao",
-                                        "precision.torchao.recipe": "tensorwise", "precision.torchao.skip_small": False})
+FP8_RUN = {"distributed.strategy": "fsdp2", "precision.mode": "fp8", "precision.backend": "torchao",
+           "precision.torchao.recipe": "tensorwise", "precision.torchao.skip_small": False}
+"""The FP8 run of these tests: torchao tensorwise under FSDP2 (llama-debug's GEMMs are all "small" for torchao's H100
+size rule, hence skip_small off); keep_first_last keeps layers.0.attention.wq and the head in bf16."""
+
+
+@pytest.fixture(scope="module")
+def fp8_run(tmp_path_factory) -> Path:
+    pytest.importorskip("torchao")
+    return train_run(tmp_path_factory.mktemp("runs"), "fp8", **FP8_RUN)
+
+
+def test_torchao_fp8_run_exports_plain_weights_with_the_logits_of_the_high_precision_model(cli, fp8_run):
+    run = fp8_run
     start = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert start["layers"]["layers.1.attention.wq"] == "fp8 tensorwise"  # the run trained in FP8
     out = run / "export" / "fp32"
@@ -281,6 +293,100 @@ def test_torchao_fp8_run_exports_plain_weights_with_the_logits_of_the_high_preci
     assert export(cli, run, "--out", str(out16)).exit_code == 0
     _, theirs16 = hf_logits(out16)
     assert (theirs16 - our_logits({k: v.to(torch.bfloat16) for k, v in weights.items()})).abs().max().item() < FP32_TOLERANCE
+
+
+KEPT = ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj", "model.layers.0.self_attn.v_proj", "lm_head"]
+"""The fp8 run's Linears left in bf16 by --quant: keep_first_last's first Linear, its qkv_proj siblings (vLLM fuses them),
+and the head."""
+QUANT_GAP = 0.46
+"""Bound on max |logits of an --quant export - logits of the bf16 export| / the bf16 logits' standard deviation (transformers
+on the CPU, fp32 compute). Measured by benchmarks/export_quant_gap.py over seeds 0-4 (results/export_quant_gap.json):
+means 0.179 (fp8-block), 0.186 (fp8-channel), 0.192 (mxfp8), sd <= 0.031, the largest 0.231 (fp8-channel, seed 0): the
+bound is 2x the largest. Scales applied to the wrong rows (fp8-channel's rolled by one) measured 1.17, to the wrong
+blocks (fp8-block's transposed) 0.52."""
+
+
+def quant_model(folder: Path):
+    """transformers' own CPU path: FineGrainedFP8 dequantizes "fp8" as it loads (into the dtype asked for); compressed-
+    tensors with dequantize=True. transformers 5.23 leaves the tensors it does not dequantize (embedding, norms, the kept
+    Linears) in their stored bf16 under dtype=float32, a model its forward then refuses (m1 and m2 dtypes differ):
+    .float() makes them fp32, exactly."""
+    config = json.loads((folder / "config.json").read_text())["quantization_config"]
+    kwargs = {} if config["quant_method"] == "fp8" else {"quantization_config": transformers.CompressedTensorsConfig(dequantize=True)}
+    with warnings.catch_warnings():  # "You passed `quantization_config` ... loading attributes will be overwritten": that is the point
+        warnings.simplefilter("ignore")
+        return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs).float()
+
+
+@pytest.mark.parametrize("quant", ["fp8-block", "fp8-channel", "mxfp8"])
+def test_quant_export_loads_in_transformers_as_q_times_s_with_logits_near_the_bf16_exports(cli, fp8_run, quant):
+    pytest.importorskip("compressed_tensors")
+    from launcher.train.export.quant import FORMATS
+
+    fmt = FORMATS[quant]
+    r = export(cli, fp8_run, "--quant", quant)
+    assert r.exit_code == 0, r.stderr
+    out = fp8_run / "export" / f"step-2-hf-{quant}"
+    assert f"wrote {out}: step 2, LlamaForCausalLM, 11 Linear layers in {quant}, 21 tensors" in r.stdout
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"] == json.loads(json.dumps(fmt.config(KEPT)))  # the skip lists: exactly the kept Linears
+    written = safetensors_of(out)["model.safetensors"]
+    weights = dcp_weights(fp8_run, 2)  # torch's own reader of the FSDP2 checkpoint
+    ours_of = {hf.builtin_name(n): n for n in weights}
+    model = quant_model(out)
+    params = dict(model.named_parameters())
+    quantized = [n for n in written if n.endswith(f".{fmt.scale_name}")]
+    assert len(quantized) == 11 and len(written) == 21 + 11
+    for scale_name in quantized:
+        name = scale_name.removesuffix(f".{fmt.scale_name}")
+        q, s = written[f"{name}.weight"], written[scale_name]
+        assert q.dtype == torch.float8_e4m3fn and (s.dtype, tuple(s.shape)) == (fmt.scale_dtype, fmt.scale_shape(*q.shape))
+        # the same bytes as quantizing the weights torch's reader gives (the export reads no other values)
+        ref_q, ref_s = fmt.quantize(weights[ours_of[f"{name}.weight"]].float())
+        assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(s, ref_s)
+        assert torch.equal(params[f"{name}.weight"], fmt.dequantize(q, s))  # what transformers loaded: q * s, exactly
+    for name in KEPT:
+        assert written[f"{name}.weight"].dtype == torch.bfloat16
+        assert torch.equal(params[f"{name}.weight"], weights[ours_of[f"{name}.weight"]].to(torch.bfloat16).float())
+    bf16 = fp8_run / "export" / "bf16-reference"
+    if not bf16.exists():
+        assert export(cli, fp8_run, "--out", str(bf16)).exit_code == 0
+    _, reference = hf_logits(bf16)
+    with torch.no_grad():
+        theirs = model.eval()(TOKENS).logits.float()
+    gap = (theirs - reference).abs().max().item() / reference.std().item()
+    print(f"{quant}: max |logits - bf16 export's| / sd = {gap:.3f}")
+    assert 0 < gap < QUANT_GAP
+    record = json.loads((out / "fp8launch-export.json").read_text())["quant"]
+    assert (record["format"], sorted(record["kept"]), len(record["quantized"])) == (quant, sorted(KEPT), 11)
+    assert record["logit_gap"]["tokens"] == 128 and 0 < record["logit_gap"]["max_abs"] < QUANT_GAP * record["logit_gap"]["logit_std"]
+    readme = (out / "README.md").read_text()
+    assert f"`fp8launch export --quant {quant}`" in readme and "trained in fp8, torchao tensorwise" in readme
+    assert "| `model.layers.0.self_attn.k_proj` | fused with q_proj into vLLM's qkv_proj" in readme and "vllm serve DIR" in readme
+    assert f"max |difference| {record['logit_gap']['max_abs']:.4g}" in readme
+
+
+def test_quant_refusals_are_one_line_and_write_nothing(cli, fp8_run, ddp_run):
+    def refused(run: Path, *args: str) -> str:
+        before = sorted(os.listdir(run / "export")) if (run / "export").exists() else []
+        r = export(cli, run, *args)
+        assert r.exit_code == EXIT_INVALID, (args, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "; fix: " in lines[0] and "Traceback" not in r.stderr, r.stderr
+        assert (sorted(os.listdir(run / "export")) if (run / "export").exists() else []) == before
+        return lines[0]
+
+    assert refused(fp8_run, "--quant", "fp8-tensor").startswith("error: Invalid value for '--quant': 'fp8-tensor' is not one of")
+    assert refused(ddp_run, "--quant", "fp8-block").startswith("error: --quant: the run trained no layer in FP8 (precision.mode = ")
+    assert refused(fp8_run, "--quant", "fp8-block", "--format", "torch").startswith("error: --quant: an FP8 export is a Hugging Face")
+    assert refused(fp8_run, "--serve-tp", "2").startswith("error: --serve-tp: checks the shards of an FP8 export's blocks")
+    # tensor parallel 2 gives each rank 2 of k_proj's 4 key heads: 64 rows, half a 128-row block (vLLM's create_weights refuses)
+    assert refused(fp8_run, "--quant", "fp8-block", "--serve-tp", "2") == (
+        "error: --serve-tp: vLLM cannot load this fp8-block export at tensor parallel 2: model.layers.1.self_attn.k_proj "
+        "(128 x 256) split over 2 ranks by its outputs leaves 64 rows a rank, not a multiple of the 128-row block; fix: serve it "
+        "at --serve-tp 1, or export with --quant fp8-channel (one scale per output row: no block)")
+    r = export(cli, fp8_run, "--quant", "fp8-channel", "--serve-tp", "4", "--out", str(fp8_run / "export" / "tp4"))
+    assert r.exit_code == 0, r.stderr
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
