@@ -614,8 +614,8 @@ def test_two_process_zero3_fsdp2_tp_and_ddp_runs_export_through_the_cli(tmp_path
     loaded from each checkpoint by the engine's own tool (DeepSpeed's zero_to_fp32, torch's dcp_to_torch) gives the
     exported model's logits. `--quant fp8-block` of each: the bytes of quantizing what the engine's own tool reads, every
     layer and scale, whatever the engine and its layout (ZeRO-3 partitions gathered, TP shards put together), and
-    transformers loads it. ~2 min on 2 cores (the ZeRO-3 run ~22 s, each export ~5.5 s, most of it imports), once
-    DeepSpeed's CPU ops are built (conftest.py caches them)."""
+    transformers loads it. ~2 min on 2 cores shared with other work (each run 23-33 s, each export 7-11 s, most of it
+    imports), once DeepSpeed's CPU ops are built (conftest.py caches them)."""
     pytest.importorskip("compressed_tensors")
     from launcher.train.export.quant import FORMATS
     from tests.e2e.helpers import output_of, run, write_spec
@@ -632,11 +632,6 @@ def test_two_process_zero3_fsdp2_tp_and_ddp_runs_export_through_the_cli(tmp_path
         r, took = run(tmp_path, "run", str(spec))
         assert r.returncode == 0, output_of(r)
         print(f"{name}: run {took:.1f} s")
-        r, took = run(tmp_path, "export", f"runs/{name}", "--dtype", "fp32", extra_env=here)
-        assert r.returncode == 0, output_of(r)
-        print(f"{name}: export {took:.1f} s")
-        out = tmp_path / "runs" / name / "export" / "step-2-hf"
-        assert f"wrote runs/{name}/export/step-2-hf: step 2, LlamaForCausalLM, {HF_NAMES} tensors" in r.stdout
         checkpoint = tmp_path / "runs" / name / "checkpoints" / "step-2"
         if name == "z3":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -654,10 +649,16 @@ def test_two_process_zero3_fsdp2_tp_and_ddp_runs_export_through_the_cli(tmp_path
             chunks = FileSystemReader(checkpoint / "model").read_metadata().state_dict_metadata["layers.0.attention.wo.weight"].chunks
             if name == "fsdp2-tp2":
                 assert [tuple(c.sizes) for c in chunks] == [(256, 128), (256, 128)]  # row-parallel wo: each rank half of the columns
-        _, theirs = hf_logits(out)
-        diff = (theirs - our_logits(weights)).abs().max().item()
-        print(f"{name}: max |logits difference| {diff:.2e}")
-        assert diff < FP32_TOLERANCE
+        if name != "ddp":  # DDP's checkpoint is FSDP2's DCP layout whole on every rank: the fast tests export it in fp32
+            r, took = run(tmp_path, "export", f"runs/{name}", "--dtype", "fp32", extra_env=here)
+            assert r.returncode == 0, output_of(r)
+            print(f"{name}: export {took:.1f} s")
+            out = tmp_path / "runs" / name / "export" / "step-2-hf"
+            assert f"wrote runs/{name}/export/step-2-hf: step 2, LlamaForCausalLM, {HF_NAMES} tensors" in r.stdout
+            _, theirs = hf_logits(out)
+            diff = (theirs - our_logits(weights)).abs().max().item()
+            print(f"{name}: max |logits difference| {diff:.2e}")
+            assert diff < FP32_TOLERANCE
         r, took = run(tmp_path, "export", f"runs/{name}", "--quant", "fp8-block", extra_env=here)
         assert r.returncode == 0, output_of(r)
         print(f"{name}: export --quant fp8-block {took:.1f} s")
