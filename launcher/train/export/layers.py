@@ -129,8 +129,11 @@ def _keep_fused_together(layers: dict[str, Layer]) -> None:
 
 def tp_problem(layers: list[Layer], fmt: Format, tp: int, config) -> str | None:
     """Why vLLM cannot load the export at tensor parallel `tp` (a quantized layer's shard is not a whole number of the
-    format's blocks: fp8.py `create_weights` "is not divisible by weight quantization block_n / block_k", the
-    compressed-tensors schemes alike), or None."""
+    format's blocks: "is not divisible by weight quantization block_n / block_k", vllm 0.32.0
+    model_executor/layers/quantization/utils/fp8_utils.py `validate_fp8_block_shape`, which fp8.py's and the
+    compressed-tensors block scheme's `create_weights` call), or None. Stricter than vLLM in one place: vLLM lets the last
+    part of a fused weight at tensor parallel 1 end in a partial block, which transformers' and compressed-tensors'
+    dequantizers refuse (Format.unfit keeps such layers)."""
     rows, cols = fmt.block
     heads = getattr(config, "num_attention_heads", None)
     head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
