@@ -598,7 +598,7 @@ def test_help_names_every_option_and_the_exit_codes(cli):
     r = cli("export", "--help")
     text = " ".join(r.stdout.split()).replace("- ", "-")  # Click wraps after hyphens
     for option in ("--step INTEGER", "--format [hf|torch]", "--dtype [bf16|fp32]", "--out DIR", "--max-shard-size SIZE",
-                   "--plan PLAN_JSON"):
+                   "--plan PLAN_JSON", "--quant [fp8-block|fp8-channel|mxfp8]", "--serve-tp N"):
         assert option in text
     assert "RUN_DIR/export/step-N-FORMAT" in text and "earlier fp8launch export (which is replaced)" in text
     assert "3 this environment cannot run the plan" in text
