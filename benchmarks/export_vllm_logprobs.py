@@ -52,7 +52,9 @@ def score(folder: str, python: str) -> dict:
     r = subprocess.run([python, "-c", CHILD, folder], capture_output=True, text=True, timeout=1800)
     lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
     if r.returncode != 0 or not lines:
-        reasons = [line.split("] ", 1)[-1].strip() for line in r.stderr.splitlines() if "Error: " in line and "Engine core" not in line]
+        output = (r.stdout + "\n" + r.stderr).splitlines()  # vLLM's workers log their errors on either
+        reasons = [line.split("] ", 1)[-1].strip() for line in output if "Error: " in line and "Engine core" not in line
+                   and "initialization failed" not in line]
         return {"error": reasons[-1] if reasons else r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"}
     return json.loads(lines[-1][len("RESULT "):])
 

@@ -55,7 +55,10 @@ def measure_gap(target, weights, layers: list[Layer], fmt: Format, folder: str) 
     if parameters > GAP_MAX_PARAMETERS:
         return None
     transformers = transformers_module()
-    from transformers.initialization import no_init_weights
+    try:
+        from transformers.initialization import no_init_weights  # transformers 5
+    except ImportError:  # pragma: no cover - transformers 4
+        from transformers.modeling_utils import no_init_weights
 
     config = copy.deepcopy(target.config)
     with no_init_weights():
