@@ -8,6 +8,8 @@ folder that `transformers.AutoModelForCausalLM.from_pretrained` loads, or as one
     quant.py     --quant: the FP8 formats (codes, scales, config.json's quantization_config)
     layers.py    --quant: which Linear layers are quantized, and why the others stay in high precision
     card.py      --quant: the measured logit gap and the README the export carries
+    quantized.py --quant: one export's format and layers, then its gap, README and record
+    fp8_stored.py weights a run stored in FP8: from their master copy, or refused naming why
 
 This module holds the names the others share and imports no torch (the CLI module imports it).
 """

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from launcher.errors import EnvironmentProblem, InputError
 
 from . import KEY, MARKER
+from .fp8_stored import fp8_stored
+from .quantized import plan_quantization
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
@@ -92,7 +94,7 @@ def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, d
     model = plan.train.model
     weights = read.open_weights(checkpoint)
     notes: list[str] = []
-    _fp8_stored(plan, spec_dir, step, weights, checkpoint, echo)
+    fp8_stored(plan, spec_dir, step, weights, checkpoint, echo)
     target = None
     quantization = None
     if fmt == "hf":
@@ -114,7 +116,7 @@ def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, d
         target.copies.extend(tokenizer.copies)
         names = list(target.names)
         if quant:
-            quantization = _quantization(plan, spec_dir, step, target, quant, serve_tp, echo)
+            quantization = plan_quantization(plan, spec_dir, step, target, quant, serve_tp, echo)
     else:
         names = [n for n in weights.entries if not n.endswith(hf.RECOMPUTED)]
         if model.startswith("builtin:"):
@@ -164,102 +166,3 @@ def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, d
                     seconds=time.monotonic() - start, notes=tuple(notes),
                     quantized=len(quantization.weights) if quantization else 0)
 
-
-@dataclass
-class Quantization:
-    """--quant: the format, every Linear quantized or kept (and why), and what the export writes for it."""
-
-    plan: Plan
-    phase: Plan
-    step: int
-    target: object
-    fmt: object
-    layers: list
-    tps: list[int]
-
-    @property
-    def weights(self) -> dict:
-        return {f"{layer.name}.weight": self.fmt for layer in self.layers if layer.kept is None}
-
-    @property
-    def config(self) -> dict:
-        return self.fmt.config([layer.name for layer in self.layers if layer.kept is not None])
-
-    def finish(self, folder: str, weights, dtype: str, files: list[str], echo: Callable[[str], None]) -> dict:
-        """Measure the logit gap on what `folder` holds, write README.md there; the marker's "quant" record."""
-        from .card import measure_gap, readme
-        from .write import write_text
-
-        gap = measure_gap(self.target, weights, self.layers, self.fmt, folder)
-        if gap is not None:
-            echo(f"export: logits against the bf16 export ({gap.tokens} tokens): max |difference| {gap.max_abs:.4g}, "
-                 f"mean {gap.mean_abs:.4g}, top-1 agreement {100 * gap.top1:.1f}%")
-        linear = {f"{layer.name}.weight" for layer in self.layers}
-        others = [h.removesuffix(".weight") for h in self.target.names.values() if h not in linear and h.endswith(".weight")]
-        write_text(os.path.join(folder, "README.md"), readme(
-            plan=self.plan, phase=self.phase, step=self.step, architecture=self.target.architecture, fmt=self.fmt,
-            layers=self.layers, gap=gap, tps=self.tps, dtype=dtype, other_weights=others))
-        files.append("README.md")
-        return {"format": self.fmt.name, "quantized": [layer.name for layer in self.layers if layer.kept is None],
-                "kept": {layer.name: layer.kept for layer in self.layers if layer.kept is not None},
-                "recipes": {layer.name: layer.recipe for layer in self.layers if layer.kept is None},
-                "serving_tensor_parallel": self.tps, "logit_gap": gap.as_dict() if gap else None}
-
-
-def _quantization(plan: Plan, spec_dir: str, step: int, target, quant: str, serve_tp: int | None,
-                  echo: Callable[[str], None]) -> Quantization:
-    from .layers import export_layers, serving_tps, tp_problem
-    from .quant import FORMATS
-
-    fmt = FORMATS[quant]
-    layers = export_layers(plan, step, spec_dir, target, fmt)
-    if serve_tp is not None:
-        problem = tp_problem(layers, fmt, serve_tp, target.config)
-        if problem:
-            fits = serving_tps(layers, fmt, target.config)
-            raise InputError("--serve-tp", f"vLLM cannot load this {quant} export at tensor parallel {serve_tp}: {problem}",
-                             (f"serve it at --serve-tp {' or '.join(map(str, fits))}, or " if fits else "")
-                             + ("export with --quant fp8-channel (one scale per output row: no block)"
-                                if quant != "fp8-channel" else "serve at a tensor parallel size that divides the layers"))
-    kept = [layer for layer in layers if layer.kept is not None]
-    quantized = len(layers) - len(kept)
-    echo(f"export: {quantized} Linear layers in {quant}, {len(kept)} kept in high precision"
-         + (": " + "; ".join(f"{layer.name} ({layer.kept})" for layer in kept[:3]) + ("; ..." if len(kept) > 3 else "")
-            if kept else ""))
-    from launcher.planning.schedule import plan_at
-
-    return Quantization(plan=plan, phase=plan_at(plan, step).plan, step=step, target=target, fmt=fmt, layers=layers,
-                        tps=serving_tps(layers, fmt, target.config))
-
-
-def _fp8_stored(plan: Plan, spec_dir: str, step: int, weights, checkpoint: str, echo: Callable[[str], None]) -> None:
-    """Weights the run stored in FP8 are read from their high-precision master copy, or refused naming why.
-
-    Transformer Engine's precision.te.fp8_params: `model/` holds the Float8Tensor weights, TE's FusedAdam the fp32
-    master copy of each (`optim/`, state.NAME.master_param; DeepSpeed's partitions are fp32 masters already). MS-AMP's
-    ScalingTensor weights (FP8 codes in the checkpoint) have no master copy fp8launch reads."""
-    from . import read
-
-    p = plan.precision
-    if p.fp8 and p.backend == "te" and p.te.fp8_params and weights.kind == "dcp":
-        from .layers import trained_precision
-
-        _, trained = trained_precision(plan, step, spec_dir)
-        stored = [f"{name}.weight" for name, (recipe, _) in trained.items() if recipe is not None]
-        redirected = set(weights.use_masters())
-        missing = [n for n in stored if n in weights.entries and n not in redirected]
-        if missing:
-            raise InputError(KEY, f"{checkpoint} stores {missing[0]} (and {len(missing) - 1} more) in FP8 "
-                             "(precision.te.fp8_params), and its optimizer state holds no fp32 master copy of it "
-                             f"(optim/: state.{missing[0]}.{read.MASTER}): its FP8 rounding is all there is",
-                             "export a checkpoint written with TE's FusedAdam master_weights (fp8launch's own), or a run with "
-                             "precision.te.fp8_params = false")
-        echo(f"export: {len(redirected)} weights stored in FP8 (precision.te.fp8_params) read from TE FusedAdam's fp32 master "
-             "copy in optim/")
-    not_float = sorted(n for n, e in weights.entries.items() if not (e.dtype in read.FLOATS or not e.dtype.is_floating_point))
-    if not_float:
-        why = ("MS-AMP's FP8 ScalingTensor weights, whose master copy is not in a form fp8launch reads"
-               if p.backend == "msamp" else "not high-precision weights, and no master copy of them is saved beside them")
-        raise InputError("train.model", f"{checkpoint} stores {len(not_float)} weight(s) in a low-precision format ({not_float[0]}: "
-                         f"{weights.entries[not_float[0]].dtype}): {why}",
-                         "export a run that keeps high-precision weights (precision.te.fp8_params = false, MS-AMP O1)")
