@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-EXTRAS := torchao,deepspeed,hf,bench,accelerate,tensorboard,wandb,mlflow,data,dev
+EXTRAS := torchao,deepspeed,hf,serve,bench,accelerate,tensorboard,wandb,mlflow,data,dev
 
 # pytest keeps the test modules it rewrites for its asserts as bytecode, but only where Python may write bytecode: with
 # PYTHONDONTWRITEBYTECODE set (as on these machines) every pytest worker rewrote all of them at each collection (~9 s a

@@ -464,14 +464,21 @@ def report(run_dirs, out_path) -> None:
 @click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True,
               help="dtype of the written weights (the checkpoint's high-precision weights; FP8 runs keep them too).")
 @click.option("--out", metavar="DIR",
-              help="The folder to write [default: RUN_DIR/export/step-N-FORMAT]. It must not exist, be empty, or hold an "
-                   "earlier fp8launch export (which is replaced); nothing is left half-written.")
+              help="The folder to write [default: RUN_DIR/export/step-N-FORMAT, -QUANT added with --quant]. It must not exist, "
+                   "be empty, or hold an earlier fp8launch export (which is replaced); nothing is left half-written.")
 @click.option("--max-shard-size", default="5GB", show_default=True, metavar="SIZE",
               help="Largest safetensors shard (e.g. 500MB, 2GiB); a larger single tensor gets a shard of its own.")
 @click.option("--plan", "plan_path", metavar="PLAN_JSON",
               help="The plan.json the run was started with [default: RUN_DIR/plan/plan.json, where fp8launch run writes it].")
+@click.option("--quant", type=click.Choice(["fp8-block", "fp8-channel", "mxfp8"]),
+              help="Write the Linear layers the run trained in FP8 in an FP8 format vLLM, SGLang and transformers load: "
+                   "fp8-block (quant_method fp8, 128 x 128 weight scales), fp8-channel (compressed-tensors FP8_DYNAMIC, a "
+                   "scale per output row), mxfp8 (compressed-tensors MXFP8); the rest stays in --dtype, listed with why in "
+                   "README.md [default: none, high-precision weights only].")
+@click.option("--serve-tp", type=click.IntRange(min=1), metavar="N",
+              help="With --quant: refuse unless vLLM at --tensor-parallel-size N gets whole blocks on every rank.")
 @_errors
-def export(run_dir, step, fmt, dtype, out, max_shard_size, plan_path) -> None:
+def export(run_dir, step, fmt, dtype, out, max_shard_size, plan_path, quant, serve_tp) -> None:
     """Write the weights of a run's checkpoint (the newest complete one, or --step N) for use outside fp8launch.
 
     RUN_DIR is the run's train.output_dir. Works for every engine (DDP, FSDP2 with or without tensor
@@ -480,10 +487,12 @@ def export(run_dir, step, fmt, dtype, out, max_shard_size, plan_path) -> None:
     from launcher.commands.export import run_export
 
     done = run_export(run_dir, step=step, fmt=fmt, dtype=dtype, out=out, max_shard_size=max_shard_size, plan_path=plan_path,
-                      echo=lambda line: click.echo(line, err=True))
+                      echo=lambda line: click.echo(line, err=True), quant=quant, serve_tp=serve_tp)
     for note in done.notes:
         click.echo(note, err=True)
     what = f"{done.architecture}, " if done.architecture else ""
+    if quant:
+        what += f"{done.quantized} Linear layers in {quant}, "
     click.echo(f"wrote {done.out}: step {done.step}, {what}{done.tensors} tensors, {done.parameters:,} parameters, "
                f"{len(done.files)} files in {done.seconds:.1f} s")
 

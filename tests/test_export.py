@@ -11,10 +11,12 @@ seq_len 16, checkpointing every step; a run costs ~1-2 s here (DeepSpeed ~4 s wi
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ import torch
 
 from launcher.errors import EXIT_ENVIRONMENT, EXIT_INVALID
 from launcher.planning.install import INSTALL
+from launcher.train.export import hf
 from tests.support import write_toml_spec
 
 transformers = pytest.importorskip("transformers")
@@ -263,10 +266,20 @@ def _meta_llama():
         return build_llama(MODEL)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao is not installed")
-def test_torchao_fp8_run_exports_plain_weights_with_the_logits_of_the_high_precision_model(cli, tmp_path):
-    run = train_run(tmp_path, "fp8", **{"distributed.strategy": "ddp", "precision.mode": "fp8", "precision.backend": "torchao",
-                                        "precision.torchao.recipe": "tensorwise", "precision.torchao.skip_small": False})
+FP8_RUN = {"distributed.strategy": "fsdp2", "precision.mode": "fp8", "precision.backend": "torchao",
+           "precision.torchao.recipe": "tensorwise", "precision.torchao.skip_small": False}
+"""The FP8 run of these tests: torchao tensorwise under FSDP2 (llama-debug's GEMMs are all "small" for torchao's H100
+size rule, hence skip_small off); keep_first_last keeps layers.0.attention.wq and the head in bf16."""
+
+
+@pytest.fixture(scope="module")
+def fp8_run(tmp_path_factory) -> Path:
+    pytest.importorskip("torchao")
+    return train_run(tmp_path_factory.mktemp("runs"), "fp8", **FP8_RUN)
+
+
+def test_torchao_fp8_run_exports_plain_weights_with_the_logits_of_the_high_precision_model(cli, fp8_run):
+    run = fp8_run
     start = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert start["layers"]["layers.1.attention.wq"] == "fp8 tensorwise"  # the run trained in FP8
     out = run / "export" / "fp32"
@@ -281,6 +294,160 @@ def test_torchao_fp8_run_exports_plain_weights_with_the_logits_of_the_high_preci
     assert export(cli, run, "--out", str(out16)).exit_code == 0
     _, theirs16 = hf_logits(out16)
     assert (theirs16 - our_logits({k: v.to(torch.bfloat16) for k, v in weights.items()})).abs().max().item() < FP32_TOLERANCE
+
+
+KEPT = ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj", "model.layers.0.self_attn.v_proj", "lm_head"]
+"""The fp8 run's Linears left in bf16 by --quant: keep_first_last's first Linear, its qkv_proj siblings (vLLM fuses them),
+and the head."""
+QUANT_GAP = 0.46
+"""Bound on max |logits of an --quant export - logits of the bf16 export| / the bf16 logits' standard deviation (transformers
+on the CPU, fp32 compute). Measured by benchmarks/export_quant_gap.py over seeds 0-4 (results/export_quant_gap.json):
+means 0.179 (fp8-block), 0.186 (fp8-channel), 0.192 (mxfp8), sd <= 0.031, the largest 0.231 (fp8-channel, seed 0): the
+bound is 2x the largest. Scales applied to the wrong rows (fp8-channel's rolled by one) measured 1.17, to the wrong
+blocks (fp8-block's transposed) 0.52."""
+
+
+def quant_model(folder: Path):
+    """transformers' own CPU path: FineGrainedFP8 dequantizes "fp8" as it loads (into the dtype asked for); compressed-
+    tensors with dequantize=True. transformers 5.23 leaves the tensors it does not dequantize (embedding, norms, the kept
+    Linears) in their stored bf16 under dtype=float32, a model its forward then refuses (m1 and m2 dtypes differ):
+    .float() makes them fp32, exactly."""
+    config = json.loads((folder / "config.json").read_text())["quantization_config"]
+    kwargs = {} if config["quant_method"] == "fp8" else {"quantization_config": transformers.CompressedTensorsConfig(dequantize=True)}
+    with warnings.catch_warnings():  # "You passed `quantization_config` ... loading attributes will be overwritten": that is the point
+        warnings.simplefilter("ignore")
+        return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs).float()
+
+
+def check_quant_export(cli, run: Path, quant: str, recipe: str = "tensorwise") -> float:
+    """`fp8launch export RUN --quant QUANT` of an FP8 run of MODEL: loaded by transformers on the CPU its quantized weights
+    are q * s exactly, its bytes those of quantizing torch's own read of the checkpoint, its kept layers KEPT and in bf16,
+    its logits within QUANT_GAP of the bf16 export's; its record and README say so. Returns the gap."""
+    pytest.importorskip("compressed_tensors")
+    from launcher.train.export.quant import FORMATS
+
+    fmt = FORMATS[quant]
+    r = export(cli, run, "--quant", quant)
+    assert r.exit_code == 0, r.stderr
+    out = run / "export" / f"step-2-hf-{quant}"
+    assert f"wrote {out}: step 2, LlamaForCausalLM, 11 Linear layers in {quant}, 21 tensors" in r.stdout
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"] == json.loads(json.dumps(fmt.config(KEPT)))  # the skip lists: exactly the kept Linears
+    written = safetensors_of(out)["model.safetensors"]
+    weights = dcp_weights(run, 2)  # torch's own reader of the checkpoint
+    ours_of = {hf.builtin_name(n): n for n in weights}
+    model = quant_model(out)
+    params = dict(model.named_parameters())
+    quantized = [n for n in written if n.endswith(f".{fmt.scale_name}")]
+    assert len(quantized) == 11 and len(written) == 21 + 11
+    for scale_name in quantized:
+        name = scale_name.removesuffix(f".{fmt.scale_name}")
+        q, s = written[f"{name}.weight"], written[scale_name]
+        assert q.dtype == torch.float8_e4m3fn and (s.dtype, tuple(s.shape)) == (fmt.scale_dtype, fmt.scale_shape(*q.shape))
+        # the same bytes as quantizing the weights torch's reader gives (the export reads no other values)
+        ref_q, ref_s = fmt.quantize(weights[ours_of[f"{name}.weight"]].float())
+        assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(s, ref_s)
+        assert torch.equal(params[f"{name}.weight"], fmt.dequantize(q, s))  # what transformers loaded: q * s, exactly
+    for name in KEPT:
+        assert written[f"{name}.weight"].dtype == torch.bfloat16
+        assert torch.equal(params[f"{name}.weight"], weights[ours_of[f"{name}.weight"]].to(torch.bfloat16).float())
+    bf16 = run / "export" / "bf16-reference"
+    if not bf16.exists():
+        assert export(cli, run, "--out", str(bf16)).exit_code == 0
+    _, reference = hf_logits(bf16)
+    with torch.no_grad():
+        theirs = model.eval()(TOKENS).logits.float()
+    gap = (theirs - reference).abs().max().item() / reference.std().item()
+    print(f"{recipe} run, {quant}: max |logits - bf16 export's| / sd = {gap:.3f}")
+    assert 0 < gap < QUANT_GAP
+    record = json.loads((out / "fp8launch-export.json").read_text())["quant"]
+    assert (record["format"], sorted(record["kept"]), len(record["quantized"])) == (quant, sorted(KEPT), 11)
+    assert set(record["recipes"].values()) == {recipe}
+    assert record["logit_gap"]["tokens"] == 128 and 0 < record["logit_gap"]["max_abs"] < QUANT_GAP * record["logit_gap"]["logit_std"]
+    readme = (out / "README.md").read_text()
+    assert f"`fp8launch export --quant {quant}`" in readme and f"trained in fp8, torchao {recipe}" in readme
+    assert "| `model.layers.0.self_attn.k_proj` | fused with q_proj into vLLM's qkv_proj" in readme and "vllm serve DIR" in readme
+    assert f"max |difference| {record['logit_gap']['max_abs']:.4g}" in readme
+    return gap
+
+
+@pytest.mark.parametrize("quant", ["fp8-block", "fp8-channel", "mxfp8"])
+def test_quant_export_loads_in_transformers_as_q_times_s_with_logits_near_the_bf16_exports(cli, fp8_run, quant):
+    check_quant_export(cli, fp8_run, quant)
+
+
+@pytest.mark.slow  # two in-process runs, ~10-20 s each
+@pytest.mark.parametrize("recipe,quants", [("rowwise", ("fp8-block", "fp8-channel")), ("mxfp8", ("mxfp8",))])
+def test_rowwise_and_mxfp8_runs_export_in_fp8(cli, tmp_path, recipe, quants):
+    pytest.importorskip("torchao")
+    run = train_run(tmp_path, recipe, **{**FP8_RUN, "precision.torchao.recipe": recipe})
+    start = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["layers"]["layers.1.attention.wq"] == f"fp8 {recipe}"
+    for quant in quants:
+        check_quant_export(cli, run, quant, recipe)
+
+
+def test_quant_refusals_are_one_line_and_write_nothing(cli, fp8_run, ddp_run):
+    def refused(run: Path, *args: str) -> str:
+        before = sorted(os.listdir(run / "export")) if (run / "export").exists() else []
+        r = export(cli, run, *args)
+        assert r.exit_code == EXIT_INVALID, (args, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "; fix: " in lines[0] and "Traceback" not in r.stderr, r.stderr
+        assert (sorted(os.listdir(run / "export")) if (run / "export").exists() else []) == before
+        return lines[0]
+
+    assert refused(fp8_run, "--quant", "fp8-tensor").startswith("error: Invalid value for '--quant': 'fp8-tensor' is not one of")
+    assert refused(ddp_run, "--quant", "fp8-block").startswith("error: --quant: the run trained no layer in FP8 (precision.mode = ")
+    assert refused(fp8_run, "--quant", "fp8-block", "--format", "torch").startswith("error: --quant: an FP8 export is a Hugging Face")
+    assert refused(fp8_run, "--serve-tp", "2").startswith("error: --serve-tp: checks the shards of an FP8 export's blocks")
+    # tensor parallel 2 gives each rank 2 of k_proj's 4 key heads: 64 rows, half a 128-row block (vLLM's create_weights refuses)
+    assert refused(fp8_run, "--quant", "fp8-block", "--serve-tp", "2") == (
+        "error: --serve-tp: vLLM cannot load this fp8-block export at tensor parallel 2: model.layers.1.self_attn.k_proj "
+        "(128 x 256) split over 2 ranks by its outputs leaves 64 rows a rank, not a multiple of the 128-row block; fix: serve it "
+        "at --serve-tp 1, or export with --quant fp8-channel (one scale per output row: no block)")
+    r = export(cli, fp8_run, "--quant", "fp8-channel", "--serve-tp", "4", "--out", str(fp8_run / "export" / "tp4"))
+    assert r.exit_code == 0, r.stderr
+
+
+@pytest.mark.slow  # in-process, but ~15-35 s (the stand-in TE's run): the fast tier stays near 2 minutes
+def test_te_fp8_weights_export_from_the_fp32_master_copy(cli, tmp_path, monkeypatch):
+    """precision.te.fp8_params (Transformer Engine's stand-in, tests/train/test_te_standin.py): `model/` holds the
+    Float8Tensor weights (pickled: DCP cannot read them as plain tensors, which failed the export before), TE's FusedAdam
+    the fp32 master copy of each in `optim/`: the export reads the masters, and --quant quantizes them."""
+    from launcher.train.precision import te as te_backend
+    from tests.train.test_te_resume import te_cpu_plan
+    from tests.train.test_te_standin import fake_te
+
+    te, te_recipe, _ = fake_te()
+    monkeypatch.setattr(te_backend, "_te", lambda: (te, te_recipe))
+    from tests.train._engine_setup import train_in_process
+
+    run = tmp_path / "te"
+    plan = te_cpu_plan(tmp_path / "plan", **{"train.output_dir": str(run), "train.steps": 1, "train.checkpoint_every": 1,
+                                             "train.seq_len": 16, "precision.te.recipe": "current",
+                                             "precision.te.fp8_params": True, "distributed.strategy": "ddp"})
+    train_in_process(plan, stream=io.StringIO())
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(run / "checkpoints" / "step-1" / "optim", tmp_path / "optim.pt")
+    masters = {k: v["master_param"] for k, v in torch.load(tmp_path / "optim.pt", weights_only=True)["state"].items()
+               if "master_param" in v}
+    assert len(masters) == 15  # every Linear TE swapped holds an FP8 weight and has its master copy
+    r = export(cli, run, "--plan", plan, "--dtype", "fp32", "--out", str(tmp_path / "fp32"))
+    assert r.exit_code == 0, r.stderr
+    assert ("export: 15 weights stored in FP8 (precision.te.fp8_params) read from TE FusedAdam's fp32 master copy in optim/"
+            in r.stderr)
+    written = safetensors_of(tmp_path / "fp32")["model.safetensors"]
+    for ours, master in masters.items():
+        assert torch.equal(written[hf.builtin_name(ours)], master), ours
+    r = export(cli, run, "--plan", plan, "--quant", "fp8-channel", "--out", str(tmp_path / "channel"))
+    assert r.exit_code == 0, r.stderr
+    from launcher.train.export.quant import FORMATS
+
+    written = safetensors_of(tmp_path / "channel")["model.safetensors"]
+    q, _ = FORMATS["fp8-channel"].quantize(masters["layers.1.feed_forward.w2.weight"])
+    assert torch.equal(written["model.layers.1.mlp.down_proj.weight"].view(torch.uint8), q.view(torch.uint8))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
@@ -431,7 +598,7 @@ def test_help_names_every_option_and_the_exit_codes(cli):
     r = cli("export", "--help")
     text = " ".join(r.stdout.split()).replace("- ", "-")  # Click wraps after hyphens
     for option in ("--step INTEGER", "--format [hf|torch]", "--dtype [bf16|fp32]", "--out DIR", "--max-shard-size SIZE",
-                   "--plan PLAN_JSON"):
+                   "--plan PLAN_JSON", "--quant [fp8-block|fp8-channel|mxfp8]", "--serve-tp N"):
         assert option in text
     assert "RUN_DIR/export/step-N-FORMAT" in text and "earlier fp8launch export (which is replaced)" in text
     assert "3 this environment cannot run the plan" in text
@@ -441,27 +608,30 @@ def test_help_names_every_option_and_the_exit_codes(cli):
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
-def test_two_process_zero3_and_fsdp2_runs_export_through_the_cli(tmp_path):
-    """`fp8launch run` of DeepSpeed ZeRO-3 and of FSDP2 with tensor parallel 2 (each rank holds half of every
-    Linear: DTensor shards), 2 processes each, then `fp8launch export` (a real subprocess); our model loaded from each
-    checkpoint by the engine's own tool (DeepSpeed's zero_to_fp32, torch's dcp_to_torch) gives the exported model's
-    logits. ~55 s on 2 cores (the ZeRO-3 run ~22 s, each export ~5.5 s, most of it imports), once DeepSpeed's CPU ops
-    are built (conftest.py caches them)."""
+def test_two_process_zero3_fsdp2_tp_and_ddp_runs_export_through_the_cli(tmp_path):
+    """`fp8launch run` of DeepSpeed ZeRO-3, of FSDP2 with tensor parallel 2 (each rank holds half of every Linear: DTensor
+    shards) and of DDP, 2 processes each, in torchao tensorwise FP8, then `fp8launch export` (a real subprocess); our model
+    loaded from each checkpoint by the engine's own tool (DeepSpeed's zero_to_fp32, torch's dcp_to_torch) gives the
+    exported model's logits. `--quant fp8-block` of each: the bytes of quantizing what the engine's own tool reads, every
+    layer and scale, whatever the engine and its layout (ZeRO-3 partitions gathered, TP shards put together), and
+    transformers loads it. ~2 min on 2 cores shared with other work (each run 23-33 s, each export 7-11 s, most of it
+    imports), once DeepSpeed's CPU ops are built (conftest.py caches them)."""
+    pytest.importorskip("compressed_tensors")
+    from launcher.train.export.quant import FORMATS
     from tests.e2e.helpers import output_of, run, write_spec
 
-    common = dict(train__model=MODEL, train__seq_len=16, train__steps=2, train__log_every=1, precision__mode="bf16")
+    here = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # this checkout's launcher, whichever one pip installed
+    common = dict(train__model=MODEL, train__seq_len=16, train__steps=2, train__log_every=1, precision__mode="fp8",
+                  precision__backend="torchao", precision__torchao__recipe="tensorwise", precision__torchao__skip_small=False)
     specs = {"z3": dict(distributed__strategy="deepspeed", distributed__deepspeed__zero_stage=3, **common),
-             "fsdp2-tp2": dict(distributed__strategy="fsdp2", distributed__tensor_parallel=2, **common)}
+             "fsdp2-tp2": dict(distributed__strategy="fsdp2", distributed__tensor_parallel=2, **common),
+             "ddp": dict(distributed__strategy="ddp", **common)}
+    fmt = FORMATS["fp8-block"]
     for name, keys in specs.items():
         spec = write_spec(tmp_path, name, **keys)
         r, took = run(tmp_path, "run", str(spec))
         assert r.returncode == 0, output_of(r)
         print(f"{name}: run {took:.1f} s")
-        r, took = run(tmp_path, "export", f"runs/{name}", "--dtype", "fp32")
-        assert r.returncode == 0, output_of(r)
-        print(f"{name}: export {took:.1f} s")
-        out = tmp_path / "runs" / name / "export" / "step-2-hf"
-        assert f"wrote runs/{name}/export/step-2-hf: step 2, LlamaForCausalLM, {HF_NAMES} tensors" in r.stdout
         checkpoint = tmp_path / "runs" / name / "checkpoints" / "step-2"
         if name == "z3":
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -477,8 +647,35 @@ def test_two_process_zero3_and_fsdp2_runs_export_through_the_cli(tmp_path):
 
             weights = dcp_weights(tmp_path / "runs" / name, 2)
             chunks = FileSystemReader(checkpoint / "model").read_metadata().state_dict_metadata["layers.0.attention.wo.weight"].chunks
-            assert [tuple(c.sizes) for c in chunks] == [(256, 128), (256, 128)]  # row-parallel wo: each rank half of the columns
-        _, theirs = hf_logits(out)
-        diff = (theirs - our_logits(weights)).abs().max().item()
-        print(f"{name}: max |logits difference| {diff:.2e}")
-        assert diff < FP32_TOLERANCE
+            if name == "fsdp2-tp2":
+                assert [tuple(c.sizes) for c in chunks] == [(256, 128), (256, 128)]  # row-parallel wo: each rank half of the columns
+        if name != "ddp":  # DDP's checkpoint is FSDP2's DCP layout whole on every rank: the fast tests export it in fp32
+            r, took = run(tmp_path, "export", f"runs/{name}", "--dtype", "fp32", extra_env=here)
+            assert r.returncode == 0, output_of(r)
+            print(f"{name}: export {took:.1f} s")
+            out = tmp_path / "runs" / name / "export" / "step-2-hf"
+            assert f"wrote runs/{name}/export/step-2-hf: step 2, LlamaForCausalLM, {HF_NAMES} tensors" in r.stdout
+            _, theirs = hf_logits(out)
+            diff = (theirs - our_logits(weights)).abs().max().item()
+            print(f"{name}: max |logits difference| {diff:.2e}")
+            assert diff < FP32_TOLERANCE
+        r, took = run(tmp_path, "export", f"runs/{name}", "--quant", "fp8-block", extra_env=here)
+        assert r.returncode == 0, output_of(r)
+        print(f"{name}: export --quant fp8-block {took:.1f} s")
+        quant = tmp_path / "runs" / name / "export" / "step-2-hf-fp8-block"
+        written = safetensors_of(quant)["model.safetensors"]
+        expected = {}
+        for ours, value in weights.items():
+            name_hf = hf.builtin_name(ours)
+            if f"{name_hf.removesuffix('.weight')}.{fmt.scale_name}" in written:
+                q, s = fmt.quantize(value.float())
+                expected[name_hf] = q.view(torch.uint8)
+                expected[f"{name_hf.removesuffix('.weight')}.{fmt.scale_name}"] = s
+            else:
+                expected[name_hf] = value.to(torch.bfloat16)
+        assert len(written) == len(expected) == 21 + 11
+        assert all(torch.equal(written[k].view(torch.uint8) if written[k].dtype == torch.float8_e4m3fn else written[k], v)
+                   for k, v in expected.items())
+        down = "model.layers.1.mlp.down_proj"
+        model = quant_model(quant)
+        assert torch.equal(model.get_submodule(down).weight, fmt.dequantize(written[f"{down}.weight"], written[f"{down}.weight_scale_inv"]))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from launcher.commands.run import PLAN_SUBDIR
 from launcher.errors import InputError
-from launcher.train.export import FORMATS, KEY
+from launcher.train.export import FORMATS, KEY, QUANTS
 
 if typing.TYPE_CHECKING:
     from launcher.train.export.pipeline import Exported
@@ -34,17 +34,26 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
-def default_out(run_dir: str, step: int, fmt: str) -> str:
-    return os.path.join(run_dir, EXPORT_SUBDIR, f"step-{step}-{fmt}")
+def default_out(run_dir: str, step: int, fmt: str, quant: str | None = None) -> str:
+    return os.path.join(run_dir, EXPORT_SUBDIR, f"step-{step}-{fmt}" + (f"-{quant}" if quant else ""))
 
 
 def run_export(run_dir: str, *, step: int | None, fmt: str, dtype: str, out: str | None, max_shard_size: str,
-               plan_path: str | None, echo: Callable[[str], None]) -> Exported:
+               plan_path: str | None, echo: Callable[[str], None], quant: str | None = None,
+               serve_tp: int | None = None) -> Exported:
     """Check the arguments, find the checkpoint, export it. Raises LauncherErrors with the fix."""
     from launcher.planning.plan import load_plan
 
     if fmt not in FORMATS:  # pragma: no cover - Click's Choice refuses it first
         raise InputError("--format", f"{fmt!r} is not a format", f"use one of {', '.join(FORMATS)}")
+    if quant is not None and quant not in QUANTS:  # pragma: no cover - Click's Choice refuses it first
+        raise InputError("--quant", f"{quant!r} is not an FP8 format", f"use one of {', '.join(QUANTS)}")
+    if quant and fmt != "hf":
+        raise InputError("--quant", f"an FP8 export is a Hugging Face folder, and --format is {fmt}",
+                         "leave out --format torch (or --quant)")
+    if serve_tp is not None and not quant:
+        raise InputError("--serve-tp", "checks the shards of an FP8 export's blocks, and --quant is not given",
+                         "add --quant fp8-block (or leave out --serve-tp: a bf16 export has no blocks)")
     max_bytes = parse_size(max_shard_size)
     if not os.path.isdir(run_dir):
         raise InputError(KEY, f"{run_dir} is not a folder",
@@ -69,8 +78,8 @@ def run_export(run_dir: str, *, step: int | None, fmt: str, dtype: str, out: str
     if out:  # a bad --out is refused before the checkpoints are read (and their notes printed)
         check_target(out)
     step, checkpoint = find_checkpoint(run_dir, step, echo)
-    target = out or default_out(run_dir, step, fmt)
+    target = out or default_out(run_dir, step, fmt, quant)
     if not out:
         check_target(target)
     return export(plan, os.path.dirname(os.path.abspath(plan_file)), checkpoint, step, fmt=fmt, dtype=dtype, out=target,
-                  max_shard_bytes=max_bytes, echo=echo)
+                  max_shard_bytes=max_bytes, echo=echo, quant=quant, serve_tp=serve_tp)

@@ -5,6 +5,11 @@ folder that `transformers.AutoModelForCausalLM.from_pretrained` loads, or as one
     read.py      checkpoint (DCP of DDP/FSDP2, tensor parallel or not; DeepSpeed ZeRO 0-3) -> weights by name
     hf.py        builtin Llama -> LlamaForCausalLM, hf: models -> their own class: config and names
     write.py     safetensors shards + index (or model.pt), written beside the target and renamed onto it
+    quant.py     --quant: the FP8 formats (codes, scales, config.json's quantization_config)
+    layers.py    --quant: which Linear layers are quantized, and why the others stay in high precision
+    card.py      --quant: the measured logit gap and the README the export carries
+    quantized.py --quant: one export's format and layers, then its gap, README and record
+    fp8_stored.py weights a run stored in FP8: from their master copy, or refused naming why
 
 This module holds the names the others share and imports no torch (the CLI module imports it).
 """
@@ -18,6 +23,8 @@ MARKER = "fp8launch-export.json"
 """Written into every export: what it was made from. A folder holding it may be replaced by a new export."""
 DTYPES = ("bf16", "fp32")
 FORMATS = ("hf", "torch")
+QUANTS = ("fp8-block", "fp8-channel", "mxfp8")
+"""--quant: the FP8 formats (launcher/train/export/quant.py)."""
 KEY = "RUN_DIR"
 
 

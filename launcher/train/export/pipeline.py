@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import typing
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from launcher.errors import EnvironmentProblem, InputError
 
 from . import KEY, MARKER
+from .fp8_stored import fp8_stored
+from .quantized import plan_quantization
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
@@ -28,6 +31,8 @@ class Exported:
     """LlamaForCausalLM, ..., or "" for --format torch."""
     seconds: float
     notes: tuple[str, ...] = ()
+    quantized: int = 0
+    """--quant: the Linear layers written in FP8."""
 
 
 def find_checkpoint(run_dir: str, step: int | None, echo: Callable[[str], None] = lambda line: None) -> tuple[int, str]:
@@ -70,8 +75,10 @@ def find_checkpoint(run_dir: str, step: int | None, echo: Callable[[str], None] 
 
 
 def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, dtype: str, out: str, max_shard_bytes: int,
-           echo: Callable[[str], None]) -> Exported:
-    """Write checkpoint `checkpoint` (step `step`) of the run `plan` describes into folder `out`."""
+           echo: Callable[[str], None], quant: str | None = None, serve_tp: int | None = None) -> Exported:
+    """Write checkpoint `checkpoint` (step `step`) of the run `plan` describes into folder `out`; with `quant`, the Linear
+    layers the run trained in FP8 in that format (launcher/train/export/quant.py), checked for vLLM's tensor parallel
+    `serve_tp`."""
     import time
 
     import torch
@@ -86,13 +93,10 @@ def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, d
     spec_dir = os.path.normpath(os.path.join(plan_dir, plan.spec_dir))
     model = plan.train.model
     weights = read.open_weights(checkpoint)
-    not_float = sorted(n for n, e in weights.entries.items() if not (e.dtype in read.FLOATS or not e.dtype.is_floating_point))
-    if not_float:
-        raise InputError("train.model", f"{checkpoint} stores {len(not_float)} weight(s) in a low-precision format ({not_float[0]}: "
-                         f"{weights.entries[not_float[0]].dtype}), not high-precision weights",
-                         "export a run that keeps high-precision weights (precision.te.fp8_params = false)")
     notes: list[str] = []
+    fp8_stored(plan, spec_dir, step, weights, checkpoint, echo)
     target = None
+    quantization = None
     if fmt == "hf":
         tokenizer = run_tokenizer(plan, spec_dir)
         notes.extend(tokenizer.notes)
@@ -111,6 +115,8 @@ def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, d
                              "it corresponds to", "export with --format torch (the model's own names), or train a builtin: or hf: model")
         target.copies.extend(tokenizer.copies)
         names = list(target.names)
+        if quant:
+            quantization = plan_quantization(plan, spec_dir, step, target, quant, serve_tp, echo)
     else:
         names = [n for n in weights.entries if not n.endswith(hf.RECOMPUTED)]
         if model.startswith("builtin:"):
@@ -124,8 +130,13 @@ def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, d
     try:
         with write.staged(out) as tmp:
             if target is not None:
-                files = write.write_safetensors(tmp, weights, target.names, torch_dtype, max_shard_bytes, echo)
-                target.config.save_pretrained(tmp)
+                files = write.write_safetensors(tmp, weights, target.names, torch_dtype, max_shard_bytes, echo,
+                                                quantized=quantization.weights if quantization else None)
+                config = target.config
+                if quantization:
+                    config = copy.deepcopy(config)
+                    config.quantization_config = quantization.config
+                config.save_pretrained(tmp)
                 files.append("config.json")
                 if target.generation_config is not None:
                     target.generation_config.save_pretrained(tmp)
@@ -136,6 +147,9 @@ def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, d
             else:
                 files = write.write_torch(tmp, weights, names, torch_dtype, max_shard_bytes, echo)
             parameters = sum(weights.entries[n].numel for n in names)
+            quant_record = None
+            if quantization:
+                quant_record = quantization.finish(tmp, weights, dtype, files, echo)
             files.append(MARKER)
             write.write_json(os.path.join(tmp, MARKER), {
                 "format": fmt, "dtype": dtype, "step": step, "checkpoint": os.path.abspath(checkpoint), "model": model,
@@ -143,9 +157,12 @@ def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, d
                 "checkpoint_format": weights.kind, "tensors": len(names), "parameters": parameters, "files": sorted(files),
                 "names": "Hugging Face" if target else "the model's own (train.model)", "fp8launch_version": __version__,
                 "dropped": sorted(target.dropped) if target else sorted(set(weights.entries) - set(names)),
+                **({"quant": quant_record} if quant_record else {}),
             })
     except OSError as e:
         raise EnvironmentProblem(f"cannot write the export into {out} ({e}); fix: check the free space and permissions there") from e
     return Exported(out=out, step=step, checkpoint=checkpoint, files=tuple(sorted(files)), tensors=len(names),
                     parameters=parameters, architecture=target.architecture if target else "",
-                    seconds=time.monotonic() - start, notes=tuple(notes))
+                    seconds=time.monotonic() - start, notes=tuple(notes),
+                    quantized=len(quantization.weights) if quantization else 0)
+

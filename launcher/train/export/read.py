@@ -43,6 +43,8 @@ from launcher.train.fqn import clean_fqn
 
 from . import KEY
 
+MASTER = "master_param"
+"""The optimizer-state key of Transformer Engine FusedAdam's fp32 master copy (master_weights=True)."""
 FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 """dtypes of high-precision weights; anything else (FP8 storage, packed bytes) cannot be exported as weights."""
 
@@ -139,21 +141,53 @@ class DcpWeights(Weights):
                if isinstance(md, TensorStorageMetadata)}
         super().__init__(os.path.dirname(model_dir), raw)
         self.model_dir = model_dir
+        self._master_of: dict[str, str] = {}
+        """raw name -> its master copy's name in optim/ (use_masters)."""
+
+    def use_masters(self) -> list[str]:
+        """Read each weight that has an optimizer master copy (Transformer Engine's FusedAdam `master_param`, kept in fp32
+        for precision.te.fp8_params) from that copy in `optim/`: `model/` holds the FP8 weight itself (TE's Float8Tensor,
+        pickled: its FP8 rounding, which DCP cannot even read as a plain tensor). Returns the clean names redirected."""
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        optim_dir = os.path.join(os.path.dirname(self.model_dir), "optim")
+        try:
+            metadata = naming_reader(optim_dir).read_metadata().state_dict_metadata
+        except (FileNotFoundError, UnreadableFile):
+            return []
+        redirected = []
+        for clean, raw in self._raw_of.items():
+            md = metadata.get(f"state.{raw}.{MASTER}")
+            if isinstance(md, TensorStorageMetadata) and tuple(md.size) == self.raw[raw].shape:
+                self._master_of[raw] = f"state.{raw}.{MASTER}"
+                self.raw[raw] = Entry(tuple(md.size), md.properties.dtype)
+                self.entries[clean] = self.raw[raw]
+                redirected.append(clean)
+        return redirected
 
     def _load(self, raw_names: list[str]) -> dict[str, torch.Tensor]:
+        masters = {n: self._master_of[n] for n in raw_names if n in self._master_of}
+        state = self._load_from(self.model_dir, {n: n for n in raw_names if n not in masters})
+        state.update(self._load_from(os.path.join(os.path.dirname(self.model_dir), "optim"), masters))
+        return state
+
+    def _load_from(self, folder: str, names: dict[str, str]) -> dict[str, torch.Tensor]:
+        """{raw name: tensor} read from DCP folder `folder`, where it is saved under names[raw name]."""
         from torch.distributed.checkpoint.api import CheckpointException
 
-        state = {n: torch.empty(self.raw[n].shape, dtype=self.raw[n].dtype) for n in raw_names}
+        if not names:
+            return {}
+        state = {saved: torch.empty(self.raw[n].shape, dtype=self.raw[n].dtype) for n, saved in names.items()}
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.simplefilter("ignore")
             try:
-                load_naming(state, self.model_dir, no_dist=True)
+                load_naming(state, folder, no_dist=True)
             except (Exception, CheckpointException) as e:
                 unreadable = unreadable_in(e)
                 if unreadable is None:
                     raise
                 raise _unreadable(os.path.dirname(self.model_dir), unreadable) from e
-        return state
+        return {n: state[saved] for n, saved in names.items()}
 
 
 def _unreadable(checkpoint: str, error: UnreadableFile) -> InputError:

@@ -87,28 +87,49 @@ def _converted(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def write_safetensors(folder: str, weights: Weights, names: dict[str, str], dtype: torch.dtype, max_bytes: int,
-                      echo: Callable[[str], None]) -> list[str]:
-    """Our name -> Hugging Face name `names`, read from `weights`, written as shards (+ index) into `folder`."""
+                      echo: Callable[[str], None], quantized: dict | None = None) -> list[str]:
+    """Our name -> Hugging Face name `names`, read from `weights`, written as shards (+ index) into `folder`.
+    `quantized`: {Hugging Face weight name: quant.Format} of the Linears written in FP8, each `weight` as float8 codes
+    with its scale beside it (`weight_scale_inv` / `weight_scale`), computed from the fp32 of the weight read; the two
+    always share a shard."""
     try:
         from safetensors.torch import save_file
     except ImportError as e:
         raise BackendMissing("safetensors", INSTALL["safetensors"]) from e
+    quantized = quantized or {}
     ours_of = {hf: ours for ours, hf in names.items()}
-    nbytes = {hf: weights.entries[ours].numel * out_dtype(weights.entries[ours].dtype, dtype).itemsize for ours, hf in names.items()}
+    nbytes = {}
+    for ours, hf in names.items():
+        entry = weights.entries[ours]
+        fmt = quantized.get(hf)
+        if fmt is None:
+            nbytes[hf] = entry.numel * out_dtype(entry.dtype, dtype).itemsize
+            continue
+        rows, cols = fmt.scale_shape(*entry.shape)
+        nbytes[hf] = entry.numel + rows * cols * fmt.scale_dtype.itemsize  # one byte a code, and the scale
     shards = split([(hf, nbytes[hf]) for hf in names.values()], max_bytes)
     files = [SAFETENSORS] if len(shards) == 1 else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     progress = Progress("shard", [sum(nbytes[h] for h in shard) for shard in shards], echo)
+    weight_map = {}
     for i, (file, shard) in enumerate(zip(files, shards)):
         loaded = weights.load([ours_of[h] for h in shard])
-        tensors = {h: _converted(loaded[ours_of[h]], dtype) for h in shard}
+        tensors = {}
+        for h in shard:
+            fmt = quantized.get(h)
+            if fmt is None:
+                tensors[h] = _converted(loaded[ours_of[h]], dtype)
+                continue
+            codes, scale = fmt.quantize(loaded[ours_of[h]].to(torch.float32))
+            tensors[h] = codes.contiguous()
+            tensors[f"{h.removesuffix('weight')}{fmt.scale_name}"] = scale.contiguous()
         del loaded
         save_file(tensors, os.path.join(folder, file), metadata={"format": "pt"})
+        weight_map.update({name: file for name in tensors})
         del tensors
         progress.step(i, f"{file}, {len(shard)} tensors")
     if len(shards) > 1:
         parameters = sum(weights.entries[ours].numel for ours in names)
-        index = {"metadata": {"total_parameters": parameters, "total_size": sum(nbytes.values())},
-                 "weight_map": {h: file for file, shard in zip(files, shards) for h in shard}}
+        index = {"metadata": {"total_parameters": parameters, "total_size": sum(nbytes.values())}, "weight_map": weight_map}
         write_json(os.path.join(folder, INDEX), index)
         files.append(INDEX)
     return files
@@ -127,6 +148,11 @@ def write_torch(folder: str, weights: Weights, names: list[str], dtype: torch.dt
     torch.save({n: state[n] for n in names}, os.path.join(folder, TORCH_FILE))
     echo(f"export: wrote {TORCH_FILE} ({_size(sum(nbytes.values()))})")
     return [TORCH_FILE]
+
+
+def write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def write_json(path: str, data: dict) -> None:
