@@ -6,6 +6,7 @@ import typing
 from collections.abc import Callable
 
 from launcher.errors import InputError
+from launcher.planning.backends import backend_of
 
 from . import KEY
 
@@ -22,7 +23,8 @@ def fp8_stored(plan: Plan, spec_dir: str, step: int, weights, checkpoint: str, e
     from . import read
 
     p = plan.precision
-    if p.fp8 and p.backend == "te" and p.te.fp8_params and weights.kind == "dcp":
+    backend = backend_of(p)
+    if backend is not None and backend.setting(p, "fp8_params") and weights.kind == "dcp":
         from .layers import trained_precision
 
         _, trained = trained_precision(plan, step, spec_dir)
@@ -40,7 +42,8 @@ def fp8_stored(plan: Plan, spec_dir: str, step: int, weights, checkpoint: str, e
     not_float = sorted(n for n, e in weights.entries.items() if not (e.dtype in read.FLOATS or not e.dtype.is_floating_point))
     if not_float:
         why = ("MS-AMP's FP8 ScalingTensor weights, whose master copy is not in a form fp8launch reads"
-               if p.backend == "msamp" else "not high-precision weights, and no master copy of them is saved beside them")
+               if backend is not None and backend.scaling_tensors
+               else "not high-precision weights, and no master copy of them is saved beside them")
         raise InputError("train.model", f"{checkpoint} stores {len(not_float)} weight(s) in a low-precision format ({not_float[0]}: "
                          f"{weights.entries[not_float[0]].dtype}): {why}",
                          "export a run that keeps high-precision weights (precision.te.fp8_params = false, MS-AMP O1)")
