@@ -89,8 +89,22 @@ def _read(d: Draft) -> None:
     _optimizer(d)
     _schedule(d)
     _model(d)
+    _experts(d, fp8)
     _data(d)
     _checkpoint_and_logs(d)
+
+
+def _experts(d: Draft, fp8: bool) -> None:
+    """An MoE's experts under FP8: Megatron-Core runs them as Transformer Engine GroupedLinear (TEGroupedMLP) inside its fp8
+    autocast, so in FP8; fp8launch's TE backend converts nn.Linear only (rule MOE-EXPERTS-HP): the spec says bf16 for them."""
+    experts = int(_get(d, "num_moe_experts") or 0)
+    if not fp8 or experts <= 1 or d.value("precision.backend") != "te":
+        return
+    d.approximated("(grouped experts)", ("precision.rules", [{"match": "*.moe.experts", "mode": "bf16"}]),
+                   before=f"the {experts} experts' GEMMs in FP8 (Transformer Engine GroupedLinear in Megatron-Core's TEGroupedMLP)",
+                   after="the experts in bf16, every other Linear in FP8 (fp8launch's TE backend converts nn.Linear only)",
+                   effect="most of an MoE's FLOPs run in bf16: slower than the source, the experts' numerics are bf16's; "
+                          'precision.backend = "torchao" with recipe "mxfp8" or "rowwise" runs grouped FP8 experts')
 
 
 def _override(d: Draft) -> None:
@@ -487,10 +501,16 @@ def _model(d: Draft) -> None:
         hub.model(d, sources or "(model)", tokenizer, shape_hint=f"{tokenizer} {'moe' if experts > 1 else ''}")
     elif found:
         hint = f"{found.get('num_layers', '?')} layers x {found.get('hidden_size', '?')}" + (f", {experts} experts" if experts > 1 else "")
-        builtin = hub.nearest_builtin(f"{name} moe") if experts > 1 else hub.DEBUG
+        size = None
+        if found.get("num_layers") and found.get("hidden_size") and experts <= 1:
+            size = hub.shape_billions(int(found["num_layers"]), int(found["hidden_size"]), found.get("ffn_hidden_size") and
+                                      int(found["ffn_hidden_size"]), found.get("vocab_size") and int(found["vocab_size"]),
+                                      gated=str(found.get("activation", found.get("activation_func", "swiglu"))).endswith("glu"))
+        builtin = (hub.nearest_builtin(f"{name} moe") if experts > 1 else hub.nearest(hub.DENSE, size) if size else hub.DEBUG)
+        until = ("; until then the MoE builtin nearest its name" if experts > 1 else
+                 f"; until then the dense builtin nearest its {size:.3g}B parameters" if size else "")
         d.placeholder(sources, "train.model", builtin, f"a Megatron model shape ({hint}) that is no fp8launch builtin: write it as a "
-                      'Hugging Face config.json and set train.model = "hf:DIR"' + ("; until then the MoE builtin nearest its name"
-                                                                                   if experts > 1 else ""), 'your model as "hf:DIR"')
+                      'Hugging Face config.json and set train.model = "hf:DIR"' + until, 'your model as "hf:DIR"')
     else:
         d.placeholder("(model)", "train.model", hub.DEBUG, "the config names no model shape (the recipe's Python builds it)",
                       'your model as "hf:DIR" or "builtin:NAME"')
