@@ -99,6 +99,8 @@ class First:
     fixes: tuple
 
     def change(self, d: Draft) -> list[tuple]:
+        if self.rule not in (probe.firing(d.spec, d.folder or os.path.dirname(os.path.abspath(d.path))) or {}):
+            return []
         return next((c for f in self.fixes if (c := f.change(d))), [])
 
 

@@ -75,3 +75,12 @@ def with_value(spec: dict, key: str, value) -> dict:
         node = node.setdefault(part, {})
     node[leaf] = value
     return out
+
+
+def flatten_spec(spec: dict, prefix: str = ""):
+    """(dotted key, value) of every leaf of a spec's tables (a list is a leaf)."""
+    for k, v in spec.items():
+        if isinstance(v, dict):
+            yield from flatten_spec(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v

@@ -34,7 +34,7 @@ from .draft import Draft
 from .kind import Kind, count
 from .known import Unknown, unknown
 from .known import torchtitan as known
-from .report import shown
+from .report import UNSET, shown
 
 FLAVORS = {("llama3", "8B"): "builtin:llama3-8b", ("llama3", "70B"): "builtin:llama3-70b",
            ("deepseek_v3", "16B"): "builtin:deepseek-v3-16b", ("qwen3", "30B-A3B"): "builtin:qwen3-30b-a3b"}
@@ -327,7 +327,13 @@ def _grouped(d: Draft, on: dict) -> None:
     section = _section(d, kind) if kind else None
     fqns_key = f"{section}.fqns" if section and d.has(f"{section}.fqns") else proto
     recipe = "mxfp8" if kind == "grouped mx" or (proto and proto.startswith("mx")) else "rowwise"
-    if kind or proto:
+    model = str(d.value("train.model", ""))
+    if (kind or proto) and model.startswith("builtin:") and not _is_moe(model.split("?")[0]):
+        d.mapped(fqns_key or f"({kind})", value=d.get(fqns_key) if fqns_key else UNSET,
+                 note=f"no effect: torchtitan's {d.get('model.name', 'llama3')} has no grouped experts to convert, nor does {model}")
+        if section:
+            d.group(section, "a torchtitan grouped-GEMM option: no effect without experts")
+    elif kind or proto:
         fqns = d.get(fqns_key) if fqns_key else []
         fqns = fqns.split(",") if isinstance(fqns, str) else list(fqns or [])
         linear = on["float8"] or on["mx"]
