@@ -150,6 +150,17 @@ def test_a_line_with_no_equivalent_names_its_key_and_quotes_no_value(relative, t
 DEEPSPEED_FILES = [c for c in CONFIGS if c.endswith(".json")]
 
 
+def _placeholder_keys(result) -> set[str]:
+    """The spec keys marked PLACEHOLDER in the written spec (their [table] and key)."""
+    keys, table = set(), ""
+    for line in result.text.splitlines():
+        if m := re.match(r"^\[(.+)\]$", line):
+            table = m.group(1)
+        elif "# PLACEHOLDER:" in line and not line.startswith("#"):
+            keys.add(f"{table}.{line.split(' = ', 1)[0]}")
+    return keys
+
+
 def _deepspeed_config(data: dict, ranks: int, monkeypatch):
     """DeepSpeed 0.19.8's own reading of a config dict, for `ranks` data-parallel ranks."""
     config = pytest.importorskip("deepspeed.runtime.config")
@@ -181,8 +192,10 @@ def test_deepspeed_reads_each_json_as_the_spec_says(relative, tmp_path, monkeypa
     assert spec["precision"]["mode"] == mode
     if data.get("gradient_clipping") != "auto":
         assert t.get("max_grad_norm", 1.0) == cfg.gradient_clipping
-    if cfg.scheduler_name is None:  # no scheduler: DeepSpeed's lr is constant
-        assert (t["warmup_steps"], t["min_lr_ratio"]) == (0, 1.0)
+    if cfg.scheduler_name is None and cfg.optimizer_params and isinstance(cfg.optimizer_params.get("lr"), float):
+        assert (t["warmup_steps"], t["min_lr_ratio"]) == (0, 1.0)  # DeepSpeed builds the optimizer and no scheduler: constant lr
+    elif cfg.scheduler_name is None:  # the script's optimizer and lr_scheduler (engine.py _configure_lr_scheduler): placeholders
+        assert {"train.warmup_steps", "train.min_lr_ratio"} <= _placeholder_keys(result)
     if cfg.optimizer_params and isinstance(cfg.optimizer_params.get("lr"), float):
         assert t["lr"] == cfg.optimizer_params["lr"]
     for part in ("optimizer", "param"):
@@ -1002,3 +1015,108 @@ def test_every_corpus_spec_with_its_placeholders_filled_plans_strictly(tmp_path)
             if not rules <= SOURCE_WARNINGS.get(relative, set()) or not rules:
                 failures[relative] = sorted(rules) or str(e)
     assert not failures, failures
+
+
+# --- issue 52 item 1: the source tool's runtime ---------------------------------------------------------------------
+
+def _torchtitan_lr(step: int, warmup: int, total: int) -> float:
+    """torchtitan 238fa995 components/lr_scheduler.py (build_lr_schedulers, linear_warmup_stable_decay), transcribed for a
+    run with no decay_ratio and a linear decay to 0: the warm-up clamped to the run, (s + 1) / W, a virtual last step."""
+    warmup = min(warmup, total)
+    decay = total - warmup
+    stable = total + 1 - warmup - decay
+    if step < warmup:
+        return (step + 1) / warmup
+    if step < warmup + stable:
+        return 1.0
+    return 1 - (step + 1 - warmup - stable) / decay
+
+
+def test_torchtitan_clamps_a_warm_up_longer_than_the_run_and_so_does_the_spec(tmp_path):
+    """warmup_steps 600 with steps 20 (issue 52: the spec kept 600 and ended at 10% of the peak lr, "mapped")."""
+    from launcher.train.optim import lr_factor
+
+    path = _edited(tmp_path, "torchtitan/llama3_405b.toml", "steps = 3000", "steps = 20")
+    spec, entries, _ = imported(path, tmp_path)
+    t = spec["train"]
+    assert (t["steps"], t["warmup_steps"]) == (20, 19)
+    ours = [lr_factor(s, warmup_steps=19, steps=20, min_lr_ratio=t["min_lr_ratio"]) for s in range(20)]
+    assert ours == pytest.approx([_torchtitan_lr(s, 600, 20) for s in range(20)])  # the same lr at every step
+    assert ours[-1] == 1.0
+    status, _, note = entries["lr_scheduler.warmup_steps"]
+    assert status == MAPPED and "clamps warmup_steps 600 to the run's 20 steps" in note
+
+
+def test_torchtitan_warm_up_within_the_run_is_one_step_longer_in_fp8launch_and_says_so(tmp_path):
+    spec, entries, _ = imported("torchtitan/llama3_405b.toml", tmp_path)
+    e = next(e for e in _entries(tmp_path, "torchtitan/llama3_405b.toml") if e.source == "lr_scheduler.warmup_steps")
+    assert e.status == APPROXIMATED and spec["train"]["warmup_steps"] == 600
+    assert "the peak at step 599" in e.before and "the peak at step 600" in e.after and "0.17% lower" in e.note
+
+
+def test_torchtitan_before_the_schedule_was_redefined_warms_up_unclamped_as_fp8launch_does(tmp_path):
+    """2024's [training] warmup_steps: lr x (s + 1) / (W + 1), no clamp (optimizer.py at b19456a): the literal value."""
+    path = _edited(tmp_path, "torchtitan/llama3_405b_2024.toml", "steps = 3000", "steps = 20")
+    spec, entries, _ = imported(path, tmp_path)
+    assert spec["train"]["warmup_steps"] == 600 and entries["training.warmup_steps"][0] == MAPPED
+    assert "not clamped" in entries["training.warmup_steps"][2]
+
+
+def _entries(tmp_path: Path, relative: str):
+    return import_config(str(DATA / relative), folder=str(tmp_path)).report.entries
+
+
+def test_a_dropped_pipeline_leaves_no_reshard_reason_citing_it(tmp_path):
+    """deepseek_v3_16b with pipeline_parallel_degree 2 beside expert parallel 8: PP-EXPERT-PARALLEL takes the pipeline; torchtitan's
+    "default" keeps the weights gathered only under a pipeline, so the spec reshards and its line says why."""
+    path = _edited(tmp_path, "torchtitan/deepseek_v3_16b.toml", "pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2")
+    spec, entries, _ = imported(path, tmp_path)
+    assert spec["distributed"]["pipeline_parallel"] == 1
+    assert spec["distributed"]["fsdp2"]["reshard_after_forward"] is True
+    status, sets, note = entries["parallelism.fsdp_reshard_after_forward"]
+    assert status == APPROXIMATED and sets == {"distributed.fsdp2.reshard_after_forward": True}
+
+
+def test_deepspeed_json_without_scheduler_or_optimizer_leaves_the_schedule_to_the_script_as_placeholders(tmp_path):
+    spec, entries, r = imported("axolotl/deepspeed_configs/zero3_bf16_cpuoffload_all.json", tmp_path)
+    status, sets, note = entries["(scheduler)"]
+    assert status == NONE and "DeepSpeed keeps the lr constant" not in note and "HF Trainer" in note
+    assert {"train.warmup_steps", "train.min_lr_ratio", "train.seed"} <= _placeholder_keys(r)
+
+
+@pytest.mark.parametrize("relative,seed,status", [("axolotl/3b-fp8-fsdp2.yaml", 42, MAPPED),        # no seed: the HF Trainer's
+                                                  ("axolotl/llama3-8b-fsdp2-alst.yaml", 42, MAPPED),
+                                                  ("accelerate/fsdp.yaml", 42, NONE)])              # the script's: a placeholder
+def test_a_seed_left_to_the_hf_trainer_is_its_42_said(relative, seed, status, tmp_path):
+    spec, entries, r = imported(relative, tmp_path)
+    assert spec["train"]["seed"] == seed
+    assert entries["(seed)"][0] == status and "42" in entries["(seed)"][2]  # before: fp8launch's 0, not a word
+    assert ("train.seed" in _placeholder_keys(r)) == (status == NONE)
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("learning_rate: 2e-5", "learnig_rate: 2e-5", "learning_rate: missing (learnig_rate is not it"),
+    ("learning_rate: 2e-5", "", "learning_rate: missing; Axolotl stops"),
+    ("base_model: meta-llama/Llama-3.2-3B", "", "base_model: missing; Axolotl stops"),
+])
+def test_a_missing_or_misspelt_required_axolotl_key_is_refused_as_axolotl_refuses_it(old, new, message, cli, tmp_path):
+    path = _edited(tmp_path, "axolotl/3b-fp8-fsdp2.yaml", old, new)
+    r = cli("import", path, "--out", "x.toml")
+    assert r.exit_code == 2 and message in r.stderr and "fix: set " in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.toml").exists()
+
+
+def test_tf32_true_says_torchs_default_is_off(tmp_path):
+    entries = {e.source: e for e in _entries(tmp_path, "axolotl/llama3-8b-fsdp2-alst.yaml")}
+    assert "keeps torch's default, off" in entries["tf32"].note and "TF32 matmuls are torch's default" not in entries["tf32"].note
+    entries = {e.source: e for e in _entries(tmp_path, "axolotl/adamw-pretrain-fsdp2.yaml")}
+    assert entries["tf32"].status == MAPPED  # tf32: false is what torch and fp8launch do
+
+
+@pytest.mark.parametrize("relative,every", [("nemo/llama3_8b.yaml", 2000), ("nemo/gpt3_mlperf.yaml", 30)])
+def test_nemo_checkpoints_at_every_validation(relative, every, tmp_path):
+    spec, entries, _ = imported(relative, tmp_path)
+    assert spec["train"]["checkpoint_every"] == every
+    path = _edited(tmp_path, relative, "create_checkpoint_callback: true", "create_checkpoint_callback: false")
+    spec, _, _ = imported(path, tmp_path)
+    assert "checkpoint_every" not in spec["train"]

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import os
 
+from launcher.errors import SourceError, with_fix
+
 from . import deepspeed, hub
 from .draft import Draft
 from .kind import Kind, count
@@ -81,8 +83,9 @@ def _read(d: Draft) -> None:
 
 def _model_and_data(d: Draft) -> None:
     base = d.get("base_model")
-    if base is not None:
-        hub.model(d, "base_model", str(base))
+    if base is None:
+        _required(d, "base_model")
+    hub.model(d, "base_model", str(base))
     for key in ("base_model_config", "tokenizer_config", "tokenizer_type", "model_type", "tokenizer_use_fast"):
         if d.has(key):
             d.none(key, "fp8launch reads the model's own config.json and tokenizer.json from the train.model folder")
@@ -150,9 +153,17 @@ def _precision(d: Draft) -> None:
     for key in ("bf16", "fp16"):
         if d.has(key) and key not in d.taken:
             d.mapped(key, note="off" if d.get(key) is False else "")
-    for key in ("tf32", "float32", "bfloat16", "float16"):
+    if d.has("tf32"):  # Axolotl passes tf32 to TrainingArguments, which sets torch.backends.cuda.matmul.allow_tf32
+        if d.get("tf32") in (False, "false"):
+            d.mapped("tf32", note="off: fp32 matmuls in full fp32, torch's default (torch.backends.cuda.matmul.allow_tf32 = False), "
+                                  "which fp8launch keeps")
+        else:
+            d.none("tf32", "the HF Trainer turns TF32 matmuls on (torch.backends.cuda.matmul.allow_tf32); fp8launch keeps torch's "
+                           "default, off: the matmuls left in fp32 (outside the bf16 / FP8 ones: the loss, optimizer-side math) run "
+                           "in full fp32, a little slower and no less precise")
+    for key in ("float32", "bfloat16", "float16"):
         if d.has(key):
-            d.none(key, "fp8launch sets the dtypes from precision.mode / high_precision; TF32 matmuls are torch's default setting")
+            d.none(key, "fp8launch sets the dtypes from precision.mode / high_precision")
     for key in ("load_in_8bit", "load_in_4bit", "adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
                 "lora_target_linear"):
         if d.has(key):
@@ -300,6 +311,9 @@ def _training(d: Draft) -> None:
         d.mapped("max_grad_norm", ("train.max_grad_norm", float(d.get("max_grad_norm"))))
     if d.has("seed"):
         d.mapped("seed", ("train.seed", int(d.get("seed"))))
+    else:  # Axolotl passes seed to TrainingArguments only when set (core/builders/base.py:649, 067b021c)
+        d.mapped("(seed)", ("train.seed", hub.HF_TRAINER_SEED), value=hub.HF_TRAINER_SEED,
+                 note="no seed: Axolotl leaves it to the Hugging Face Trainer, whose TrainingArguments.seed defaults to 42")
     if d.has("output_dir"):
         d.mapped("output_dir", ("train.output_dir", str(d.get("output_dir"))))
     if d.has("save_steps"):
@@ -316,6 +330,16 @@ def _training(d: Draft) -> None:
     for key in ("evals_per_epoch", "eval_steps", "eval_strategy", "eval_batch_size", "eval_sample_packing"):
         if d.has(key):
             d.none(key, "fp8launch evaluates every eval.every steps on [eval] data (a local held-out file)")
+
+
+def _required(d: Draft, key: str) -> None:
+    """A key Axolotl's schema requires (no default: src/axolotl/utils/schemas/training.py:116 `learning_rate: str | float`,
+    model.py:17 `base_model: str`, 067b021c): Axolotl stops with pydantic's "Field required", and so does the import, naming
+    the misspelt key the file holds where there is one."""
+    near = next((u.key for u in d.unknowns if u.near == key), None)
+    said = f" ({near} is not it: Axolotl drops an unknown key)" if near else ""
+    raise SourceError(d.path, with_fix(f"{key}: missing{said}; Axolotl stops: its schema requires it (pydantic: Field required)",
+                                       f"set {key}" + (f" (rename {near})" if near else "")))
 
 
 def _optimizer(d: Draft) -> None:
@@ -337,6 +361,8 @@ def _optimizer(d: Draft) -> None:
                        effect=f"fp8launch has adamw, adam and sgd: another update rule than {name}'s")
     if d.has("learning_rate"):
         d.mapped("learning_rate", ("train.lr", _num(d.get("learning_rate"))))
+    else:
+        _required(d, "learning_rate")
     wd = _num(d.get("weight_decay", 0.0))
     d.mapped("weight_decay" if d.has("weight_decay") else "(weight_decay)", ("train.weight_decay", wd),
              ("train.weight_decay_exclude", "norms_and_biases"), value=wd,

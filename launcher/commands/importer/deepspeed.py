@@ -245,8 +245,7 @@ def _scheduler(d: Draft, p: str, auto, parent: str) -> None:
     kind = d.get(s + "type")
     if kind is None:
         if not parent:
-            d.mapped("(scheduler)", ("train.warmup_steps", 0), ("train.min_lr_ratio", 1.0),
-                     note='no "scheduler" section: DeepSpeed keeps the lr constant, so does the spec')
+            _no_scheduler(d, p, auto)
         return
     params = s + "params."
     if d.has(params + "warmup_num_steps") and not auto("scheduler.params.warmup_num_steps"):
@@ -286,6 +285,32 @@ def _scheduler(d: Draft, p: str, auto, parent: str) -> None:
     for key in [k[len(params):] for k in d.untaken(params[:-1]) if d.get(k) == "auto"]:
         auto("scheduler.params." + key)
     d.group(p + "scheduler", "fp8launch's schedule has warmup_steps, steps and min_lr_ratio only")
+
+
+def _no_scheduler(d: Draft, p: str, auto) -> None:
+    """No "scheduler" section, the JSON read alone. DeepSpeed 0.19.8 steps the lr_scheduler the script passes to
+    deepspeed.initialize, and builds one from the JSON only where the script passes none (engine.py _configure_lr_scheduler,
+    lines 1883-1895): without a "scheduler" section, none, so the lr stays constant. The HF Trainer always passes its own
+    (transformers 5.23 integrations/deepspeed.py deepspeed_optim_sched: with no "scheduler", trainer.create_scheduler,
+    lr_scheduler_type "linear" by default). So the lr is DeepSpeed's constant only where the JSON holds the optimizer and its lr
+    (the deepspeed launcher running a script that hands DeepSpeed its model alone); else the schedule is the script's."""
+    lr = p + "optimizer.params.lr"
+    if d.has(lr) and not auto("optimizer.params.lr"):
+        d.mapped("(scheduler)", ("train.warmup_steps", 0), ("train.min_lr_ratio", 1.0),
+                 note='no "scheduler" section beside an "optimizer" with its lr: DeepSpeed builds no scheduler (engine.py '
+                      "_configure_lr_scheduler) and the lr stays constant, so does the spec; a script passing its own lr_scheduler to "
+                      "deepspeed.initialize (the HF Trainer does) decides it instead: then set train.warmup_steps and min_lr_ratio")
+        return
+    warmup, ratio = d.used("train.warmup_steps"), d.used("train.min_lr_ratio")
+    instead = ("your script's schedule: train.warmup_steps and train.min_lr_ratio (the HF Trainer's default is linear with no "
+               "warm-up to 0: warmup_steps = 0, min_lr_ratio = 0.0)")
+    d.placeholders["train.warmup_steps"] = instead
+    d.placeholders["train.min_lr_ratio"] = instead
+    d.none("(scheduler)", 'no "scheduler" section, and the optimizer and its lr are not in this file: the training script passes '
+                          "its own optimizer and lr_scheduler to deepspeed.initialize (the HF Trainer does, with its own "
+                          "lr_scheduler_type, linear by default), and DeepSpeed steps that one; "
+                          f"train.warmup_steps = {warmup}, train.min_lr_ratio = {shown(ratio)} (fp8launch's defaults) are "
+                          "PLACEHOLDERs", ("train.warmup_steps", warmup), ("train.min_lr_ratio", ratio))
 
 
 def world_from_batch(d: Draft) -> None:

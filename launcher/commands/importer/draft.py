@@ -89,6 +89,9 @@ class Draft:
         self.world_procs = 8
         self.folder = ""
         """Where the spec is planned (planable.settle)."""
+        self.finishers: list = []
+        """Callables(draft) run by finish() after each planning round: a line whose reason depends on what the rules left of the
+        spec (torchtitan's reshard reason, which cites a pipeline a rule may have taken away)."""
         self.world_entry: Entry | None = None
         """world_unknown(): why the world size is a placeholder, the count the importer proposed, and its entry."""
 
@@ -243,6 +246,8 @@ class Draft:
         """What depends on the whole spec, made again at each planning round: the tables no setting reads dropped
         (prune), the batch entries, the values the "auto" lines name."""
         self.prune()
+        for finisher in self.finishers:
+            finisher(self)
         self._batch()
         for entry, key, why in self.autos:
             used = self.used(key)

@@ -35,6 +35,10 @@ MOE_NAME = re.compile(r"moe|mixtral|\d+x\d+(\.\d+)?b|-a\d+(\.\d+)?b|gpt[-_]?oss|
                       r"experts?\b", re.I)
 """A model name that says Mixture-of-Experts."""
 
+HF_TRAINER_SEED = 42
+"""transformers' TrainingArguments.seed default (training_args.py, 5.23): what a run on the Hugging Face Trainer seeds with
+where its config says no seed (Axolotl passes `seed` only when set: core/builders/base.py, axolotl 067b021c)."""
+
 DEBUG = "builtin:llama-debug"
 SCRIPT_MODEL = "builtin:llama3-1b"
 """The placeholder where the source holds no model at all (its training script builds it)."""
@@ -150,6 +154,10 @@ def script(draft: Draft, what: str, optimizer: bool = True) -> None:
     if draft.value("train.steps") is None:
         draft.placeholder("(steps)", "train.steps", draft.used("train.steps"), f"{what} holds no step count: the training script "
                           "decides it", "your run's optimizer steps")
+    if draft.value("train.seed") is None:
+        # transformers 5.23 training_args.py:1293: TrainingArguments.seed = 42, set at the start of training
+        draft.placeholder("(seed)", "train.seed", HF_TRAINER_SEED, f"{what} holds no seed: the training script seeds (a script on "
+                          f"the Hugging Face Trainer with TrainingArguments' default, {HF_TRAINER_SEED})", "your script's seed")
     if optimizer and draft.value("train.optimizer") is None and draft.value("train.lr") is None:
         used = {k: draft.used(f"train.{k}") for k in ("optimizer", "lr", "adam_betas", "weight_decay", "warmup_steps", "min_lr_ratio")}
         draft.none("(optimizer, schedule)", f"{what} holds neither: the training script builds them; the spec uses fp8launch's "

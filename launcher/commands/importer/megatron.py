@@ -580,9 +580,37 @@ def _paths(value) -> list[str]:
     return []
 
 
+def _nemo_checkpoints(d: Draft) -> None:
+    """NeMo 1.x: exp_manager's checkpoint callback (create_checkpoint_callback, true by default: nemo/utils/exp_manager.py
+    ExpManagerConfig) is Lightning's ModelCheckpoint with NeMo's CallbackParams (every_n_epochs 1, every_n_train_steps None).
+    ModelCheckpoint.on_validation_end (lightning 2.x, pytorch/callbacks/model_checkpoint.py) saves its top-k when every_n_epochs
+    >= 1, and the "last" checkpoint when save_last, at the end of every validation: every trainer.val_check_interval steps
+    (an int: steps)."""
+    c = "exp_manager.checkpoint_callback_params."
+    on = d.get("exp_manager.create_checkpoint_callback", True) in (True, "true", "True")
+    interval = d.get("trainer.val_check_interval")
+    if not d.has("exp_manager") or not on or not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+        return
+    if d.has(c + "every_n_train_steps") and d.get(c + "every_n_train_steps"):
+        return  # a step cadence of its own: read as exp_manager's other keys
+    top = int(d.get(c + "every_n_epochs", 1)) >= 1
+    last = bool(d.get(c + "save_last", True))
+    if not top and not last:
+        return
+    sources = tuple(k for k in ("exp_manager.create_checkpoint_callback", "trainer.val_check_interval", c + "every_n_epochs",
+                                c + "save_last") if d.has(k))
+    what = "its best by val_loss and the last" if top and last else "its best by val_loss" if top else "the last"
+    d.mapped(sources, ("train.checkpoint_every", interval), value=interval,
+             note=f"NeMo's checkpoint callback saves {what} at the end of every validation (Lightning ModelCheckpoint."
+                  f"on_validation_end), every val_check_interval = {interval} steps; the validation itself: fp8launch evaluates on "
+                  "[eval] data every eval.every steps (set it once the data is local)")
+
+
 def _checkpoint_and_logs(d: Draft) -> None:
     if d.has("checkpoint.save_interval"):
         d.mapped("checkpoint.save_interval", ("train.checkpoint_every", int(d.get("checkpoint.save_interval"))))
+    else:
+        _nemo_checkpoints(d)
     if d.has("checkpoint.save"):
         d.mapped("checkpoint.save", note="fp8launch writes checkpoints to <train.output_dir>/checkpoints")
     top_k = d.get("exp_manager.checkpoint_callback_params.save_top_k")
