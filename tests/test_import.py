@@ -183,13 +183,16 @@ def test_deepspeed_reads_each_json_as_the_spec_says(relative, tmp_path, monkeypa
     if auto:  # what the Hugging Face Trainer fills in: the spec's values
         data = {k: v for k, v in data.items() if k not in auto} | {"train_micro_batch_size_per_gpu": t.get("micro_batch_size", 1)}
     cfg = _deepspeed_config(data, ranks, monkeypatch)
-    assert cfg.zero_optimization_stage == d["deepspeed"]["zero_stage"]
+    if d["strategy"] == "deepspeed":  # else a rule moved it to fsdp2 (TP-STRATEGY for AutoTP), the stage not written
+        assert cfg.zero_optimization_stage == d["deepspeed"]["zero_stage"]
+    assert max(1, cfg.tensor_parallel_config.autotp_size) == d.get("tensor_parallel", 1)  # DeepSpeed's default 0: off
     assert (cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == (t.get("micro_batch_size", 1),
                                                                                       t.get("grad_accum_steps", 1))
     assert cfg.train_batch_size == d.get("global_batch_size") or "global_batch_size" not in d
     assert cfg.train_batch_size == t.get("micro_batch_size", 1) * t.get("grad_accum_steps", 1) * ranks
     mode = "bf16" if cfg.bfloat16_config.enabled else "fp16" if cfg.float16_config.enabled else "fp32"
-    assert spec["precision"]["mode"] == mode
+    if data.get("bf16", {}).get("enabled") != "auto":  # "auto": the HF Trainer fills it in; read alone DeepSpeed says fp32
+        assert spec.get("precision", {}).get("mode", "bf16") == mode
     if data.get("gradient_clipping") != "auto":
         assert t.get("max_grad_norm", 1.0) == cfg.gradient_clipping
     if cfg.scheduler_name is None and cfg.optimizer_params and isinstance(cfg.optimizer_params.get("lr"), float):
@@ -1120,3 +1123,52 @@ def test_nemo_checkpoints_at_every_validation(relative, every, tmp_path):
     path = _edited(tmp_path, relative, "create_checkpoint_callback: true", "create_checkpoint_callback: false")
     spec, _, _ = imported(path, tmp_path)
     assert "checkpoint_every" not in spec["train"]
+
+
+# --- issue 52 item 2: every parallelism kind lands or is approximated in numbers -----------------------------------
+
+def test_deepspeed_autotp_is_tensor_parallel_and_its_world_counts_the_tp_ranks(tmp_path, monkeypatch):
+    """tensor_parallel.autotp_size 4 with train_batch_size 16 = micro 4 x 1 x 4 data-parallel ranks: 16 processes, as
+    DeepSpeed 0.19.8 reads it (its train_batch_size counts world / autotp_size ranks)."""
+    path = _write(tmp_path, "autotp.json", """
+        {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
+         "zero_optimization": {"stage": 1}, "tensor_parallel": {"autotp_size": 4}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}}}
+    """)
+    spec, entries, _ = imported(path, tmp_path)
+    d = spec["distributed"]
+    assert d["tensor_parallel"] == 4 and d.get("nodes", 1) * d["procs_per_node"] == 16 and d["global_batch_size"] == 16
+    assert entries["tensor_parallel.autotp_size"][0] == APPROXIMATED
+    cfg = _deepspeed_config(json.loads(Path(path).read_text()), 16 // 4, monkeypatch)
+    assert cfg.tensor_parallel_config.autotp_size == 4 and cfg.train_batch_size == 4 * 1 * (16 // 4)
+
+
+def _with_parallelism(tmp_path: Path, lines: str) -> str:
+    return _edited(tmp_path, "accelerate/fsdp.yaml", "fsdp_use_orig_params: true\n",
+                   "fsdp_use_orig_params: true\nparallelism_config:\n" + lines)
+
+
+def test_accelerate_ulysses_sp_is_context_parallel_approximated(tmp_path):
+    parallelism = pytest.importorskip("accelerate.parallelism_config")
+    assert parallelism.ParallelismConfig(sp_size=2, sp_backend="deepspeed").sp_size == 2  # Accelerate accepts it
+    path = _with_parallelism(tmp_path, "  parallelism_config_sp_size: 2\n  parallelism_config_sp_backend: deepspeed\n")
+    spec, entries, _ = imported(path, tmp_path)
+    assert spec["distributed"]["context_parallel"] == 2  # was: no equivalent, 2x the data-parallel ranks with whole sequences
+    status, _, note = entries["parallelism_config.parallelism_config_sp_size, parallelism_config.parallelism_config_sp_backend"]
+    assert status == APPROXIMATED and "world / 2 data-parallel ranks" in note
+
+
+@pytest.mark.parametrize("lines,kwargs,message", [
+    ("  parallelism_config_cp_size: 2\n  parallelism_config_cp_backend: deepspeed\n", {"cp_size": 2, "cp_backend": "deepspeed"},
+     "cp_backend must be one of ['torch'], but got deepspeed"),
+    ("  parallelism_config_sp_size: 2\n  parallelism_config_sp_backend: ring\n", {"sp_size": 2, "sp_backend": "ring"},
+     "sp_backend must be one of ['deepspeed'], but got ring"),
+    ("  parallelism_config_cp_size: 2\n  parallelism_config_sp_size: 2\n", {"cp_size": 2, "sp_size": 2},
+     "are mutually exclusive"),
+])
+def test_a_parallelism_accelerate_refuses_is_refused_as_accelerate_refuses_it(lines, kwargs, message, cli, tmp_path):
+    parallelism = pytest.importorskip("accelerate.parallelism_config")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parallelism.ParallelismConfig(**kwargs)
+    r = cli("import", _with_parallelism(tmp_path, lines), "--out", "x.toml")
+    assert r.exit_code == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.toml").exists()

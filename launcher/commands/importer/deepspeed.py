@@ -137,6 +137,7 @@ def read_config(d: Draft, p: str = "", parent: str = "") -> None:
     d.group(z[:-1], OTHER)
 
     _precision(d, p, auto, parent)
+    _autotp(d, p)
     _batch(d, p, auto)
     if d.has(p + "gradient_clipping") and not auto("gradient_clipping"):
         d.mapped(p + "gradient_clipping", ("train.max_grad_norm", float(d.get(p + "gradient_clipping"))))
@@ -196,6 +197,24 @@ def _precision(d: Draft, p: str, auto, parent: str) -> None:
     d.group(p + "torch_autocast", "fp8launch runs the model in precision.high_precision itself (no DeepSpeed autocast)")
     d.group(p + "amp", "NVIDIA apex amp: fp8launch uses torch's own mixed precision (precision.mode)")
     d.group(p + "msamp", "MS-AMP's DeepSpeed section: fp8launch writes it from precision.msamp")
+
+
+def _autotp(d: Draft, p: str) -> None:
+    """DeepSpeed's AutoTP (tensor_parallel.autotp_size, DeepSpeed 0.19.8 engine.py: _configure_tensor_parallel at line 595,
+    mpu._init_tp_mesh_device at 958): each Linear's weights sharded over autotp_size ranks, the data-parallel world (and so
+    train_batch_size's) world / autotp_size. fp8launch's tensor_parallel is the same split of the weights over the same ranks."""
+    key = p + "tensor_parallel.autotp_size"
+    if not d.has(key):
+        return
+    size = int(d.get(key))
+    if size <= 1:
+        d.mapped(key, note="off")
+        return
+    d.approximated(key, ("distributed.tensor_parallel", size), before=f"DeepSpeed AutoTP: each Linear's weights split over {size} "
+                   "ranks (column / row, its automatic plan), the activations between blocks whole on each rank",
+                   after=f"distributed.tensor_parallel = {size}: torch's tensor parallel plan with sequence parallel",
+                   effect=f"the same split of the weights over {size} ranks and the same data-parallel ranks (world / {size}); "
+                          "sequence parallel also splits the activations between blocks, less memory")
 
 
 def _num(value):
@@ -317,11 +336,13 @@ def world_from_batch(d: Draft) -> None:
     """A DeepSpeed JSON read alone: its train_batch_size = micro x accum x world says the world size."""
     b = d.batch
     why = "the deepspeed launcher's --num_gpus / --num_nodes set the world size, not this file"
+    tp = int(d.value("distributed.tensor_parallel", 1))  # AutoTP: train_batch_size counts world / autotp_size ranks
     if b.micro and b.accum and b.global_ and b.global_ % (b.micro * b.accum) == 0:
-        world = b.global_ // (b.micro * b.accum)
+        world = b.global_ // (b.micro * b.accum) * tp
         nodes, procs = (1, world) if world <= 8 else (world // 8, 8) if world % 8 == 0 else (1, world)
         d.mapped("(world size)", ("distributed.nodes", nodes), ("distributed.procs_per_node", procs),
-                 note=f"train_batch_size / (train_micro_batch_size_per_gpu x gradient_accumulation_steps) = {world} processes")
+                 note=f"train_batch_size / (train_micro_batch_size_per_gpu x gradient_accumulation_steps) = {world // tp} "
+                      + (f"data-parallel ranks x autotp_size {tp} = {world} processes" if tp > 1 else "processes"))
     elif b.micro and b.global_ and not b.accum and b.global_ % b.micro == 0:
         # DeepSpeed derives the accumulation: train_batch_size / (micro x world); the placeholder world keeps it whole
         procs = max(n for n in range(1, 9) if (b.global_ // b.micro) % n == 0)
