@@ -32,7 +32,7 @@ from launcher.errors import SourceError
 DATA = Path(__file__).resolve().parent / "data" / "import"
 EXPECTED = DATA / "expected"
 CORPUS = sorted(str(p.relative_to(EXPECTED)) for p in EXPECTED.rglob("*.toml"))
-BAD = ("accelerate/invalid_keys.yaml",)
+BAD = ("accelerate/invalid_keys.yaml", "deepspeed/deepspeed_bsz64k_lamb_config_seq128.json")
 """Real files the import must refuse, as their tool does."""
 CONFIGS = sorted(str(p.relative_to(DATA)) for p in DATA.rglob("*") if p.suffix in (".yaml", ".toml", ".json")
                  and "expected" not in p.parts and str(p.relative_to(DATA)) not in BAD)
@@ -178,7 +178,7 @@ def test_deepspeed_reads_each_json_as_the_spec_says(relative, tmp_path, monkeypa
     spec, entries, result = imported(relative, tmp_path)
     data = json.loads((DATA / relative).read_text())
     t, d = spec["train"], spec["distributed"]
-    ranks = d.get("nodes", 1) * d["procs_per_node"] // d.get("tensor_parallel", 1)
+    ranks = d.get("nodes", 1) * d["procs_per_node"] // d.get("tensor_parallel", 1) // d.get("context_parallel", 1)
     auto = {k for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps") if data.get(k) == "auto"}
     if auto:  # what the Hugging Face Trainer fills in: the spec's values
         data = {k: v for k, v in data.items() if k not in auto} | {"train_micro_batch_size_per_gpu": t.get("micro_batch_size", 1)}
@@ -277,9 +277,13 @@ def test_accelerate_loads_each_config_as_the_spec_says(relative, tmp_path):
         assert (d["strategy"], d["procs_per_node"]) == ("ddp", 1)
     else:
         assert d["strategy"] == {"MULTI_GPU": "ddp", "MULTI_CPU": "ddp", "FSDP": "fsdp2", "DEEPSPEED": "deepspeed"}[kind]
-        assert d["procs_per_node"] * d.get("nodes", 1) == cfg.num_processes
+        if cfg.num_processes in (None, -1):  # not in the file: `accelerate launch` counts the GPUs; the spec's is a placeholder
+            assert "distributed.procs_per_node" in _placeholder_keys(result)
+        else:
+            assert d["procs_per_node"] * d.get("nodes", 1) == cfg.num_processes
     if kind != "DEEPSPEED":  # there the DeepSpeed JSON's fp16 / bf16 decide
-        modes = {"no": "fp32", "fp16": "fp16", "bf16": "bf16", "fp8": "fp8", None: None}
+        # none in the file: `accelerate launch` runs "no" (commands/launch.py _validate_launch_command, Accelerate 1.15)
+        modes = {"no": "fp32", "fp16": "fp16", "bf16": "bf16", "fp8": "fp8", None: "fp32"}
         assert spec.get("precision", {}).get("mode") == modes[cfg.mixed_precision]
     if cfg.mixed_precision == "fp8":
         assert spec["precision"]["backend"] == {"TE": "te", "AO": "torchao", "MSAMP": "msamp"}[cfg.fp8_config["backend"]]
@@ -987,12 +991,15 @@ SOURCE_WARNINGS = {
     "megatron_bridge/llama3_8b_fp8cs.yaml": {"MEMORY-EXCEEDS-GPU"},
     "torchtitan/mxfp8_docs_example.toml": {"FP8-NO-GAIN", "PRECISION-KEEP-UNMATCHED"},
     "nemo/peft_llama_squad.yaml": {"MEMORY-EXCEEDS-GPU"},
+    "torchtitan/deepseek_v3_671b.toml": {"MEMORY-EXCEEDS-GPU"},
 }
 """Warnings of the source's own settings, not of a placeholder, kept in the spec and printed: DeepSeek-V3's FP8 with its
 experts in bf16 under TE (MOE-EXPERTS-HP's approximation) gains nothing; the 8B recipe at seq 8192 on its own 2 GPUs
 exceeds an H100 by the estimate; torchtitan's docs example trains its own debug model and filters a router.gate it lacks;
 NeMo's LoRA of a 7B at micro 4 x 4096 on DDP holds no gradients or optimizer states for the frozen weights, fp8launch's full
-fine-tune of the same batch (no recompute: the source's) exceeds an H100 by the estimate."""
+fine-tune of the same batch (no recompute: the source's) exceeds an H100 by the estimate; torchtitan's DeepSeek-V3 671B
+runs local batch 4 x 4096 with op-level selective AC, which the spec approximates as every other block recomputed: its
+activations alone exceed an H100 by the estimate at any world size."""
 
 
 def test_every_corpus_spec_with_its_placeholders_filled_plans_strictly(tmp_path):
@@ -1257,3 +1264,33 @@ def test_fine_tuning_datasets_are_placeholders_that_say_what_the_source_trains_o
     status, sets, note = e[source]
     assert status == NONE and sets == {"train.data": "synthetic"} and says in note
     assert "answer" in note and "hf-dataset:FILE?column=text" in note and "PLACEHOLDER" in note
+
+
+def test_deepspeed_sequence_parallel_size_is_context_parallel_and_its_ranks_count_in_the_world(tmp_path, monkeypatch):
+    """DeepSpeedExamples' AutoSP config: sequence_parallel_size 2, train_batch_size 1 = micro 1 x accum 1 x world / 2
+    (DeepSpeed 0.19.8 runtime/config.py 468, deepspeed.initialize with no mpu): 2 processes, context_parallel 2 (was: the key
+    reported as unknown to DeepSpeed and 1 process). The installed DeepSpeedConfig, on the spec's world, agrees."""
+    config = pytest.importorskip("deepspeed.runtime.config")
+    spec, e, _ = imported("deepspeed/autosp_config.json", tmp_path)
+    d = spec["distributed"]
+    assert (d["context_parallel"], d["nodes"] * d["procs_per_node"]) == (2, 2) and e["sequence_parallel_size"][0] == APPROXIMATED
+    monkeypatch.setattr(config.dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(config.dist, "get_world_size", lambda *a, **k: d["nodes"] * d["procs_per_node"])
+    cfg = config.DeepSpeedConfig(json.loads((DATA / "deepspeed/autosp_config.json").read_text()))
+    assert cfg.world_size == 1 and cfg.train_batch_size == spec["distributed"]["global_batch_size"] == 1
+
+
+def test_a_deepspeed_block_deepspeed_removed_is_refused_as_deepspeed_refuses_it(cli, tmp_path):
+    """DeepSpeedExamples' BERT LAMB config holds `sparse_attention`, which DeepSpeed 0.19.8 refuses (DeepSpeedConfigError,
+    runtime/config.py _reject_removed_config_keys): so does the import, one line, exit 2, nothing written (was: each of its
+    keys 'left at DeepSpeed's default'). The removed keys are the installed DeepSpeed's."""
+    config = pytest.importorskip("deepspeed.runtime.config")
+    from launcher.commands.importer.known import deepspeed as known
+
+    assert set(known.REMOVED) == set(config._REMOVED_TOP_LEVEL_CONFIG_KEYS) | {
+        f"zero_optimization.{k}" for k in config._REMOVED_ZERO_CONFIG_KEYS}
+    r = cli("import", str(DATA / "deepspeed/deepspeed_bsz64k_lamb_config_seq128.json"), "--out", "x.toml")
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1 and "sparse_attention" in r.stderr
+    assert "removed DeepSpeed Sparse Attention" in r.stderr and not (tmp_path / "x.toml").exists()
+    with pytest.raises(config.DeepSpeedConfigError):
+        config.DeepSpeedConfig(json.loads((DATA / "deepspeed/deepspeed_bsz64k_lamb_config_seq128.json").read_text()))

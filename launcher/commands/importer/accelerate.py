@@ -213,6 +213,9 @@ def _precision(d: Draft, strategy: str) -> None:
     if mp != "fp8":
         if d.has("mixed_precision"):
             d.mapped("mixed_precision", ("precision.mode", {"no": "fp32"}.get(mp, mp)))
+        elif strategy != "deepspeed":  # config_args.py leaves it None; launch.py _validate_launch_command (1.15) sets "no"
+            d.mapped("(mixed_precision)", ("precision.mode", "fp32"), value="no",
+                     note="Accelerate's default when the config names none: full fp32 (fp8launch's own default would be bf16)")
         d.group("fp8_config", "mixed_precision is not fp8: Accelerate does not read fp8_config")
         return
     f = "fp8_config."

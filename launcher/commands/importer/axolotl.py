@@ -205,9 +205,7 @@ def _distributed(d: Draft) -> None:
     if d.has("expert_parallel_size"):
         d.mapped("expert_parallel_size", ("distributed.expert_parallel", int(d.get("expert_parallel_size"))))
     _context_parallel(d)
-    for key in ("dp_shard_size", "dp_replicate_size"):
-        if d.has(key):
-            d.none(key, "fp8launch's FSDP2 shards over every data-parallel rank (world size / tensor_parallel)")
+    _data_parallel(d)
     if d.has("torch_compile"):
         on = d.get("torch_compile") in (True, "auto")
         d.mapped("torch_compile", ("compile.enabled", on))
@@ -256,6 +254,29 @@ def _context_parallel(d: Draft) -> None:
         if d.has(option):
             d.none(option, f"{what}: " + ("fp8launch's context parallel is torch's ring attention (causal, load-balanced head and "
                                           "tail), nothing to choose" if cp > 1 else "no context parallelism: no effect"))
+
+
+def _data_parallel(d: Draft) -> None:
+    """dp_shard_size x dp_replicate_size (Axolotl's ParallelismConfig: the data-parallel ranks, HSDP where replicate > 1):
+    the placeholder world holds them (placeholders.size_world), times the model-parallel degrees."""
+    shard, replicate = d.get("dp_shard_size"), d.get("dp_replicate_size")
+    shard = shard if isinstance(shard, int) and not isinstance(shard, bool) and shard > 0 else None
+    replicate = replicate if isinstance(replicate, int) and not isinstance(replicate, bool) and replicate > 0 else 1
+    experts = d.get("expert_parallel_size")
+    experts = experts if isinstance(experts, int) and not isinstance(experts, bool) and experts > 1 else 1
+    if shard:  # Axolotl's experts split the ranks further: "world size 4 minimum: expert_parallel_size x dp_shard_size"
+        d.dp_stated = shard * replicate * experts  # (examples/expert_parallel/qwen3_30ba3b_ep_fsdp_fft_4gpu.yaml)
+        d.mapped("dp_shard_size", value=shard, note=f"FSDP2 shards over the data-parallel ranks ({d.dp_stated}"
+                                                    + (f" with expert_parallel_size {experts}" if experts > 1 else "")
+                                                    + ": the placeholder world holds them, times tensor / context parallel)")
+    elif d.has("dp_shard_size"):
+        d.none("dp_shard_size", "not a positive count: Axolotl derives it from the world size; so does fp8launch")
+    if d.has("dp_replicate_size") and replicate > 1:
+        d.approximated("dp_replicate_size", value=replicate, before=f"HSDP: {replicate} replicas, each sharded over its own ranks",
+                       after="FSDP2 sharded over every data-parallel rank", effect="less memory per GPU, more traffic between the "
+                       "replicas' nodes")
+    elif d.has("dp_replicate_size"):
+        d.mapped("dp_replicate_size", note="no replication: plain FSDP")
 
 
 def _fsdp_config(d: Draft) -> None:

@@ -51,7 +51,7 @@ def size_world(d: Draft) -> None:
     else:
         first = need * max(1, math.ceil(proposed / need))
         world = next((w for w in range(first, 8 * first + 1, need) if keeps_batch(w)), first)
-    stated = " x ".join(f"{k.split('_')[0]} {v}" for k, v in g.items() if v > 1) + (f" x dp {d.dp_stated}" if d.dp_stated else "")
+    stated = " x ".join([f"{k.split('_')[0]} {v}" for k, v in g.items() if v > 1] + ([f"dp {d.dp_stated}"] if d.dp_stated else []))
     held = f": the least that holds the source's degrees ({stated})" if stated and world != proposed else ""
     set_world(d, world, held)
 
