@@ -469,6 +469,62 @@ def test_the_placeholder_world_holds_every_degree_the_source_states_none_is_lowe
     assert "holds the source's degrees (tensor 8 x pipeline 2)" in e["(world size)"].note
 
 
+DEGREES = ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel", "pipeline.stages_per_rank")
+WORLD_RULES = {"TP-DIVIDES-PROCS", "PP-DIVIDES-WORLD", "CP-DIVIDES-WORLD", "EP-DIVIDES-WORLD", "MEMORY-EXCEEDS-GPU"}
+"""The rules a placeholder world size decides against a degree (the model's: placeholders.MODEL_RULES)."""
+
+
+def test_no_corpus_degree_is_lowered_to_fit_a_placeholder_and_a_lowered_one_names_a_rule_of_the_source(tmp_path, monkeypatch):
+    """Issue 52, placeholders never decide: in every corpus config, each degree the source states (tp, pp, cp, ep, virtual
+    stages a rank) is kept, or lowered by a rule about the source's own settings (TE beside TP, a pipeline beside EP, one
+    sequence a step under a pipeline, ...) which its line names; never by a rule of a placeholder's model (its heads, blocks,
+    experts) or world. The torchtitan Llama 4 17Bx128E lost TP 8 -> 4 on the placeholder's KV heads, NeMo's Nemotron 340B
+    its 12 virtual stages -> 10 on the placeholder's 80 blocks."""
+    from launcher.commands.importer import placeholders
+
+    stated: dict = {}
+    size_world = placeholders.size_world
+
+    def spy(d):
+        stated.update({f"distributed.{k}": max(1, int(d.value(f"distributed.{k}", 1) or 1)) for k in DEGREES},
+                      model=placeholders.MODEL in d.placeholders, world=placeholders.WORLD in d.placeholders)
+        size_world(d)
+
+    monkeypatch.setattr(placeholders, "size_world", spy)
+    kept, wrong = 0, {}
+    for relative in CONFIGS:
+        stated.clear()
+        out = tmp_path / relative.replace("/", "_")
+        out.mkdir()
+        r = import_config(str(DATA / relative), folder=str(out))
+        spec = tomllib.loads(r.text)
+        placeholder_rules = (placeholders.MODEL_RULES if stated["model"] else set()) | (WORLD_RULES if stated["world"] else set())
+        for key in (f"distributed.{k}" for k in DEGREES):
+            want, got = stated[key], max(1, dotted(spec, key, 1) or 1)
+            if want == 1 or (key.endswith("stages_per_rank") and dotted(spec, "distributed.pipeline_parallel", 1) == 1):
+                continue  # no degree stated; virtual stages go with their pipeline (whose line names the rule)
+            if got == want:
+                kept += 1
+                continue
+            rules = {rule for e in r.report.entries if e.status == APPROXIMATED and dict(e.sets).get(key) == dotted(spec, key, 1)
+                     for rule in re.findall(r"rule ([A-Z0-9-]+) refuses", e.note)}
+            if not rules or rules & placeholder_rules:
+                wrong[f"{relative}: {key}"] = (want, got, sorted(rules))
+    assert not wrong, wrong
+    assert kept >= 30, kept  # the corpus states degrees: 32 kept now (e.g. TP 8 of Llama 4 17Bx128E, 12 stages of Nemotron)
+
+
+def test_an_expert_parallel_degree_the_placeholders_experts_do_not_hold_moves_the_placeholder_not_the_degree(tmp_path):
+    """DeepSeek-V3 671B at EP 256 (its 256 experts): the placeholder qwen3-30b-a3b's 128 experts refuse it (EP-DIVIDES-EXPERTS);
+    the placeholder takes 256 experts (the builtin's own ?experts=N), and the line says why; EP stays 256 (was: lowered to 128)."""
+    path = _edited(tmp_path, "torchtitan/deepseek_v3_671b.toml", "expert_parallel_degree = 1\n", "expert_parallel_degree = 256\n")
+    spec, entries, _ = imported(path, tmp_path)
+    assert spec["distributed"]["expert_parallel"] == 256 and entries["parallelism.expert_parallel_degree"][0] == MAPPED
+    assert spec["train"]["model"] == "builtin:qwen3-30b-a3b?experts=256"
+    note = entries["model.name, model.flavor"][2]
+    assert "rule EP-DIVIDES-EXPERTS refuses it" in note and "?experts=256: 256 experts, a multiple of its expert_parallel" in note
+
+
 def _titan_cp(tmp_path: Path, tp: int, more: str = "") -> tuple[dict, dict]:
     """llama3_405b_2025.toml (batch_size 2 per rank, compile, torchao float8) with tensor_parallel_degree `tp` and
     context_parallel_degree 2 (and `more` [parallelism] lines): (spec, {source: entry})."""

@@ -81,9 +81,15 @@ DENSE = tuple(f"builtin:{n}" for n in SIZES)
 MOE = tuple(f"builtin:{n}" for n in MOE_SIZES)
 
 
+MODEL_RULES = frozenset({"TP-HEADS", "PP-LAYERS", "EP-DIVIDES-EXPERTS", "EP-DENSE-MODEL"})
+"""The rules a builtin model's shape decides against a degree the source states (its heads, blocks, experts): while the
+model is a placeholder, these move the model, never the degree."""
+
+
 def model_candidates(d: Draft) -> list[str]:
-    """Placeholder models other than the spec's, nearest its size first, of its kind (dense or MoE); each also with more
-    layers where the pipeline's stages need them ("?layers=N", the builtin's own option)."""
+    """Placeholder models other than the spec's, nearest its size first, of its kind (dense or MoE); each first with its
+    blocks and experts rounded up to hold the source's stages and expert-parallel degree ("?layers=N", "?experts=N": the
+    builtin's own options) where they do not, then as it is."""
     if MODEL not in d.placeholders:
         return []
     current = str(d.value(MODEL, ""))
@@ -93,11 +99,21 @@ def model_candidates(d: Draft) -> list[str]:
     size = model_params(current) or 1
     pool = MOE if is_moe(cfg) else DENSE
     ordered = sorted(pool, key=lambda m: abs(math.log(model_params(m) / size)))
-    stages = degrees(d)["pipeline_parallel"] * max(1, int(d.value("distributed.pipeline.stages_per_rank", 0) or 1))
+    g = degrees(d)
+    stages = g["pipeline_parallel"] * max(1, int(d.value("distributed.pipeline.stages_per_rank", 0) or 1))
     out = []
     for m in ordered:
-        layers = builtin_config(m).n_layers
-        if stages > layers:
-            out.append(f"{m}?layers={stages}")
+        shape = builtin_config(m)
+        held = {"layers": _up(shape.n_layers, stages)}
+        if is_moe(shape):
+            held["experts"] = _up(shape.num_experts, g["expert_parallel"])
+        query = "&".join(f"{k}={n}" for k, n in held.items() if n != getattr(shape, "n_layers" if k == "layers" else "num_experts"))
+        if query:
+            out.append(f"{m}?{query}")
         out.append(m)
     return [m for m in out if m != current]
+
+
+def _up(n: int, degree: int) -> int:
+    """`n` rounded up to a multiple of `degree` (blocks for the pipeline's stages, experts for the expert-parallel ranks)."""
+    return degree * math.ceil(n / degree) if degree > 1 else n

@@ -57,15 +57,21 @@ class Nearest:
         errors_now = {r for r, sev in now.items() if sev == "error"}
         fallback = None
         for key, candidates in self.keys:
+            held = None
             for value in candidates(d):
                 if value == probe.value_of(d.spec, key):
                     continue
                 fired = probe.firing(probe.with_value(d.spec, key, value), folder)
                 if fired is None or self.rule in fired:
                     continue
-                if {r for r, sev in fired.items() if sev == "error"} <= errors_now:
+                new = {r for r, sev in fired.items() if sev == "error"} - errors_now
+                if not new:
                     return [(key, value)]
+                if key in PLACEHOLDER_KEYS and held is None and not new & placeholders.MODEL_RULES:
+                    held = (key, value)
                 fallback = fallback or (key, value)
+            if held:  # a placeholder that holds the source's degrees moves before any of them is lowered: what else it
+                return [held]  # trips is a rule about the source's own settings, answered in its turn
         return [fallback] if fallback else []
 
 
@@ -89,6 +95,7 @@ def _model(d: Draft) -> list[str]:
 
 PLACEHOLDER_MODEL = (placeholders.MODEL, _model)
 PLACEHOLDER_WORLD = (probe.WORLD, placeholders.world_candidates)
+PLACEHOLDER_KEYS = (placeholders.MODEL, probe.WORLD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,20 +142,33 @@ def _no_pp(d: Draft) -> list[tuple[str, Any]]:
     return changes
 
 
-def _pp_layers(d: Draft) -> list[tuple[str, Any]]:
-    """The blocks split over the stages as evenly as they go (the first stages one more), or no pipeline."""
+def _pp_shape(d: Draft):
     from launcher.planning.models import builtin_config
-    from launcher.planning.plan import even_split, stages_a_rank
+    from launcher.planning.plan import stages_a_rank
 
     cfg, pp = builtin_config(str(_v(d, "train.model", ""))), _v(d, "distributed.pipeline_parallel", 1)
-    per_rank = stages_a_rank(_v(d, "distributed.pipeline.schedule", "1F1B"), _v(d, "distributed.pipeline.stages_per_rank", 0))
-    if cfg is not None and per_rank > 1 and pp <= cfg.n_layers < pp * per_rank:  # fewer stages a rank first, then one (1F1B)
-        fewer = cfg.n_layers // pp  # ZBV's 2 never get here with fewer >= 2
-        return ([("distributed.pipeline.stages_per_rank", fewer)] if fewer >= 2 else
-                [("distributed.pipeline.schedule", "1F1B"), ("distributed.pipeline.stages_per_rank", 0)])
+    return cfg, pp, stages_a_rank(_v(d, "distributed.pipeline.schedule", "1F1B"), _v(d, "distributed.pipeline.stages_per_rank", 0))
+
+
+def _pp_split(d: Draft) -> list[tuple[str, Any]]:
+    """The blocks split over the stages as evenly as they go (the first stages one more): every stage the source states kept."""
+    from launcher.planning.plan import even_split
+
+    cfg, pp, per_rank = _pp_shape(d)
     if cfg is None or cfg.n_layers < pp * per_rank or _v(d, "distributed.pipeline.layers_per_stage", []):
         return []
     return [("distributed.pipeline.layers_per_stage", list(even_split(cfg.n_layers, pp * per_rank)))]
+
+
+def _pp_fewer_stages(d: Draft) -> list[tuple[str, Any]]:
+    """A model (the source's own: a placeholder moves instead, see FIXES) with fewer blocks than the stages: fewer stages a
+    rank, then one (1F1B)."""
+    cfg, pp, per_rank = _pp_shape(d)
+    if placeholders.MODEL in d.placeholders or cfg is None or not (per_rank > 1 and pp <= cfg.n_layers < pp * per_rank):
+        return []
+    fewer = cfg.n_layers // pp  # ZBV's 2 never get here with fewer >= 2
+    return ([("distributed.pipeline.stages_per_rank", fewer)] if fewer >= 2 else
+            [("distributed.pipeline.schedule", "1F1B"), ("distributed.pipeline.stages_per_rank", 0)])
 
 
 def _pp_microbatches(d: Draft) -> list[tuple[str, Any]]:
@@ -210,8 +230,10 @@ FIXES = {f.rule: f for f in (
     Nearest("EP-DIVIDES-EXPERTS", (PLACEHOLDER_MODEL, ("distributed.expert_parallel", lower("distributed.expert_parallel")))),
     # pipeline parallel: its layout first, then off where fp8launch does not compose it (its ranks become data-parallel)
     Fix("PP-MICROBATCHES", _pp_microbatches),
-    # the blocks split over the stages; a placeholder model with blocks enough for them; else no pipeline
-    First("PP-LAYERS", (Fix("PP-LAYERS", _pp_layers), Nearest("PP-LAYERS", (PLACEHOLDER_MODEL,)), Fix("PP-LAYERS", _no_pp))),
+    # the blocks split over the stages; a placeholder model with blocks enough for them (never fewer stages to fit a
+    # placeholder); the source's own model: fewer stages a rank; else no pipeline
+    First("PP-LAYERS", (Fix("PP-LAYERS", _pp_split), Nearest("PP-LAYERS", (PLACEHOLDER_MODEL,)), Fix("PP-LAYERS", _pp_fewer_stages),
+                        Fix("PP-LAYERS", _no_pp))),
     *(Fix(rule, _no_pp) for rule in ("PP-DIVIDES-WORLD", "PP-MODEL", "PP-EXPERT-PARALLEL", "PP-BACKEND",
                                      "PP-PRECISION-SCHEDULE", "PP-FP16", "PP-GRAD-REDUCE", "PP-MONITOR")),
     # context parallel: off where fp8launch does not compose it (its ranks become data-parallel), then what it needs of the
@@ -307,8 +329,11 @@ def apply_fixes(draft: Draft, rules: list[str | None], fixes: dict = FIXES) -> b
 def moved_placeholder(draft: Draft, key: str, old: Any, value: Any, rule: str) -> None:
     """A placeholder moved by a rule (not a setting of the source): its entry's line says the new value and why."""
     draft.set(key, value)
+    options = str(value).partition("?")[2] if key == placeholders.MODEL else ""
+    whose = {"layers": "blocks, a multiple of the source's pipeline stages", "experts": "experts, a multiple of its expert_parallel"}
+    held = "".join(f"; ?{k}={n}: {n} {whose[k]}" for k, _, n in (o.partition("=") for o in options.split("&") if o))
     for e in draft.report.setting(key):
         e.sets = [(k, value if k == key else v) for k, v in e.sets]
         e.note = e.note.replace(f"{key} = {shown(old)} is a PLACEHOLDER",
                                 f"{key} = {shown(value)} is a PLACEHOLDER (not {shown(old)}: rule {rule} refuses it, "
-                                f"{RULES_BY_ID[rule].when})")
+                                f"{RULES_BY_ID[rule].when}{held})")
