@@ -124,6 +124,46 @@ def test_every_report_line_is_mapped_approximated_with_before_and_after_or_no_eq
         assert "FALSE" not in line, line  # YAML's NO read as a type name
 
 
+GENERIC_LEFT = {
+    "accelerate": {"mpirun_config.mpirun_hostfile", "ec2_instance_type", "iam_role_name"},
+    "megatron": {"name", *(f"optimizer.{k}" for k in (
+        "apply_wd_to_qk_layernorm", "barrier_with_L1_time", "config_logger_dir", "decoupled_weight_decay", "fp8_recipe", "hysteresis",
+        "initial_loss_scale", "lion_beta1", "lion_beta2", "log_num_zeros_in_grad", "loss_scale_window", "min_loss_scale",
+        "muon_coefficient_type", "muon_extra_scale_factor", "muon_fp32_matmul_prec", "muon_momentum", "muon_num_ns_steps",
+        "muon_scalar_optimizer", "muon_scale_mode", "muon_split_qkv", "muon_tp_mode", "muon_use_nesterov", "optimizer_cpu_offload",
+        "optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d", "overlap_param_gather",
+        "overlap_param_gather_with_optimizer_step", "pin_cpu_grads", "pin_cpu_params", "reuse_grad_buf_for_mxfp8_param_ag",
+        "sgd_momentum", "store_param_remainders", "use_torch_optimizer_for_cpu_offload")),
+        *(f"rerun_state_machine.{k}" for k in ("check_for_nan_in_loss", "check_for_spiky_loss", "error_injection_rate",
+                                               "error_injection_type", "rerun_mode", "spiky_loss_factor"))},
+}
+"""Keys of the corpus still on their kind's catch-all line (no what-to-do), left for a follow-up: Megatron-Bridge's
+OptimizerConfig and rerun-state-machine fields, a NeMo run's name, Accelerate's MPI / SageMaker keys. Axolotl and torchtitan
+have none; a new one anywhere fails the test below."""
+
+
+def test_no_corpus_line_is_its_kinds_bare_catch_all_text(tmp_path):
+    """Issue 52: every Axolotl key of the corpus gets a line of its own (what the key does in Axolotl, what fp8launch does or
+    the user should do), not "an Axolotl setting fp8launch has no equivalent for"; likewise the other kinds' catch-all, but for
+    the keys GENERIC_LEFT names."""
+    from launcher.commands.importer import KINDS
+
+    catch_all = {k.id: k.other for k in KINDS if "has no equivalent for" in k.other}  # DeepSpeed's says what it becomes
+    assert set(catch_all) == {"accelerate", "axolotl", "torchtitan", "megatron"}
+    bare, seen = {}, set()
+    for relative in [*CONFIGS, "axolotl/fft_optimized.yml"]:
+        out = tmp_path / relative.replace("/", "_")
+        out.mkdir()
+        r = import_config(str(DATA / relative), folder=str(out))
+        for e in r.report.entries:
+            if e.note == catch_all.get(r.kind.id):
+                seen.add((r.kind.id, e.source))
+                if e.source not in GENERIC_LEFT.get(r.kind.id, set()):
+                    bare[f"{relative}: {e.source}"] = e.note
+    assert not bare, bare
+    assert {s for _, s in seen} == set().union(*GENERIC_LEFT.values())  # the list shrinks as lines get their own text
+
+
 @pytest.mark.parametrize("relative", CONFIGS)
 def test_the_written_spec_plans_and_starts_with_the_report(relative, cli, tmp_path):
     r = cli("import", str(DATA / relative), "--out", "imported.toml")

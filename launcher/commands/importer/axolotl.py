@@ -231,6 +231,47 @@ def _distributed(d: Draft) -> None:
         d.group(key, "Axolotl plugins (e.g. Liger kernels): fp8launch runs the model's own modules")
     d.bundle(tuple(k for k in d.untaken() if k.startswith("liger_")),
              "Liger kernels: fp8launch runs the model's own modules (FP8 replaces the Linears, compile fuses the rest)")
+    _loading(d)
+
+
+AXOLOTL_AT = "axolotl 067b021c"
+
+
+def _loading(d: Draft) -> None:
+    """How Axolotl loads and patches the model (src/axolotl/utils/schemas/{model,config}.py, loaders/model.py,
+    loaders/patch_manager.py, prompt_strategies/chat_template.py at 067b021c), each said with what fp8launch does instead."""
+    if d.has("use_kernels"):
+        on = "on" if d.get("use_kernels") else "off in the source"
+        d.none("use_kernels", f"transformers' Hub kernels ({on}): Axolotl passes use_kernels to from_pretrained, which swaps "
+                              "modules for kernels from the Hub, e.g. MegaBlocks MoE (loaders/model.py, "
+                              f"{AXOLOTL_AT}); fp8launch runs the model's own modules (builtin MoE: grouped GEMMs; FP8 replaces "
+                              "the Linears, compile fuses the rest): nothing to set, the numerics are the model's")
+    quant = tuple(k for k in d.untaken() if k == "model_quantization_config" or k.startswith("model_quantization_config_kwargs"))
+    d.bundle(quant, "the quantization transformers loads the checkpoint with (Mxfp4Config: gpt-oss's MXFP4 experts, "
+                    "dequantize: true unpacks them to the training dtype; FineGrainedFP8Config; loaders/model.py "
+                    f"_set_quantization_config, {AXOLOTL_AT}): fp8launch reads an hf: folder's weights as plain tensors of "
+                    "the model's shapes, not quantized blocks and scales: save a dequantized copy once (transformers: "
+                    "from_pretrained(MODEL, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.bfloat16)"
+                    ".save_pretrained(DIR)) and set train.model = \"hf:DIR\"; fp8launch's own FP8 is precision.mode")
+    if d.has("experimental_skip_move_to_device"):
+        d.none("experimental_skip_move_to_device",
+               "Axolotl leaves the loaded model on the CPU until FSDP / DeepSpeed shards it (default true; false moves it whole "
+               f"to the GPU first: loaders/model.py, {AXOLOTL_AT}); fp8launch always builds on the meta device and gives each "
+               "rank storage for its shard only, an hf: folder's weights read one module at a time: nothing to set")
+    if d.has("eot_tokens"):
+        d.none("eot_tokens", "the chat template's end-of-turn tokens whose labels Axolotl trains or masks in each "
+                             f"conversation (prompt_strategies/chat_template.py, {AXOLOTL_AT}); fp8launch trains on every "
+                             "token of the text it reads, with no chat template or turn masks: render the conversations "
+                             "with the template into text once (see datasets), the turn-ending tokens included")
+    if d.has("flash_attn_cross_entropy"):
+        d.none("flash_attn_cross_entropy", "flash-attn's fused cross-entropy, patched into Llama-derived models "
+                                           f"(loaders/patch_manager.py _patch_loss_llama, {AXOLOTL_AT}); fp8launch computes "
+                                           "the loss with torch's cross_entropy in fp32 (compiled with the model where "
+                                           "compile.enabled): nothing to set, the same loss")
+    if d.has("flash_attn_fuse_mlp"):
+        d.none("flash_attn_fuse_mlp", "xformers' fused SwiGLU replacing a Llama MLP (loaders/patch_manager.py, "
+                                      f"replace_llama_mlp_with_swiglu, {AXOLOTL_AT}); fp8launch runs the model's own MLP (FP8 "
+                                      "replaces its Linears, compile fuses the activation): nothing to set, the same function")
 
 
 def _context_parallel(d: Draft) -> None:
