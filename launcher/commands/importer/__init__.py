@@ -23,7 +23,7 @@ from launcher.errors import EnvironmentProblem, SourceError, with_fix
 from launcher.planning import bounded
 from launcher.planning.sourcemap import json_duplicates
 
-from . import accelerate, axolotl, deepspeed, megatron, torchtitan
+from . import accelerate, axolotl, deepspeed, megatron, placeholders, torchtitan
 from .draft import Draft, render, source_stem, spec_name
 from .kind import Kind
 from .planable import settle
@@ -237,6 +237,7 @@ def import_config(path: str, folder: str = ".") -> Imported:
     except (ValueError, TypeError) as e:  # a value of the wrong type (lr: "fast"): invalid input, one line
         raise SourceError(path, f"a value this {kind.title} should not have: {e}") from None
     draft.leftovers(kind.other)
+    placeholders.size_world(draft)
     draft.name = spec_name(kind.name(draft) or source_stem(path))
     header = [f"Imported by `fp8launch import` from {os.path.basename(path)} ({kind.title}).",
               "Each setting of the source and what it became; a line marked PLACEHOLDER needs your value.", ""]

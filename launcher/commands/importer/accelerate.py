@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import os
 
+from launcher.errors import SourceError, with_fix
+
 from . import context, deepspeed, hub
 from .draft import Draft
 from .kind import Kind, count
@@ -211,6 +213,9 @@ def _precision(d: Draft, strategy: str) -> None:
     if mp != "fp8":
         if d.has("mixed_precision"):
             d.mapped("mixed_precision", ("precision.mode", {"no": "fp32"}.get(mp, mp)))
+        elif strategy != "deepspeed":  # config_args.py leaves it None; launch.py _validate_launch_command (1.15) sets "no"
+            d.mapped("(mixed_precision)", ("precision.mode", "fp32"), value="no",
+                     note="Accelerate's default when the config names none: full fp32 (fp8launch's own default would be bf16)")
         d.group("fp8_config", "mixed_precision is not fp8: Accelerate does not read fp8_config")
         return
     f = "fp8_config."
@@ -396,10 +401,42 @@ def _dynamo(d: Draft) -> None:
     d.group("dynamo_config", "fp8launch compiles with static shapes (every batch has the same shape)")
 
 
+def _refused_parallelism(d: Draft, p: str) -> None:
+    """What Accelerate 1.15's ParallelismConfig refuses (parallelism_config.py __post_init__ / _validate, lines 309-334):
+    sizes below 1, a cp_backend other than "torch", an sp_backend other than "deepspeed", CP and SP together. The import
+    stops as `accelerate launch` does, with Accelerate's words."""
+    for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
+        if d.has(p + name) and int(d.get(p + name)) < 1:
+            _refuse(d, f"{p}{name}: {name} must be at least 1, but got {d.get(p + name)}", f"set {name} to 1 or more")
+    for name, valid in (("cp_backend", "torch"), ("sp_backend", "deepspeed")):
+        if d.has(p + name) and str(d.get(p + name)) != valid:
+            _refuse(d, f"{p}{name}: {name} must be one of ['{valid}'], but got {d.get(p + name)}",
+                    f"write {name}: {valid}" + (" (DeepSpeed's Ulysses is sp_size with sp_backend: deepspeed)"
+                                                if name == "cp_backend" else ""))
+    if int(d.get(p + "cp_size", 1)) > 1 and int(d.get(p + "sp_size", 1)) > 1:
+        _refuse(d, f"{p}cp_size, {p}sp_size: Context Parallelism (CP) and Sequence Parallelism (SP) are mutually exclusive",
+                "set either cp_size: 1 or sp_size: 1")
+
+
+def _refuse(d: Draft, what: str, fix: str) -> None:
+    raise SourceError(d.path, with_fix(f"{what}; Accelerate stops (ParallelismConfig raises ValueError)", fix))
+
+
 def _parallelism(d: Draft) -> None:
     p = "parallelism_config.parallelism_config_"
+    _refused_parallelism(d, p)
     if d.has(p + "tp_size"):
         d.mapped(p + "tp_size", ("distributed.tensor_parallel", int(d.get(p + "tp_size"))))
+    sp = int(d.get(p + "sp_size", 1))
+    if sp > 1:
+        sources = tuple(k for k in (p + "sp_size", p + "sp_backend") if d.has(k))
+        d.approximated(sources, ("distributed.context_parallel", sp), value=sp,
+                       before=f"DeepSpeed Ulysses sequence parallel over {sp} ranks: each sequence split over them, an all-to-all "
+                              "swaps the sequence split for a split of the attention heads around attention",
+                       after=f"distributed.context_parallel = {sp}: torch's ring attention, the same split of each sequence, the key "
+                             "/ value shards all-gathered",
+                       effect=f"the same attention, the same {sp} ranks reading the same batches (world / {sp} data-parallel ranks); "
+                              "another collective, so the speed and memory differ")
     cp = int(d.get(p + "cp_size", 1))
     if cp > 1:
         d.mapped(p + "cp_size", ("distributed.context_parallel", cp),

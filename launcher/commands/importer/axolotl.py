@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import os
 
+from launcher.errors import SourceError, with_fix
+
 from . import deepspeed, hub
 from .draft import Draft
 from .kind import Kind, count
@@ -81,8 +83,9 @@ def _read(d: Draft) -> None:
 
 def _model_and_data(d: Draft) -> None:
     base = d.get("base_model")
-    if base is not None:
-        hub.model(d, "base_model", str(base))
+    if base is None:
+        _required(d, "base_model")
+    hub.model(d, "base_model", str(base))
     for key in ("base_model_config", "tokenizer_config", "tokenizer_type", "model_type", "tokenizer_use_fast"):
         if d.has(key):
             d.none(key, "fp8launch reads the model's own config.json and tokenizer.json from the train.model folder")
@@ -150,9 +153,17 @@ def _precision(d: Draft) -> None:
     for key in ("bf16", "fp16"):
         if d.has(key) and key not in d.taken:
             d.mapped(key, note="off" if d.get(key) is False else "")
-    for key in ("tf32", "float32", "bfloat16", "float16"):
+    if d.has("tf32"):  # Axolotl passes tf32 to TrainingArguments, which sets torch.backends.cuda.matmul.allow_tf32
+        if d.get("tf32") in (False, "false"):
+            d.mapped("tf32", note="off: fp32 matmuls in full fp32, torch's default (torch.backends.cuda.matmul.allow_tf32 = False), "
+                                  "which fp8launch keeps")
+        else:
+            d.none("tf32", "the HF Trainer turns TF32 matmuls on (torch.backends.cuda.matmul.allow_tf32); fp8launch keeps torch's "
+                           "default, off: the matmuls left in fp32 (outside the bf16 / FP8 ones: the loss, optimizer-side math) run "
+                           "in full fp32, a little slower and no less precise")
+    for key in ("float32", "bfloat16", "float16"):
         if d.has(key):
-            d.none(key, "fp8launch sets the dtypes from precision.mode / high_precision; TF32 matmuls are torch's default setting")
+            d.none(key, "fp8launch sets the dtypes from precision.mode / high_precision")
     for key in ("load_in_8bit", "load_in_4bit", "adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules",
                 "lora_target_linear"):
         if d.has(key):
@@ -194,9 +205,7 @@ def _distributed(d: Draft) -> None:
     if d.has("expert_parallel_size"):
         d.mapped("expert_parallel_size", ("distributed.expert_parallel", int(d.get("expert_parallel_size"))))
     _context_parallel(d)
-    for key in ("dp_shard_size", "dp_replicate_size"):
-        if d.has(key):
-            d.none(key, "fp8launch's FSDP2 shards over every data-parallel rank (world size / tensor_parallel)")
+    _data_parallel(d)
     if d.has("torch_compile"):
         on = d.get("torch_compile") in (True, "auto")
         d.mapped("torch_compile", ("compile.enabled", on))
@@ -222,6 +231,47 @@ def _distributed(d: Draft) -> None:
         d.group(key, "Axolotl plugins (e.g. Liger kernels): fp8launch runs the model's own modules")
     d.bundle(tuple(k for k in d.untaken() if k.startswith("liger_")),
              "Liger kernels: fp8launch runs the model's own modules (FP8 replaces the Linears, compile fuses the rest)")
+    _loading(d)
+
+
+AXOLOTL_AT = "axolotl 067b021c"
+
+
+def _loading(d: Draft) -> None:
+    """How Axolotl loads and patches the model (src/axolotl/utils/schemas/{model,config}.py, loaders/model.py,
+    loaders/patch_manager.py, prompt_strategies/chat_template.py at 067b021c), each said with what fp8launch does instead."""
+    if d.has("use_kernels"):
+        on = "on" if d.get("use_kernels") else "off in the source"
+        d.none("use_kernels", f"transformers' Hub kernels ({on}): Axolotl passes use_kernels to from_pretrained, which swaps "
+                              "modules for kernels from the Hub, e.g. MegaBlocks MoE (loaders/model.py, "
+                              f"{AXOLOTL_AT}); fp8launch runs the model's own modules (builtin MoE: grouped GEMMs; FP8 replaces "
+                              "the Linears, compile fuses the rest): nothing to set, the numerics are the model's")
+    quant = tuple(k for k in d.untaken() if k == "model_quantization_config" or k.startswith("model_quantization_config_kwargs"))
+    d.bundle(quant, "the quantization transformers loads the checkpoint with (Mxfp4Config: gpt-oss's MXFP4 experts, "
+                    "dequantize: true unpacks them to the training dtype; FineGrainedFP8Config; loaders/model.py "
+                    f"_set_quantization_config, {AXOLOTL_AT}): fp8launch reads an hf: folder's weights as plain tensors of "
+                    "the model's shapes, not quantized blocks and scales: save a dequantized copy once (transformers: "
+                    "from_pretrained(MODEL, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.bfloat16)"
+                    ".save_pretrained(DIR)) and set train.model = \"hf:DIR\"; fp8launch's own FP8 is precision.mode")
+    if d.has("experimental_skip_move_to_device"):
+        d.none("experimental_skip_move_to_device",
+               "Axolotl leaves the loaded model on the CPU until FSDP / DeepSpeed shards it (default true; false moves it whole "
+               f"to the GPU first: loaders/model.py, {AXOLOTL_AT}); fp8launch always builds on the meta device and gives each "
+               "rank storage for its shard only, an hf: folder's weights read one module at a time: nothing to set")
+    if d.has("eot_tokens"):
+        d.none("eot_tokens", "the chat template's end-of-turn tokens whose labels Axolotl trains or masks in each "
+                             f"conversation (prompt_strategies/chat_template.py, {AXOLOTL_AT}); fp8launch trains on every "
+                             "token of the text it reads, with no chat template or turn masks: render the conversations "
+                             "with the template into text once (see datasets), the turn-ending tokens included")
+    if d.has("flash_attn_cross_entropy"):
+        d.none("flash_attn_cross_entropy", "flash-attn's fused cross-entropy, patched into Llama-derived models "
+                                           f"(loaders/patch_manager.py _patch_loss_llama, {AXOLOTL_AT}); fp8launch computes "
+                                           "the loss with torch's cross_entropy in fp32 (compiled with the model where "
+                                           "compile.enabled): nothing to set, the same loss")
+    if d.has("flash_attn_fuse_mlp"):
+        d.none("flash_attn_fuse_mlp", "xformers' fused SwiGLU replacing a Llama MLP (loaders/patch_manager.py, "
+                                      f"replace_llama_mlp_with_swiglu, {AXOLOTL_AT}); fp8launch runs the model's own MLP (FP8 "
+                                      "replaces its Linears, compile fuses the activation): nothing to set, the same function")
 
 
 def _context_parallel(d: Draft) -> None:
@@ -245,6 +295,29 @@ def _context_parallel(d: Draft) -> None:
         if d.has(option):
             d.none(option, f"{what}: " + ("fp8launch's context parallel is torch's ring attention (causal, load-balanced head and "
                                           "tail), nothing to choose" if cp > 1 else "no context parallelism: no effect"))
+
+
+def _data_parallel(d: Draft) -> None:
+    """dp_shard_size x dp_replicate_size (Axolotl's ParallelismConfig: the data-parallel ranks, HSDP where replicate > 1):
+    the placeholder world holds them (placeholders.size_world), times the model-parallel degrees."""
+    shard, replicate = d.get("dp_shard_size"), d.get("dp_replicate_size")
+    shard = shard if isinstance(shard, int) and not isinstance(shard, bool) and shard > 0 else None
+    replicate = replicate if isinstance(replicate, int) and not isinstance(replicate, bool) and replicate > 0 else 1
+    experts = d.get("expert_parallel_size")
+    experts = experts if isinstance(experts, int) and not isinstance(experts, bool) and experts > 1 else 1
+    if shard:  # Axolotl's experts split the ranks further: "world size 4 minimum: expert_parallel_size x dp_shard_size"
+        d.dp_stated = shard * replicate * experts  # (examples/expert_parallel/qwen3_30ba3b_ep_fsdp_fft_4gpu.yaml)
+        d.mapped("dp_shard_size", value=shard, note=f"FSDP2 shards over the data-parallel ranks ({d.dp_stated}"
+                                                    + (f" with expert_parallel_size {experts}" if experts > 1 else "")
+                                                    + ": the placeholder world holds them, times tensor / context parallel)")
+    elif d.has("dp_shard_size"):
+        d.none("dp_shard_size", "not a positive count: Axolotl derives it from the world size; so does fp8launch")
+    if d.has("dp_replicate_size") and replicate > 1:
+        d.approximated("dp_replicate_size", value=replicate, before=f"HSDP: {replicate} replicas, each sharded over its own ranks",
+                       after="FSDP2 sharded over every data-parallel rank", effect="less memory per GPU, more traffic between the "
+                       "replicas' nodes")
+    elif d.has("dp_replicate_size"):
+        d.mapped("dp_replicate_size", note="no replication: plain FSDP")
 
 
 def _fsdp_config(d: Draft) -> None:
@@ -300,6 +373,9 @@ def _training(d: Draft) -> None:
         d.mapped("max_grad_norm", ("train.max_grad_norm", float(d.get("max_grad_norm"))))
     if d.has("seed"):
         d.mapped("seed", ("train.seed", int(d.get("seed"))))
+    else:  # Axolotl passes seed to TrainingArguments only when set (core/builders/base.py:649, 067b021c)
+        d.mapped("(seed)", ("train.seed", hub.HF_TRAINER_SEED), value=hub.HF_TRAINER_SEED,
+                 note="no seed: Axolotl leaves it to the Hugging Face Trainer, whose TrainingArguments.seed defaults to 42")
     if d.has("output_dir"):
         d.mapped("output_dir", ("train.output_dir", str(d.get("output_dir"))))
     if d.has("save_steps"):
@@ -316,6 +392,16 @@ def _training(d: Draft) -> None:
     for key in ("evals_per_epoch", "eval_steps", "eval_strategy", "eval_batch_size", "eval_sample_packing"):
         if d.has(key):
             d.none(key, "fp8launch evaluates every eval.every steps on [eval] data (a local held-out file)")
+
+
+def _required(d: Draft, key: str) -> None:
+    """A key Axolotl's schema requires (no default: src/axolotl/utils/schemas/training.py:116 `learning_rate: str | float`,
+    model.py:17 `base_model: str`, 067b021c): Axolotl stops with pydantic's "Field required", and so does the import, naming
+    the misspelt key the file holds where there is one."""
+    near = next((u.key for u in d.unknowns if u.near == key), None)
+    said = f" ({near} is not it: Axolotl drops an unknown key)" if near else ""
+    raise SourceError(d.path, with_fix(f"{key}: missing{said}; Axolotl stops: its schema requires it (pydantic: Field required)",
+                                       f"set {key}" + (f" (rename {near})" if near else "")))
 
 
 def _optimizer(d: Draft) -> None:
@@ -337,6 +423,8 @@ def _optimizer(d: Draft) -> None:
                        effect=f"fp8launch has adamw, adam and sgd: another update rule than {name}'s")
     if d.has("learning_rate"):
         d.mapped("learning_rate", ("train.lr", _num(d.get("learning_rate"))))
+    else:
+        _required(d, "learning_rate")
     wd = _num(d.get("weight_decay", 0.0))
     d.mapped("weight_decay" if d.has("weight_decay") else "(weight_decay)", ("train.weight_decay", wd),
              ("train.weight_decay_exclude", "norms_and_biases"), value=wd,

@@ -82,8 +82,10 @@ def vet(d: Draft, p: str = "") -> list[Unknown]:
     stops at initialize(); reported at the top level, where it ignores them."""
     keys = [k[len(p):] for k in d.leaves if k.startswith(p)]
     strict = {f"{s}.{k}" for s, names in known.STRICT.items() for k in names}
-    out = []
-    for key, near in unknown(keys, set(known.TOP) | strict):
+    out = [Unknown(p + key, None, f"DeepSpeed 0.19 removed {what} and refuses a config that sets it (DeepSpeedConfigError): "
+                   "delete it", refused=True, tool="DeepSpeed 0.19")
+           for key, what in known.REMOVED.items() if key in keys or any(k.startswith(key + ".") for k in keys)]
+    for key, near in unknown(keys, set(known.TOP) | set(known.WORLD) | strict):
         refused = "." in key
         says = ("DeepSpeed stops at initialize(): its pydantic section forbids unknown keys (\"Extra inputs are not permitted\")"
                 if refused else "DeepSpeed reads only the keys it knows and ignores it")
@@ -134,9 +136,17 @@ def read_config(d: Draft, p: str = "", parent: str = "") -> None:
         d.mapped(z + "reduce_bucket_size", ("distributed.deepspeed.reduce_bucket_size", int(d.get(z + "reduce_bucket_size"))))
     for key in [k[len(z):] for k in d.untaken(z[:-1]) if d.get(k) == "auto"]:
         auto("zero_optimization." + key)
+    d.group(z + "zenflow", "ZenFlow (DeepSpeed's stall-free offload: the top-k gradients applied on the GPU every "
+                                             "step, the rest on the CPU every update_interval steps): fp8launch's CPU offload "
+                                             "(deepspeed.offload_optimizer) updates every parameter every step")
     d.group(z[:-1], OTHER)
 
     _precision(d, p, auto, parent)
+    _autotp(d, p)
+    _sequence_parallel(d, p)
+    d.group(p + "data_efficiency", "DeepSpeed's data efficiency (random-LTD: tokens dropped in middle layers; curriculum: "
+                                   "sequences lengthened over the run) needs the script's model and data code: fp8launch trains "
+                                   "every token through every layer at train.seq_len from the first step")
     _batch(d, p, auto)
     if d.has(p + "gradient_clipping") and not auto("gradient_clipping"):
         d.mapped(p + "gradient_clipping", ("train.max_grad_norm", float(d.get(p + "gradient_clipping"))))
@@ -198,6 +208,41 @@ def _precision(d: Draft, p: str, auto, parent: str) -> None:
     d.group(p + "msamp", "MS-AMP's DeepSpeed section: fp8launch writes it from precision.msamp")
 
 
+def _autotp(d: Draft, p: str) -> None:
+    """DeepSpeed's AutoTP (tensor_parallel.autotp_size, DeepSpeed 0.19.8 engine.py: _configure_tensor_parallel at line 595,
+    mpu._init_tp_mesh_device at 958): each Linear's weights sharded over autotp_size ranks, the data-parallel world (and so
+    train_batch_size's) world / autotp_size. fp8launch's tensor_parallel is the same split of the weights over the same ranks."""
+    key = p + "tensor_parallel.autotp_size"
+    if not d.has(key):
+        return
+    size = int(d.get(key))
+    if size <= 1:
+        d.mapped(key, note="off")
+        return
+    d.approximated(key, ("distributed.tensor_parallel", size), before=f"DeepSpeed AutoTP: each Linear's weights split over {size} "
+                   "ranks (column / row, its automatic plan), the activations between blocks whole on each rank",
+                   after=f"distributed.tensor_parallel = {size}: torch's tensor parallel plan with sequence parallel",
+                   effect=f"the same split of the weights over {size} ranks and the same data-parallel ranks (world / {size}); "
+                          "sequence parallel also splits the activations between blocks, less memory")
+
+
+def _sequence_parallel(d: Draft, p: str) -> None:
+    """sequence_parallel_size (DeepSpeed's Ulysses: each sequence split over that many ranks, attention's heads exchanged
+    all-to-all; DeepSpeed 0.19.8 runtime/config.py 468 counts world / sequence_parallel_size data-parallel ranks)."""
+    key = p + "sequence_parallel_size"
+    if not d.has(key):
+        return
+    size = int(d.get(key))
+    if size <= 1:
+        d.mapped(key, note="off")
+        return
+    d.approximated(key, ("distributed.context_parallel", size), before=f"DeepSpeed Ulysses: each sequence split over {size} ranks, "
+                   "the attention heads exchanged all-to-all", after=f"distributed.context_parallel = {size}: torch's context "
+                   "parallel (ring attention over the same split)", effect=f"the same split of each sequence over {size} ranks "
+                   f"and the same data-parallel ranks (world / {size}); another attention communication, the same numerics up "
+                   "to rounding")
+
+
 def _num(value):
     """A number as DeepSpeed reads it (5e8 in JSON is a float; "auto" and strings stay as they are)."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
@@ -245,8 +290,7 @@ def _scheduler(d: Draft, p: str, auto, parent: str) -> None:
     kind = d.get(s + "type")
     if kind is None:
         if not parent:
-            d.mapped("(scheduler)", ("train.warmup_steps", 0), ("train.min_lr_ratio", 1.0),
-                     note='no "scheduler" section: DeepSpeed keeps the lr constant, so does the spec')
+            _no_scheduler(d, p, auto)
         return
     params = s + "params."
     if d.has(params + "warmup_num_steps") and not auto("scheduler.params.warmup_num_steps"):
@@ -288,15 +332,45 @@ def _scheduler(d: Draft, p: str, auto, parent: str) -> None:
     d.group(p + "scheduler", "fp8launch's schedule has warmup_steps, steps and min_lr_ratio only")
 
 
+def _no_scheduler(d: Draft, p: str, auto) -> None:
+    """No "scheduler" section, the JSON read alone. DeepSpeed 0.19.8 steps the lr_scheduler the script passes to
+    deepspeed.initialize, and builds one from the JSON only where the script passes none (engine.py _configure_lr_scheduler,
+    lines 1883-1895): without a "scheduler" section, none, so the lr stays constant. The HF Trainer always passes its own
+    (transformers 5.23 integrations/deepspeed.py deepspeed_optim_sched: with no "scheduler", trainer.create_scheduler,
+    lr_scheduler_type "linear" by default). So the lr is DeepSpeed's constant only where the JSON holds the optimizer and its lr
+    (the deepspeed launcher running a script that hands DeepSpeed its model alone); else the schedule is the script's."""
+    lr = p + "optimizer.params.lr"
+    if d.has(lr) and not auto("optimizer.params.lr"):
+        d.mapped("(scheduler)", ("train.warmup_steps", 0), ("train.min_lr_ratio", 1.0),
+                 note='no "scheduler" section beside an "optimizer" with its lr: DeepSpeed builds no scheduler (engine.py '
+                      "_configure_lr_scheduler) and the lr stays constant, so does the spec; a script passing its own lr_scheduler to "
+                      "deepspeed.initialize (the HF Trainer does) decides it instead: then set train.warmup_steps and min_lr_ratio")
+        return
+    warmup, ratio = d.used("train.warmup_steps"), d.used("train.min_lr_ratio")
+    instead = ("your script's schedule: train.warmup_steps and train.min_lr_ratio (the HF Trainer's default is linear with no "
+               "warm-up to 0: warmup_steps = 0, min_lr_ratio = 0.0)")
+    d.placeholders["train.warmup_steps"] = instead
+    d.placeholders["train.min_lr_ratio"] = instead
+    d.none("(scheduler)", 'no "scheduler" section, and the optimizer and its lr are not in this file: the training script passes '
+                          "its own optimizer and lr_scheduler to deepspeed.initialize (the HF Trainer does, with its own "
+                          "lr_scheduler_type, linear by default), and DeepSpeed steps that one; "
+                          f"train.warmup_steps = {warmup}, train.min_lr_ratio = {shown(ratio)} (fp8launch's defaults) are "
+                          "PLACEHOLDERs", ("train.warmup_steps", warmup), ("train.min_lr_ratio", ratio))
+
+
 def world_from_batch(d: Draft) -> None:
     """A DeepSpeed JSON read alone: its train_batch_size = micro x accum x world says the world size."""
     b = d.batch
     why = "the deepspeed launcher's --num_gpus / --num_nodes set the world size, not this file"
+    # AutoTP and Ulysses: train_batch_size counts world / (autotp_size x sequence_parallel_size) ranks
+    tp = int(d.value("distributed.tensor_parallel", 1)) * int(d.value("distributed.context_parallel", 1))
     if b.micro and b.accum and b.global_ and b.global_ % (b.micro * b.accum) == 0:
-        world = b.global_ // (b.micro * b.accum)
+        world = b.global_ // (b.micro * b.accum) * tp
         nodes, procs = (1, world) if world <= 8 else (world // 8, 8) if world % 8 == 0 else (1, world)
         d.mapped("(world size)", ("distributed.nodes", nodes), ("distributed.procs_per_node", procs),
-                 note=f"train_batch_size / (train_micro_batch_size_per_gpu x gradient_accumulation_steps) = {world} processes")
+                 note=f"train_batch_size / (train_micro_batch_size_per_gpu x gradient_accumulation_steps) = {world // tp} "
+                      + (f"data-parallel ranks x {tp} (autotp_size x sequence_parallel_size) = {world} processes" if tp > 1
+                         else "processes"))
     elif b.micro and b.global_ and not b.accum and b.global_ % b.micro == 0:
         # DeepSpeed derives the accumulation: train_batch_size / (micro x world); the placeholder world keeps it whole
         procs = max(n for n in range(1, 9) if (b.global_ // b.micro) % n == 0)

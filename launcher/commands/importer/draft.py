@@ -82,6 +82,18 @@ class Draft:
         """"auto" entries, the spec key each one names and why (auto())."""
         self.unknowns: list[Unknown] = []
         """Keys the source's tool does not read (ignore())."""
+        self.dp_stated: int | None = None
+        """The data-parallel degree the source states (torchtitan's data_parallel_shard_degree x replicate), where it does:
+        a placeholder world size holds it (placeholders.size_world)."""
+        self.world_why = ""
+        self.world_procs = 8
+        self.folder = ""
+        """Where the spec is planned (planable.settle)."""
+        self.finishers: list = []
+        """Callables(draft) run by finish() after each planning round: a line whose reason depends on what the rules left of the
+        spec (torchtitan's reshard reason, which cites a pipeline a rule may have taken away)."""
+        self.world_entry: Entry | None = None
+        """world_unknown(): why the world size is a placeholder, the count the importer proposed, and its entry."""
 
     # --- the source ------------------------------------------------------------------------------
 
@@ -187,8 +199,10 @@ class Draft:
         return entry
 
     def world_unknown(self, why: str, procs: int = 8) -> None:
-        """The source does not say how many processes run: 1 node x `procs` (fp8launch's default 8), a placeholder."""
-        self.placeholder("(world size)", "distributed.procs_per_node", procs,
+        """The source does not say how many processes run: 1 node x `procs` (fp8launch's default 8), a placeholder, grown to
+        hold the source's degrees once they are read (placeholders.size_world)."""
+        self.world_why, self.world_procs = why, procs
+        self.world_entry = self.placeholder("(world size)", "distributed.procs_per_node", procs,
                          f"{why}; 1 node x {procs} processes" + (" (fp8launch's default)" if procs == 8 else ""),
                          "your GPUs per node (and distributed.nodes)")
 
@@ -232,6 +246,8 @@ class Draft:
         """What depends on the whole spec, made again at each planning round: the tables no setting reads dropped
         (prune), the batch entries, the values the "auto" lines name."""
         self.prune()
+        for finisher in self.finishers:
+            finisher(self)
         self._batch()
         for entry, key, why in self.autos:
             used = self.used(key)
@@ -250,16 +266,20 @@ class Draft:
         strategy = self.value("distributed.strategy", "fsdp2")
         unread = {**{f"precision.{b.section}": mode != "fp8" or backend != b.name for b in BACKENDS.values()},
                   "distributed.fsdp2": strategy != "fsdp2",
-                  "distributed.deepspeed": strategy != "deepspeed"}
+                  "distributed.deepspeed": strategy != "deepspeed",
+                  "distributed.pipeline": self.value("distributed.pipeline_parallel", 1) <= 1}
         for section, drop in unread.items():
             if not drop or self.value(section) is None:
                 continue
             self.unset(section)
-            reader = (f"distributed.strategy = {strategy!r}" if section.startswith("distributed") else
+            reader = ("distributed.pipeline_parallel = 1" if section == "distributed.pipeline" else
+                      f"distributed.strategy = {strategy!r}" if section.startswith("distributed") else
                       f"precision.backend = {backend!r}" if mode == "fp8" else f"precision.mode = {mode!r}")
-            for e in self.report.entries:
+            for e in list(self.report.entries):
                 gone = [k for k, _ in e.sets if k.startswith(section + ".")]
-                if gone:
+                if gone and e.source.startswith("(rule ") and len(gone) == len(e.sets):
+                    self.report.entries.remove(e)  # a rule's move inside a section no longer written: nothing of it is left
+                elif gone:
                     e.sets = [(k, v) for k, v in e.sets if k not in gone]
                     e.note = (e.note + "; " if e.note else "") + f"{', '.join(gone)} not written: no effect with {reader}"
 

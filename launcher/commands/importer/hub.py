@@ -18,6 +18,10 @@ from .draft import Draft
 LLAMA3 = ("builtin:llama3-1b", "builtin:llama3-8b", "builtin:llama3-70b")
 """The builtin Llama 3 shapes, smallest first (parameter counts from launcher/planning/models.py)."""
 
+DENSE = ("builtin:llama-small",) + LLAMA3
+"""The builtin dense shapes of a real model's size, for a dense model of any family the name gives a size of (Qwen3-32B,
+GPT-3 175B, Falcon-E-3B): the placeholder is the shape nearest in parameters, not the debug model."""
+
 MOE = ("builtin:deepseek-v3-16b", "builtin:qwen3-30b-a3b")
 """The builtin MoE shapes of a real model's size."""
 
@@ -31,7 +35,13 @@ MOE_NAME = re.compile(r"moe|mixtral|\d+x\d+(\.\d+)?b|-a\d+(\.\d+)?b|gpt[-_]?oss|
                       r"experts?\b", re.I)
 """A model name that says Mixture-of-Experts."""
 
+HF_TRAINER_SEED = 42
+"""transformers' TrainingArguments.seed default (training_args.py, 5.23): what a run on the Hugging Face Trainer seeds with
+where its config says no seed (Axolotl passes `seed` only when set: core/builders/base.py, axolotl 067b021c)."""
+
 DEBUG = "builtin:llama-debug"
+SCRIPT_MODEL = "builtin:llama3-1b"
+"""The placeholder where the source holds no model at all (its training script builds it)."""
 MOE_DEBUG = "builtin:moe-debug"
 
 
@@ -66,7 +76,17 @@ def nearest_builtin(name: str) -> str:
         return nearest(MOE, size) if size else MOE[-1]
     if re.search(r"llama[-_ ]?3", name, re.I) and size:
         return nearest(LLAMA3, size)
+    if size:
+        return nearest(DENSE, size)
     return DEBUG
+
+
+def shape_billions(layers: int, hidden: int, ffn: int | None, vocab: int | None, gated: bool = True) -> float:
+    """A decoder's parameters in billions from its shape (attention 4 h^2 a layer, the MLP 3 or 2 h x ffn, embedding and
+    head): what picks the placeholder builtin nearest a Megatron model shape."""
+    ffn = ffn or 4 * hidden
+    per_layer = 4 * hidden * hidden + (3 if gated else 2) * hidden * ffn
+    return (layers * per_layer + 2 * (vocab or 50257) * hidden) / 1e9
 
 
 def is_hub_id(name: str) -> bool:
@@ -126,13 +146,18 @@ def dataset(draft: Draft, source: str | tuple[str, ...], name: str, *, column: s
 def script(draft: Draft, what: str, optimizer: bool = True) -> None:
     """Placeholders for a source that holds no model, no data and no step count (its training script has them), and
     the optimizer and schedule fp8launch fills in where the source holds none either."""
-    draft.placeholder("(model)", "train.model", DEBUG, f"{what} holds no model: the training script builds it",
+    draft.placeholder("(model)", "train.model", SCRIPT_MODEL, f"{what} holds no model: the training script builds it; until then "
+                      f"{SCRIPT_MODEL}, a small real shape (a debug model's GEMMs are too small for FP8 to gain: FP8-NO-GAIN)",
                       'your model: "hf:DIR" (a downloaded Hub model), "builtin:NAME" or "py:module:function"')
     draft.placeholder("(data)", "train.data", "synthetic", f"{what} holds no data: the training script loads it",
                       'your data: "text:PATH", "tokens:PATH", "megatron:PREFIX", "hf-dataset:PATH" or "py:module:function"')
     if draft.value("train.steps") is None:
         draft.placeholder("(steps)", "train.steps", draft.used("train.steps"), f"{what} holds no step count: the training script "
                           "decides it", "your run's optimizer steps")
+    if draft.value("train.seed") is None:
+        # transformers 5.23 training_args.py:1293: TrainingArguments.seed = 42, set at the start of training
+        draft.placeholder("(seed)", "train.seed", HF_TRAINER_SEED, f"{what} holds no seed: the training script seeds (a script on "
+                          f"the Hugging Face Trainer with TrainingArguments' default, {HF_TRAINER_SEED})", "your script's seed")
     if optimizer and draft.value("train.optimizer") is None and draft.value("train.lr") is None:
         used = {k: draft.used(f"train.{k}") for k in ("optimizer", "lr", "adam_betas", "weight_decay", "warmup_steps", "min_lr_ratio")}
         draft.none("(optimizer, schedule)", f"{what} holds neither: the training script builds them; the spec uses fp8launch's "

@@ -16,10 +16,12 @@ checkpoint, rng, ddp, mixed_precision) config. Both run Megatron-Core with Trans
 
 from __future__ import annotations
 
+import re
+
 from launcher.planning.memory import model_params
 from launcher.planning.models import parse_builtin
 
-from . import hub
+from . import hub, megatron_data, megatron_recompute
 from .draft import Draft
 from .kind import Kind, count
 from .known import Unknown, unknown
@@ -89,8 +91,23 @@ def _read(d: Draft) -> None:
     _optimizer(d)
     _schedule(d)
     _model(d)
+    _experts(d, fp8)
     _data(d)
+    _recompute(d)
     _checkpoint_and_logs(d)
+
+
+def _experts(d: Draft, fp8: bool) -> None:
+    """An MoE's experts under FP8: Megatron-Core runs them as Transformer Engine GroupedLinear (TEGroupedMLP) inside its fp8
+    autocast, so in FP8; fp8launch's TE backend converts nn.Linear only (rule MOE-EXPERTS-HP): the spec says bf16 for them."""
+    experts = int(_get(d, "num_moe_experts") or 0)
+    if not fp8 or experts <= 1 or d.value("precision.backend") != "te":
+        return
+    d.approximated("(grouped experts)", ("precision.rules", [{"match": "*.moe.experts", "mode": "bf16"}]),
+                   before=f"the {experts} experts' GEMMs in FP8 (Transformer Engine GroupedLinear in Megatron-Core's TEGroupedMLP)",
+                   after="the experts in bf16, every other Linear in FP8 (fp8launch's TE backend converts nn.Linear only)",
+                   effect="most of an MoE's FLOPs run in bf16: slower than the source, the experts' numerics are bf16's; "
+                          'precision.backend = "torchao" with recipe "mxfp8" or "rowwise" runs grouped FP8 experts')
 
 
 def _override(d: Draft) -> None:
@@ -201,6 +218,10 @@ def _fp8(d: Draft, preset: dict) -> bool:
     else:
         if first_last:
             d.mapped(_src(d, preset, "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"), *sets)
+        elif _at(d, "first_last_layers_bf16"):  # false: Megatron reads no num_layers_at_*_in_bf16 (mixed_precision.py)
+            keys = tuple(w for w in (_at(d, k) for k in ("first_last_layers_bf16", "num_layers_at_start_in_bf16",
+                                                          "num_layers_at_end_in_bf16")) if w)
+            d.mapped(keys, note="off: every transformer block in FP8 (the num_layers_at_*_in_bf16 are not read)")
         d.approximated("(output layer)", ("precision.keep_first_last", True), before="the output layer in bf16, every block in FP8",
                        after="the output layer and the first Linear (block 0's first projection) in bf16",
                        effect="one more Linear in bf16 than Megatron: a little slower, a little closer to bf16")
@@ -364,7 +385,13 @@ def _batch_and_steps(d: Draft) -> None:
     # a recipe can say 131072 and train at 1024: ConfigContainer.validate compares the two only for its own dataset classes)
     data = next((k for k in ("dataset.seq_length", "dataset.sequence_length", "model.data.seq_length") if isinstance(d.get(k), int)), None)
     seq = data or next((k for k in ("model.encoder_seq_length", "model.seq_length") if isinstance(d.get(k), int)), None)
-    if seq:
+    sft = "model.data.train_ds.max_seq_length"
+    if not seq and isinstance(d.get(sft), int):  # NeMo fine-tuning: rows up to this long, padded to the batch's longest
+        n = int(d.get(sft))
+        d.approximated(sft, ("train.seq_len", n), value=n, before=f"each row as long as it is, up to {n} tokens (cut beyond), "
+                       "padded to the longest row of its batch", after=f"every sequence {n} tokens of the joined rows",
+                       effect="more tokens a step where rows are shorter: another step time and loss average; no row is cut")
+    elif seq:
         n = int(d.get(seq))
         d.mapped(seq, ("train.seq_len", n), note="the dataset's sequence length: every batch is this long" if data else "")
         for other in ("model.encoder_seq_length", "model.seq_length", "dataset.seq_length", "dataset.sequence_length",
@@ -413,6 +440,13 @@ def _optimizer(d: Draft) -> None:
              note="every parameter decays" if wd_all else "Megatron skips weight decay for 1-D parameters and biases")
     if d.has(f"{o}.min_lr") and d.has(f"{o}.lr"):
         d.mapped(f"{o}.min_lr", ("train.min_lr_ratio", round(float(d.get(f"{o}.min_lr")) / float(d.get(f"{o}.lr")), 6)), note="min_lr / lr")
+    elif d.has(f"{o}.min_lr") and o == "optimizer":  # an override file: the lr is its recipe's, min_lr an absolute lr
+        d.placeholder(f"{o}.min_lr", "train.min_lr_ratio", 0.1, f"min_lr is an absolute lr ({d.get(f'{o}.min_lr')}) and this file "
+                      "sets no optimizer.lr (the recipe's Python does): set train.lr to the recipe's and train.min_lr_ratio = "
+                      "min_lr / lr", "min_lr / the recipe's lr")
+    if d.has(f"{o}.finetune_lr"):
+        d.none(f"{o}.finetune_lr", "no field of Megatron-Bridge's OptimizerConfig (a recipe function's argument, e.g. "
+                                   "recipes/qwen2_audio): set train.lr to the lr the run should use")
 
 
 def _schedule(d: Draft) -> None:
@@ -474,7 +508,7 @@ def _schedule(d: Draft) -> None:
 
 
 def _model(d: Draft) -> None:
-    found = {k: _get(d, k) for k in ARCHITECTURE if _at(d, k) and not _at(d, k).startswith("trainer.")}
+    found = {k: _resolved(d, _at(d, k)) for k in ARCHITECTURE if _at(d, k) and not _at(d, k).startswith("trainer.")}
     sources = tuple(_at(d, k) for k in found)
     experts = int(found.get("num_moe_experts") or 0)
     for builtin, shape in SHAPES.items():
@@ -485,15 +519,54 @@ def _model(d: Draft) -> None:
     name = d.get("run.name") or d.get("name") or ""
     if isinstance(tokenizer, str) and hub.is_hub_id(tokenizer):
         hub.model(d, sources or "(model)", tokenizer, shape_hint=f"{tokenizer} {'moe' if experts > 1 else ''}")
-    elif found:
+    elif _at(d, "restore_from_path") and not (found.get("num_layers") and found.get("hidden_size")):
+        trained = d.get("run.model_train_name")  # NeMo-Framework-Launcher's name of the model the .nemo holds
+        d.placeholder((_at(d, "restore_from_path"),) + sources, "train.model",
+                      hub.nearest_builtin(trained) if isinstance(trained, str) else hub.DEBUG,
+                      "the model is the NeMo checkpoint (.nemo) restore_from_path names: convert it to Hugging Face (NeMo's "
+                      'scripts/checkpoint_converters) and set train.model = "hf:DIR" (its config.json and weights)',
+                      'the converted checkpoint as "hf:DIR"')
+    elif found.get("num_layers") or found.get("hidden_size"):
         hint = f"{found.get('num_layers', '?')} layers x {found.get('hidden_size', '?')}" + (f", {experts} experts" if experts > 1 else "")
-        builtin = hub.nearest_builtin(f"{name} moe") if experts > 1 else hub.DEBUG
+        size = None
+        if found.get("num_layers") and found.get("hidden_size") and experts <= 1:
+            size = hub.shape_billions(int(found["num_layers"]), int(found["hidden_size"]), found.get("ffn_hidden_size") and
+                                      int(found["ffn_hidden_size"]), found.get("vocab_size") and int(found["vocab_size"]),
+                                      gated=str(found.get("activation", found.get("activation_func", "swiglu"))).endswith("glu"))
+        builtin = (hub.nearest_builtin(f"{name} moe") if experts > 1 else hub.nearest(hub.DENSE, size) if size else hub.DEBUG)
+        until = ("; until then the MoE builtin nearest its name" if experts > 1 else
+                 f"; until then the dense builtin nearest its {size:.3g}B parameters" if size else "")
         d.placeholder(sources, "train.model", builtin, f"a Megatron model shape ({hint}) that is no fp8launch builtin: write it as a "
-                      'Hugging Face config.json and set train.model = "hf:DIR"' + ("; until then the MoE builtin nearest its name"
-                                                                                   if experts > 1 else ""), 'your model as "hf:DIR"')
+                      'Hugging Face config.json and set train.model = "hf:DIR"' + until, 'your model as "hf:DIR"')
     else:
-        d.placeholder("(model)", "train.model", hub.DEBUG, "the config names no model shape (the recipe's Python builds it)",
+        d.placeholder(sources or "(model)", "train.model", hub.DEBUG, "the config names no model shape (the recipe's Python builds it)",
                       'your model as "hf:DIR" or "builtin:NAME"')
+
+
+MULTIPLY = re.compile(r"^\$\{multiply:\s*([^,]+?)\s*,\s*(.+?)\s*\}$")
+
+
+def _resolved(d: Draft, path: str):
+    """The value at `path`, NeMo-Framework-Launcher's `${multiply:A, B}` computed (launcher_scripts/main.py registers it: x * y;
+    `${.key}` a key of the same table, `${training.model.key}` of this file, whose top is the `training` group) so that
+    `ffn_hidden_size: ${multiply:4, ${.hidden_size}}` is 4 x hidden_size; another interpolation is no number: None."""
+    value = d.get(path)
+    if not isinstance(value, str) or "${" not in value:
+        return value
+    m = MULTIPLY.match(value)
+    if not m:
+        return None
+    parts = []
+    for arg in m.groups():
+        if ref := re.fullmatch(r"\$\{(\.?)([\w.]+)\}", arg):
+            target = (path.rsplit(".", 1)[0] + "." if "." in path else "") + ref[2] if ref[1] else ref[2].split(".", 1)[-1]
+            arg = d.get(target)
+        try:
+            parts.append(float(arg))
+        except (TypeError, ValueError):
+            return None
+    product = parts[0] * parts[1]
+    return int(product) if product.is_integer() else product
 
 
 def _same_shape(d: Draft, sources: tuple[str, ...], builtin: str, found: dict) -> None:
@@ -502,11 +575,22 @@ def _same_shape(d: Draft, sources: tuple[str, ...], builtin: str, found: dict) -
     tied = found.get("share_embeddings_and_output_weights")
     untie = found.get("untie_embeddings_and_output_weights")
     tied = (not untie) if untie is not None else True if tied is None else bool(tied)
-    if not tied:
+    cfg = parse_builtin(builtin)
+    vocab = found.get("vocab_size")
+    if not tied and vocab == cfg.vocab_size:
         d.mapped(sources, ("train.model", builtin), value=f"{len(found)} settings", note=f"the {builtin} shape, untied as the source")
         return
+    if not tied:  # the vocabulary is the tokenizer's (Megatron pads it to make_vocab_size_divisible_by); the builtin has its own
+        before = f"the {builtin} shape with " + (f"a vocabulary of {vocab}" if isinstance(vocab, int) else
+                                                 "its tokenizer's vocabulary (the tokenizer sets it, not this file)")
+        extra = (f"; {abs(cfg.vocab_size - vocab) * cfg.dim * 2 / 1e9:.2f}B parameters "
+                 f"{'more' if cfg.vocab_size > vocab else 'fewer'} in the embedding and output head") if isinstance(vocab, int) else ""
+        d.approximated(sources, ("train.model", builtin), value=f"{len(found)} settings", before=before,
+                       after=f"{builtin}'s vocabulary of {cfg.vocab_size} tokens",
+                       effect="the embedding and the output head have that many rows: train.tokenizer must have as many ids or "
+                              "fewer (another tokenizer, e.g. Llama 2's 32000, leaves rows unused)" + extra)
+        return
     total = model_params(builtin)
-    cfg = parse_builtin(builtin)
     own = total - cfg.vocab_size * cfg.dim
     default = "" if _at(d, "share_embeddings_and_output_weights") else " (Megatron-Bridge's and NeMo's default)"
     d.approximated(sources, ("train.model", builtin), value=f"{len(found)} settings",
@@ -517,52 +601,50 @@ def _same_shape(d: Draft, sources: tuple[str, ...], builtin: str, found: dict) -
 
 
 def _data(d: Draft) -> None:
-    prefix = next((k for k in ("model.data.data_prefix", "dataset.data_path", "dataset.blend") if d.has(k)), None)
-    real = tuple(k for k in ("dataset.mock", "model.data.mock_dataset") if d.get(k) is False)
-    mock = d.get("dataset.mock") is True or d.get("model.data.mock_dataset") is True or (prefix is None and d.has("dataset"))
-    if prefix is None and real:
-        d.placeholder(real, "train.data", "synthetic", "real data (mock = false) that this file does not name (no data_path / blend: "
-                      "the recipe's Python or the command line sets it)", '"megatron:PREFIX" of your data')
-    elif prefix is None and mock:
-        d.mapped(tuple(k for k in ("dataset.mock", "model.data.mock_dataset") if d.has(k)) or "(dataset)",
-                 ("train.data", "synthetic"), note="mock data")
-    elif prefix is not None:
-        value = d.get(prefix)
-        paths = _paths(value)
-        if len(paths) == 1 and "${" not in paths[0]:
-            d.mapped(prefix, ("train.data", f"megatron:{paths[0]}"), note="a Megatron-Core indexed dataset (PREFIX.bin + PREFIX.idx)")
-        else:
-            interpolated = " with ${...} interpolations" if any("${" in p for p in paths) else ""
-            d.placeholder(prefix, "train.data", "synthetic", "a blend of Megatron datasets" + interpolated
-                          + ': fp8launch reads one "megatron:PREFIX": merge them (Megatron\'s tools/merge_datasets.py) or pick one',
-                          '"megatron:PREFIX" of your data')
-    for key in ("model.tokenizer.model", "tokenizer.tokenizer_model"):
-        if d.has(key) and key not in d.taken:
-            d.none(key, "fp8launch reads a tokenizer.json (train.tokenizer), for megatron: data only the EOS id (megatron:PREFIX?eos=ID)")
+    megatron_data.read(d)
     d.group("model.data", "Megatron's dataset building (splits, index cache, workers): fp8launch reads the indexed dataset as is")
     d.group("dataset", "Megatron's dataset building (splits, index cache, workers): fp8launch reads the indexed dataset as is")
     d.group("model.tokenizer", "the tokenizer: fp8launch's train.tokenizer is a tokenizer.json")
     d.group("tokenizer", "the tokenizer: fp8launch's train.tokenizer is a tokenizer.json")
 
 
-def _paths(value) -> list[str]:
-    """The dataset prefixes of a data_prefix / blend: a string, [w, p, w, p...], or {train: [...], ...}."""
-    if isinstance(value, dict):
-        value = value.get("train", [])
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list):
-        flat = [x for x in value if isinstance(x, str) or isinstance(x, list)]
-        out = []
-        for x in flat:
-            out += [y for y in x if isinstance(y, str)] if isinstance(x, list) else [x]
-        return out
-    return []
+def _recompute(d: Draft) -> None:
+    layers = _get(d, "num_layers")
+    pp = _get(d, "pipeline_model_parallel_size")
+    megatron_recompute.read(d, lambda key: _at(d, key), layers if isinstance(layers, int) else None, pp if isinstance(pp, int) else 1)
+
+
+def _nemo_checkpoints(d: Draft) -> None:
+    """NeMo 1.x: exp_manager's checkpoint callback (create_checkpoint_callback, true by default: nemo/utils/exp_manager.py
+    ExpManagerConfig) is Lightning's ModelCheckpoint with NeMo's CallbackParams (every_n_epochs 1, every_n_train_steps None).
+    ModelCheckpoint.on_validation_end (lightning 2.x, pytorch/callbacks/model_checkpoint.py) saves its top-k when every_n_epochs
+    >= 1, and the "last" checkpoint when save_last, at the end of every validation: every trainer.val_check_interval steps
+    (an int: steps)."""
+    c = "exp_manager.checkpoint_callback_params."
+    on = d.get("exp_manager.create_checkpoint_callback", True) in (True, "true", "True")
+    interval = d.get("trainer.val_check_interval")
+    if not d.has("exp_manager") or not on or not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+        return
+    if d.has(c + "every_n_train_steps") and d.get(c + "every_n_train_steps"):
+        return  # a step cadence of its own: read as exp_manager's other keys
+    top = int(d.get(c + "every_n_epochs", 1)) >= 1
+    last = bool(d.get(c + "save_last", True))
+    if not top and not last:
+        return
+    sources = tuple(k for k in ("exp_manager.create_checkpoint_callback", "trainer.val_check_interval", c + "every_n_epochs",
+                                c + "save_last") if d.has(k))
+    what = "its best by val_loss and the last" if top and last else "its best by val_loss" if top else "the last"
+    d.mapped(sources, ("train.checkpoint_every", interval), value=interval,
+             note=f"NeMo's checkpoint callback saves {what} at the end of every validation (Lightning ModelCheckpoint."
+                  f"on_validation_end), every val_check_interval = {interval} steps; the validation itself: fp8launch evaluates on "
+                  "[eval] data every eval.every steps (set it once the data is local)")
 
 
 def _checkpoint_and_logs(d: Draft) -> None:
     if d.has("checkpoint.save_interval"):
         d.mapped("checkpoint.save_interval", ("train.checkpoint_every", int(d.get("checkpoint.save_interval"))))
+    else:
+        _nemo_checkpoints(d)
     if d.has("checkpoint.save"):
         d.mapped("checkpoint.save", note="fp8launch writes checkpoints to <train.output_dir>/checkpoints")
     top_k = d.get("exp_manager.checkpoint_callback_params.save_top_k")
@@ -596,6 +678,12 @@ def _checkpoint_and_logs(d: Draft) -> None:
     d.group("model.ub_tp_comm_overlap_cfg", "Transformer Engine's userbuffers overlap of tensor-parallel communication: fp8launch's "
                                             "async TP (distributed.async_tp) overlaps them for torchao")
     d.group("model.nsys_profile", "fp8launch profiles with `fp8launch run --profile N`")
+    for key in ("peft", "model.peft"):
+        d.group(key, "parameter-efficient fine-tuning (LoRA, adapters): fp8launch trains every weight of the model: a full "
+                     "fine-tune, which holds gradients and optimizer states for all of them (plan's memory estimate says how much)")
+    for key in ("model.teacher", "model.kd_config"):
+        d.group(key, "knowledge distillation from a teacher model: fp8launch trains the model on its data's next tokens alone, "
+                     "no teacher logits")
     d.group("model.optim", "Megatron's distributed-optimizer tuning (buckets, overlap, dtypes): fp8launch's engines tune their own")
     d.group("model", "a Megatron model option (fusions, kernels, initialization, offloading) fp8launch has no equivalent for")
 

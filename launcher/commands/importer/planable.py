@@ -2,8 +2,16 @@
 translation, move to the nearest setting that plans and report the entry as approximated, naming the rule.
 
 Each fix is a record: the rule it answers and the spec keys it changes, given the draft (so it can read what
-the spec holds); FIXES' order is the order of preference, one move per planning round. A rule with no fix here
-stops the import with the planner's own message.
+the spec holds); FIXES' order is the order of preference, one move per planning round. A fix that moves a number
+(a sequence length, a degree, a placeholder's model or world size) is a Nearest: it proposes candidate values, nearest
+first, and the rule itself (its condition, through probe.firing) says which is the first that no longer fires it and
+makes no other rule fire that did not: no second copy of the rules' arithmetic here, and two interacting rules (MXFP8's
+token blocks and context parallel's 2 x cp chunks) meet at the nearest value both accept. A placeholder (the model,
+the world size) moves before any degree the source states. A rule with no fix here stops the import with the
+planner's own message.
+
+Warnings the import can answer without changing what the source asked for (a placeholder world too small for the
+model's memory) are answered the same way, so that the spec also plans with `--strict`.
 """
 
 from __future__ import annotations
@@ -12,14 +20,16 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from launcher.errors import SpecError
 from launcher.planning.rules import RULES_BY_ID
 
+from . import placeholders, probe
 from .draft import Draft
+from .report import shown
 
-MAX_ROUNDS = 12
+MAX_ROUNDS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +40,79 @@ class Fix:
     which the rule did not refuse (the note says why); [] when this fix cannot help any more."""
 
 
+@dataclass(frozen=True, slots=True)
+class Nearest:
+    """The fix of a rule that a number (or a placeholder) decides: for each (spec key, candidates) in order, the candidate
+    values nearest first; the first one the rule's own condition accepts, with no rule firing that did not fire before,
+    is the move (else the first the rule accepts). [] when no candidate stops the rule."""
+
+    rule: str
+    keys: tuple[tuple[str, Callable[[Draft], Iterable[Any]]], ...]
+
+    def change(self, d: Draft) -> list[tuple]:
+        folder = d.folder or os.path.dirname(os.path.abspath(d.path))
+        now = probe.firing(d.spec, folder) or {}
+        if self.rule not in now:  # nothing to answer: a fix that changes nothing is no fix
+            return []
+        errors_now = {r for r, sev in now.items() if sev == "error"}
+        fallback = None
+        for key, candidates in self.keys:
+            held = None
+            for value in candidates(d):
+                if value == probe.value_of(d.spec, key):
+                    continue
+                fired = probe.firing(probe.with_value(d.spec, key, value), folder)
+                if fired is None or self.rule in fired:
+                    continue
+                new = {r for r, sev in fired.items() if sev == "error"} - errors_now
+                if not new:
+                    return [(key, value)]
+                if key in PLACEHOLDER_KEYS and held is None and not new & placeholders.MODEL_RULES:
+                    held = (key, value)
+                fallback = fallback or (key, value)
+            if held:  # a placeholder that holds the source's degrees moves before any of them is lowered: what else it
+                return [held]  # trips is a rule about the source's own settings, answered in its turn
+        return [fallback] if fallback else []
+
+
+def seq_ladder(d: Draft) -> list[int]:
+    """train.seq_len rounded up to multiples of 2, 4, ..., 4096, nearest first: the rules decide which one holds."""
+    seq = int(d.used("train.seq_len"))
+    return sorted({m * math.ceil(seq / m) for m in (2 ** i for i in range(1, 13))} - {seq})
+
+
+def lower(key: str) -> Callable[[Draft], list[int]]:
+    """The degree at `key` lowered, nearest first (its divisors, then the rest): only where no placeholder can move instead."""
+    def candidates(d: Draft) -> list[int]:
+        n = int(d.value(key, 1) or 1)
+        return sorted((k for k in range(1, n) if n % k == 0), reverse=True) + sorted((k for k in range(2, n) if n % k), reverse=True)
+    return candidates
+
+
+def _model(d: Draft) -> list[str]:
+    return placeholders.model_candidates(d)
+
+
+PLACEHOLDER_MODEL = (placeholders.MODEL, _model)
+PLACEHOLDER_WORLD = (probe.WORLD, placeholders.world_candidates)
+PLACEHOLDER_KEYS = (placeholders.MODEL, probe.WORLD)
+
+
+@dataclass(frozen=True, slots=True)
+class First:
+    """The first of several fixes of one rule that moves anything (a placeholder before a degree the source states)."""
+
+    rule: str
+    fixes: tuple
+
+    def change(self, d: Draft) -> list[tuple]:
+        if self.rule not in (probe.firing(d.spec, d.folder or os.path.dirname(os.path.abspath(d.path))) or {}):
+            return []
+        return next((c for f in self.fixes if (c := f.change(d))), [])
+
+
 def _v(d: Draft, key: str, default: Any) -> Any:
     return d.value(key, default)
-
-
-def _world(d: Draft) -> int:
-    return _v(d, "distributed.nodes", 1) * _v(d, "distributed.procs_per_node", 8)
 
 
 def _no_tp(d: Draft) -> list[tuple[str, Any]]:
@@ -65,27 +142,33 @@ def _no_pp(d: Draft) -> list[tuple[str, Any]]:
     return changes
 
 
-def _cp_seq(d: Draft) -> list[tuple[str, Any]]:
-    """The sequence rounded up to a multiple of 2 x context_parallel (torch's load balancer deals each rank two of 2 x cp
-    chunks), as Axolotl pads each batch to a multiple of context_parallel_size for its ring."""
-    step, seq = 2 * _v(d, "distributed.context_parallel", 1), d.used("train.seq_len")
-    return [("train.seq_len", step * math.ceil(seq / step))] if step > 2 and seq % step else []
-
-
-def _pp_layers(d: Draft) -> list[tuple[str, Any]]:
-    """The blocks split over the stages as evenly as they go (the first stages one more), or no pipeline."""
+def _pp_shape(d: Draft):
     from launcher.planning.models import builtin_config
-    from launcher.planning.plan import even_split, stages_a_rank
+    from launcher.planning.plan import stages_a_rank
 
     cfg, pp = builtin_config(str(_v(d, "train.model", ""))), _v(d, "distributed.pipeline_parallel", 1)
-    per_rank = stages_a_rank(_v(d, "distributed.pipeline.schedule", "1F1B"), _v(d, "distributed.pipeline.stages_per_rank", 0))
-    if cfg is not None and per_rank > 1 and pp <= cfg.n_layers < pp * per_rank:  # fewer stages a rank first, then one (1F1B)
-        fewer = cfg.n_layers // pp  # ZBV's 2 never get here with fewer >= 2
-        return ([("distributed.pipeline.stages_per_rank", fewer)] if fewer >= 2 else
-                [("distributed.pipeline.schedule", "1F1B"), ("distributed.pipeline.stages_per_rank", 0)])
+    return cfg, pp, stages_a_rank(_v(d, "distributed.pipeline.schedule", "1F1B"), _v(d, "distributed.pipeline.stages_per_rank", 0))
+
+
+def _pp_split(d: Draft) -> list[tuple[str, Any]]:
+    """The blocks split over the stages as evenly as they go (the first stages one more): every stage the source states kept."""
+    from launcher.planning.plan import even_split
+
+    cfg, pp, per_rank = _pp_shape(d)
     if cfg is None or cfg.n_layers < pp * per_rank or _v(d, "distributed.pipeline.layers_per_stage", []):
-        return _no_pp(d)
+        return []
     return [("distributed.pipeline.layers_per_stage", list(even_split(cfg.n_layers, pp * per_rank)))]
+
+
+def _pp_fewer_stages(d: Draft) -> list[tuple[str, Any]]:
+    """A model (the source's own: a placeholder moves instead, see FIXES) with fewer blocks than the stages: fewer stages a
+    rank, then one (1F1B)."""
+    cfg, pp, per_rank = _pp_shape(d)
+    if placeholders.MODEL in d.placeholders or cfg is None or not (per_rank > 1 and pp <= cfg.n_layers < pp * per_rank):
+        return []
+    fewer = cfg.n_layers // pp  # ZBV's 2 never get here with fewer >= 2
+    return ([("distributed.pipeline.stages_per_rank", fewer)] if fewer >= 2 else
+            [("distributed.pipeline.schedule", "1F1B"), ("distributed.pipeline.stages_per_rank", 0)])
 
 
 def _pp_microbatches(d: Draft) -> list[tuple[str, Any]]:
@@ -108,10 +191,6 @@ def _to_fsdp2(d: Draft) -> list[tuple]:
     return changes
 
 
-def _halve(key: str) -> Callable[[Draft], list[tuple[str, Any]]]:
-    return lambda d: [(key, _v(d, key, 1) // 2)] if _v(d, key, 1) > 1 else []
-
-
 FIXES = {f.rule: f for f in (
     # compile vs a recipe: keep the numerics the source asked for, give up compile
     Fix("TE-DELAYED-COMPILE", lambda d: [("compile.enabled", False)]),
@@ -129,8 +208,8 @@ FIXES = {f.rule: f for f in (
     # Transformer Engine
     Fix("TE-FP8-PARAMS-DEEPSPEED", lambda d: [("precision.te.fp8_params", False)]),
     Fix("TE-BLOCK-FP8-ATTENTION", lambda d: [("precision.te.fp8_dpa", False), ("precision.te.fp8_mha", False)]),
-    Fix("TE-TOKENS-DIV8", lambda d: [("train.seq_len", 8 * math.ceil(_v(d, "train.seq_len", 2048) / 8))]),
-    Fix("TORCHAO-BLOCK-TOKENS", lambda d: [("train.seq_len", 32 * math.ceil(_v(d, "train.seq_len", 2048) / 32))]),
+    Nearest("TE-TOKENS-DIV8", (("train.seq_len", seq_ladder),)),
+    Nearest("TORCHAO-BLOCK-TOKENS", (("train.seq_len", seq_ladder),)),
     Fix("CPU-BACKEND", lambda d: [("launch.device", "auto")]),
     # MS-AMP
     Fix("MSAMP-FSDP2", lambda d: [("distributed.strategy", "ddp")]),
@@ -140,26 +219,28 @@ FIXES = {f.rule: f for f in (
     # parallelism fp8launch runs only in some combinations
     Fix("TP-BACKEND", lambda d: _no_tp(d)),
     Fix("TP-MODEL", lambda d: _no_tp(d)),
-    Fix("TP-DIVIDES-PROCS", lambda d: [("distributed.tensor_parallel", math.gcd(_v(d, "distributed.tensor_parallel", 1),
-                                                                                 _v(d, "distributed.procs_per_node", 8)))]),
-    Fix("TP-HEADS", _halve("distributed.tensor_parallel")),
-    Fix("TP-SEQ-LEN", _halve("distributed.tensor_parallel")),
+    Nearest("TP-DIVIDES-PROCS", (("distributed.tensor_parallel", lower("distributed.tensor_parallel")),)),
+    Nearest("TP-HEADS", (PLACEHOLDER_MODEL, ("distributed.tensor_parallel", lower("distributed.tensor_parallel")))),
+    Nearest("TP-SEQ-LEN", (("train.seq_len", seq_ladder), ("distributed.tensor_parallel", lower("distributed.tensor_parallel")))),
     Fix("TORCHAO-BLOCK-TP", lambda d: _no_tp(d)),
     Fix("TP-COMPILE-CPU", lambda d: [("compile.enabled", False)]),
-    Fix("EP-DENSE-MODEL", lambda d: [("distributed.expert_parallel", 1)]),
+    Nearest("EP-DENSE-MODEL", (PLACEHOLDER_MODEL, ("distributed.expert_parallel", lambda d: [1]))),
     Fix("EP-TENSOR-PARALLEL", lambda d: _no_tp(d)),
-    Fix("EP-DIVIDES-WORLD", lambda d: [("distributed.expert_parallel", math.gcd(_v(d, "distributed.expert_parallel", 1), _world(d)))]),
-    Fix("EP-DIVIDES-EXPERTS", _halve("distributed.expert_parallel")),
+    Nearest("EP-DIVIDES-WORLD", (("distributed.expert_parallel", lower("distributed.expert_parallel")),)),
+    Nearest("EP-DIVIDES-EXPERTS", (PLACEHOLDER_MODEL, ("distributed.expert_parallel", lower("distributed.expert_parallel")))),
     # pipeline parallel: its layout first, then off where fp8launch does not compose it (its ranks become data-parallel)
     Fix("PP-MICROBATCHES", _pp_microbatches),
-    Fix("PP-LAYERS", _pp_layers),
+    # the blocks split over the stages; a placeholder model with blocks enough for them (never fewer stages to fit a
+    # placeholder); the source's own model: fewer stages a rank; else no pipeline
+    First("PP-LAYERS", (Fix("PP-LAYERS", _pp_split), Nearest("PP-LAYERS", (PLACEHOLDER_MODEL,)), Fix("PP-LAYERS", _pp_fewer_stages),
+                        Fix("PP-LAYERS", _no_pp))),
     *(Fix(rule, _no_pp) for rule in ("PP-DIVIDES-WORLD", "PP-MODEL", "PP-EXPERT-PARALLEL", "PP-BACKEND",
                                      "PP-PRECISION-SCHEDULE", "PP-FP16", "PP-GRAD-REDUCE", "PP-MONITOR")),
     # context parallel: off where fp8launch does not compose it (its ranks become data-parallel), then what it needs of the
     # rest of the spec where it stays
     *(Fix(rule, _no_cp) for rule in ("CP-DIVIDES-WORLD", "CP-MODEL", "CP-PIPELINE", "CP-TENSOR-PARALLEL", "CP-EXPERT-PARALLEL",
                                      "CP-BACKEND")),
-    Fix("CP-SEQ", _cp_seq),
+    Nearest("CP-SEQ", (("train.seq_len", seq_ladder),)),
     Fix("CP-COMPILE", lambda d: [("compile.enabled", False)]),
     Fix("PP-ZBV-RESHARD", lambda d: [("distributed.fsdp2.reshard_after_forward", False)]),
     *(Fix(rule, lambda d: [("distributed.pipeline.schedule", "Interleaved1F1B")]) for rule in ("PP-ZBV-COMPILE", "PP-ZBV-EVAL")),
@@ -182,45 +263,77 @@ FIXES = {f.rule: f for f in (
 )}
 
 
+WARNING_FIXES = {f.rule: f for f in (
+    # a placeholder world too small for the model states: more data-parallel ranks (the source's degrees kept)
+    Nearest("MEMORY-EXCEEDS-GPU", (PLACEHOLDER_WORLD,)),
+)}
+"""Warnings the import answers by moving a placeholder only: the source's own settings stay as they are."""
+
+
 def settle(draft: Draft, render: Callable[[Draft], str], folder: str, label: str) -> str:
     """The spec's text once it plans: render, plan in `folder` (a temporary file beside where it will be written, so relative
-    paths resolve as they will), fix what a rule refuses, again. Raises SpecError (its problems naming `label`) when a
-    refusal has no fix."""
+    paths resolve as they will), fix what a rule refuses, again; then answer the warnings a placeholder can answer
+    (WARNING_FIXES). Raises SpecError (its problems naming `label`) when a refusal has no fix."""
     from launcher.commands.plan import plan_one
 
+    draft.folder = folder
     tmp = os.path.join(folder, f".fp8launch-import.{os.getpid()}.tmp.toml")
+    refused: list = []
     for _ in range(MAX_ROUNDS):
         draft.finish()
         text = render(draft)
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
         try:
-            plan_one(tmp, out_dir=os.path.join(folder, "generated"))
-            return text
+            planned = plan_one(tmp, out_dir=os.path.join(folder, "generated"))
         except SpecError as e:
             refused = [dataclasses.replace(p, file=label) for p in e.problems if p.severity == "error"]
             if not apply_fixes(draft, [p.rule for p in refused]):
                 raise SpecError(refused) from None
+            continue
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
-    raise SpecError(refused)
+        warned = [w.rule.id for w in planned.warnings if w.rule.id in WARNING_FIXES]
+        if not warned or not apply_fixes(draft, warned, WARNING_FIXES):
+            return text
+    if refused:
+        raise SpecError(refused)
+    return text
 
 
-def apply_fixes(draft: Draft, rules: list[str | None]) -> bool:
-    """Apply the fix of the first refused rule in FIXES' order (one move at a time: a later refusal may be gone after it,
+def apply_fixes(draft: Draft, rules: list[str | None], fixes: dict = FIXES) -> bool:
+    """Apply the fix of the first refused rule in `fixes`' order (one move at a time: a later refusal may be gone after it,
     e.g. TP-STRATEGY once TP-BACKEND has set tensor_parallel = 1); False when a refused rule has no fix, or the fix no move."""
-    if not rules or any(r not in FIXES for r in rules):
+    if not rules or any(r not in fixes for r in rules):
         return False
-    rule = next(r for r in FIXES if r in rules)
-    changes = FIXES[rule].change(draft)
+    rule = next(r for r in fixes if r in rules)
+    changes = fixes[rule].change(draft)
     if not changes:
         return False
     for key, value, *note in changes:
-        old = draft.used(key)
-        draft.set(key, value)
-        if note:
-            draft.report.carried(key, old, value, rule, note[0])
+        old = probe.value_of(draft.spec, key) if key == probe.WORLD else draft.used(key)
+        if key == probe.WORLD:
+            placeholders.set_world(draft, value, f" (not {old}: rule {rule}, {RULES_BY_ID[rule].when}, computed on the placeholder)")
+        elif key in draft.placeholders:
+            moved_placeholder(draft, key, old, value, rule)
         else:
-            draft.report.refused(key, old, value, rule, RULES_BY_ID[rule].when)
+            draft.set(key, value)
+            if note:
+                draft.report.carried(key, old, value, rule, note[0])
+            else:
+                draft.report.refused(key, old, value, rule, RULES_BY_ID[rule].when)
     return True
+
+
+def moved_placeholder(draft: Draft, key: str, old: Any, value: Any, rule: str) -> None:
+    """A placeholder moved by a rule (not a setting of the source): its entry's line says the new value and why."""
+    draft.set(key, value)
+    options = str(value).partition("?")[2] if key == placeholders.MODEL else ""
+    whose = {"layers": "blocks, a multiple of the source's pipeline stages", "experts": "experts, a multiple of its expert_parallel"}
+    held = "".join(f"; ?{k}={n}: {n} {whose[k]}" for k, _, n in (o.partition("=") for o in options.split("&") if o))
+    for e in draft.report.setting(key):
+        e.sets = [(k, value if k == key else v) for k, v in e.sets]
+        e.note = e.note.replace(f"{key} = {shown(old)} is a PLACEHOLDER",
+                                f"{key} = {shown(value)} is a PLACEHOLDER (not {shown(old)}: rule {rule} refuses it, "
+                                f"{RULES_BY_ID[rule].when}{held})")

@@ -34,7 +34,7 @@ from .draft import Draft
 from .kind import Kind, count
 from .known import Unknown, unknown
 from .known import torchtitan as known
-from .report import shown
+from .report import APPROXIMATED, UNSET, shown
 
 FLAVORS = {("llama3", "8B"): "builtin:llama3-8b", ("llama3", "70B"): "builtin:llama3-70b",
            ("deepseek_v3", "16B"): "builtin:deepseek-v3-16b", ("qwen3", "30B-A3B"): "builtin:qwen3-30b-a3b"}
@@ -200,15 +200,34 @@ def _parallelism(d: Draft) -> None:
     # torchtitan's "default" (also when unset) reshards except under pipeline parallelism, where every micro-batch would
     # gather the weights again (torchtitan/distributed/parallel_dims + apply_fsdp)
     kept = w["pp"] > 1 and reshard in (None, "default")
+    entry = None
     if reshard is not None:
-        d.mapped("parallelism.fsdp_reshard_after_forward", ("distributed.fsdp2.reshard_after_forward", reshard != "never" and not kept),
-                 note='"default" keeps the weights gathered under pipeline parallel, reshards without it, as "always" does')
+        note = ('"default": ' + ("the weights kept gathered under pipeline parallel" if kept else
+                                 "resharded after forward without pipeline parallel, as \"always\" does") if reshard == "default" else "")
+        entry = d.mapped("parallelism.fsdp_reshard_after_forward", ("distributed.fsdp2.reshard_after_forward",
+                                                                    reshard != "never" and not kept), note=note)
     elif kept:
-        d.mapped("(parallelism.fsdp_reshard_after_forward)", ("distributed.fsdp2.reshard_after_forward", False),
-                 note='torchtitan\'s "default": the weights kept gathered under pipeline parallel')
+        entry = d.mapped("(parallelism.fsdp_reshard_after_forward)", ("distributed.fsdp2.reshard_after_forward", False),
+                         note='torchtitan\'s "default": the weights kept gathered under pipeline parallel')
+    if kept and entry is not None:
+        d.finishers.append(lambda d: _reshard_without_pipeline(d, entry))
     d.group("parallelism", "fp8launch has none of torchtitan's pipeline split and schedule tuning (split points, first / last "
                            "stage sizes, schedule CSVs); the rest are their schedules and tuning, or context parallel's options "
                            "without context parallelism")
+
+
+def _reshard_without_pipeline(d: Draft, entry) -> None:
+    """torchtitan's "default" keeps the weights gathered only under pipeline parallel: where a rule took the spec's pipeline
+    away, the spec reshards, as torchtitan's "default" does without one, and the line says why (not the pipeline)."""
+    if d.value("distributed.pipeline_parallel", 1) > 1 or d.value("distributed.strategy") != "fsdp2":
+        return
+    entry.sets = [(k, True if k == "distributed.fsdp2.reshard_after_forward" else v) for k, v in entry.sets]
+    d.set("distributed.fsdp2.reshard_after_forward", True)
+    entry.status = APPROXIMATED
+    entry.before = 'the weights kept gathered from forward to backward (torchtitan\'s "default" under its pipeline)'
+    entry.after = ('resharded after forward: the spec has no pipeline (see distributed.pipeline_parallel\'s line), and "default" '
+                   'reshards without one')
+    entry.note = "less memory for the weights, one more all-gather of each block's weights in backward"
 
 
 def _context(d: Draft, cp: int) -> None:
@@ -327,7 +346,13 @@ def _grouped(d: Draft, on: dict) -> None:
     section = _section(d, kind) if kind else None
     fqns_key = f"{section}.fqns" if section and d.has(f"{section}.fqns") else proto
     recipe = "mxfp8" if kind == "grouped mx" or (proto and proto.startswith("mx")) else "rowwise"
-    if kind or proto:
+    model = str(d.value("train.model", ""))
+    if (kind or proto) and model.startswith("builtin:") and not _is_moe(model.split("?")[0]):
+        d.mapped(fqns_key or f"({kind})", value=d.get(fqns_key) if fqns_key else UNSET,
+                 note=f"no effect: torchtitan's {d.get('model.name', 'llama3')} has no grouped experts to convert, nor does {model}")
+        if section:
+            d.group(section, "a torchtitan grouped-GEMM option: no effect without experts")
+    elif kind or proto:
         fqns = d.get(fqns_key) if fqns_key else []
         fqns = fqns.split(",") if isinstance(fqns, str) else list(fqns or [])
         linear = on["float8"] or on["mx"]
@@ -496,7 +521,7 @@ def _training(d: Draft) -> None:
     if d.has(t + "enable_cpu_offload"):
         d.mapped(t + "enable_cpu_offload", ("distributed.fsdp2.cpu_offload", bool(d.get(t + "enable_cpu_offload"))))
     if d.has(t + "warmup_steps"):  # 2024: the warm-up lived in [training]
-        d.mapped(t + "warmup_steps", ("train.warmup_steps", int(d.get(t + "warmup_steps"))))
+        _warmup(d)
     dataset = d.get(t + "dataset", "c4_test")
     if d.has(t + "dataset_path"):
         d.none(t + "dataset_path", "torchtitan's dataset loader reads it; fp8launch: point train.data at a local parquet / jsonl / arrow "
@@ -535,12 +560,53 @@ def _optimizer(d: Draft) -> None:
     d.group("optimizer", "a torchtitan optimizer option fp8launch has no equivalent for")
 
 
+def _old_schedule(d: Draft) -> bool:
+    """True where the file is of a generation before torchtitan's lr schedule was redefined (e7c0cae, 2025-06-11): the
+    warm-up in [training] (2024), or training.batch_size without local_batch_size (renamed 2025-06-05, 8570415)."""
+    return d.has("training.warmup_steps") or (d.has("training.batch_size") and not d.has("training.local_batch_size"))
+
+
+def _warmup(d: Draft) -> None:
+    """The warm-up as the file's torchtitan ran it. Before e7c0cae (2025-06-11; components/lr_scheduler.py at 78b0d60, and
+    optimizer.py linear_warmup_linear_decay at b19456a) step s had lr x (s + 1) / (W + 1), with no clamp: fp8launch's
+    warm-up (launcher/train/optim.py lr_factor), also where W > steps. Since then (238fa995 lines 114-121) W is clamped to
+    the schedule's length (lr_scheduler.total_steps, else training.steps) and step s has lr x (s + 1) / W: the peak one step
+    earlier than fp8launch's (s + 1) / (W + 1); the decay after it is the same (progress (s - W) / (steps - W) in both)."""
+    s = "lr_scheduler."
+    key = next((k for k in (s + "warmup_steps", "training.warmup_steps") if d.has(k)), None)
+    warmup = int(d.get(key)) if key else DEFAULTS["lr_scheduler.warmup_steps"]
+    source, note = (key, "") if key else ("(lr_scheduler.warmup_steps)", "torchtitan's default")
+    steps = int(d.get("training.steps", TRAINING["steps"]))
+    total = int(d.get(s + "total_steps")) if d.has(s + "total_steps") else steps
+    if warmup == 0:
+        d.mapped(source, ("train.warmup_steps", 0), value=0, note="no warm-up")
+        return
+    if _old_schedule(d):
+        d.mapped(source, ("train.warmup_steps", warmup), value=warmup,
+                 note=", ".join(x for x in (note, "torchtitan before 2025-06-11 (e7c0cae): lr x (s + 1) / (W + 1) at step s, "
+                                                  "not clamped to the run, fp8launch's warm-up") if x))
+        return
+    if warmup >= total and total == steps:
+        clamp = (f"torchtitan clamps warmup_steps {warmup} to the run's {steps} steps (components/lr_scheduler.py, since "
+                 f"e7c0cae, 2025-06-11): " if warmup > total else "")
+        d.mapped(source, ("train.warmup_steps", max(steps - 1, 0)), value=warmup,
+                 note=f"{note + '; ' if note else ''}{clamp}lr x (s + 1) / {steps} at step s, the peak at the last step, no decay; "
+                      f"fp8launch's (s + 1) / (warmup_steps + 1) with {max(steps - 1, 0)} gives the same lr at every step")
+        return
+    clamped = min(warmup, total)
+    d.approximated(source, ("train.warmup_steps", clamped), value=warmup,
+                   before=(f"{note + ': ' if note else ''}lr x (s + 1) / {clamped} at step s, the peak at step {clamped - 1} "
+                           "(torchtitan since 2025-06-11, e7c0cae" + (f"; {warmup} clamped to lr_scheduler.total_steps {total}"
+                                                                      if warmup > total else "") + ")"),
+                   after=f"lr x (s + 1) / {clamped + 1}, the peak at step {clamped}",
+                   effect=f"each warm-up step's lr is {clamped}/{clamped + 1} of torchtitan's ({100 / (clamped + 1):.2g}% lower), "
+                          "the peak one step later; the decay after it the same")
+
+
 def _schedule(d: Draft) -> None:
     s = "lr_scheduler."
-    if d.has(s + "warmup_steps"):
-        d.mapped(s + "warmup_steps", ("train.warmup_steps", int(d.get(s + "warmup_steps"))))
-    elif not d.has("training.warmup_steps"):
-        d.mapped("(lr_scheduler.warmup_steps)", ("train.warmup_steps", 200), value=200, note="torchtitan's default")
+    if not d.has("training.warmup_steps"):
+        _warmup(d)
     decay = str(d.get(s + "decay_type", "linear"))
     source = s + "decay_type" if d.has(s + "decay_type") else "(lr_scheduler.decay_type)"
     floor = _key(d, s + "min_lr_factor", s + "lr_min")

@@ -17,6 +17,22 @@ TOP = (
 )
 """The top-level keys DeepSpeedConfig reads (and `msamp`, which MS-AMP's DeepSpeed reads)."""
 
+REMOVED = {
+    "amp": "NVIDIA Apex AMP integration", "compression_training": "the DeepSpeed compression library",
+    "curriculum_learning": "legacy top-level curriculum_learning", "eigenvalue": "eigenvalue-based Mixture-of-Quantization",
+    "elasticity": "elastic training", "graph_harvesting": "graph harvesting", "nebula": "Nebula checkpointing",
+    "progressive_layer_drop": "Progressive Layer Dropping", "quantize_training": "Mixture-of-Quantization (quantize_training)",
+    "sparse_attention": "DeepSpeed Sparse Attention", "sparse_gradients": "sparse embedding gradients",
+    "zero_optimization.mics_shard_size": "MiCS ZeRO-3 sharding", "zero_optimization.mics_hierarchical_params_gather":
+    "MiCS ZeRO-3 sharding", "zero_optimization.zeropp_loco_param": "LoCo-Zero++",
+}
+"""Keys DeepSpeed 0.19.8 refuses at DeepSpeedConfig (runtime/config.py _reject_removed_config_keys: the feature was removed,
+DeepSpeedConfigError), with the feature's name."""
+
+WORLD = ("sequence_parallel_size",)
+"""Read by DeepSpeedConfig.__init__ itself (runtime/config.py 468, deepspeed.initialize without an mpu, as the HF Trainer
+calls it): the data-parallel world is the world / sequence_parallel_size, so train_batch_size counts those ranks."""
+
 STRICT = {
     "zero_optimization": frozenset({
         "allgather_bucket_size", "allgather_partitions", "allgather_sequential", "compute_grad_norm", "contiguous_gradients",
