@@ -38,9 +38,9 @@ precision = apply_precision(model, plan, env.device)
 pp = plan.distributed.pipeline_parallel
 if pp > 1:  # this rank's stage, cut as launcher/train/build.py cuts it
     from launcher.train.models import transformer_blocks
-    from launcher.train.parallel.pipeline import cut_stage, split_for, stage_of
+    from launcher.train.parallel.pipeline import cut_stage, split_for
 
-    cut_stage(model, stage_of(env.rank, env.world_size, pp), split_for(plan, len(transformer_blocks(model))))
+    cut_stage(model, plan.distributed.layout(env.world_size).pipeline_rank(env.rank), split_for(plan, len(transformer_blocks(model))))
 blocks = prepare_blocks(model, plan)
 engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks)
 torch.manual_seed(0)  # every rank the same batch: a pipeline's stages read the same one

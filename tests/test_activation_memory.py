@@ -143,7 +143,7 @@ def _pipeline_peak(rank: int, world: int, port: int, folder, keys: dict) -> None
     with gloo_world(rank, world, port):
         model, precision = _rank_model(plan)
         split = split_for(plan, len(transformer_blocks(model)))
-        cut_stage(model, plan.distributed.rank_stages(rank), split)
+        cut_stage(model, plan.distributed.layout().rank_stages(rank), split)
         prepare_blocks(model, plan)
         model.to(precision.param_dtype)  # FSDP2's MixedPrecisionPolicy computes on param_dtype copies of the weights
         stages, schedule = make_schedule(model, plan, torch.device("cpu"), dist.group.WORLD, loss_function(plan))

@@ -108,7 +108,7 @@ class Evaluator:
         # Every rank's mean over its batches, averaged over all ranks (a tensor-parallel group's ranks hold
         # the same batches and the same loss: the mean is unchanged), as the training loss is; under pipeline
         # parallelism over the last stage's ranks (the others add 0).
-        loss = all_reduce_sum(loss_sum / self.plan.eval.steps).item() / (self.world_size // self.plan.distributed.pipeline_parallel)
+        loss = all_reduce_sum(loss_sum / self.plan.eval.steps).item() / self.plan.distributed.layout(self.world_size).loss_ranks
         t = self.plan.train
         tokens = self.plan.eval.steps * t.micro_batch_size * self._batches() * t.seq_len * self.plan.distributed.data_parallel
         record = eval_record(step, loss, tokens=tokens, seconds=time.perf_counter() - t0)

@@ -146,7 +146,7 @@ class Trainer:
         self.resumed_from = resumed_from
         self._timer = StepTimer(device)
         self._loss = loss_function(plan)
-        self._loss_ranks = throughput.world_size // plan.distributed.pipeline_parallel
+        self._loss_ranks = plan.distributed.layout(throughput.world_size).loss_ranks
         """The ranks whose losses the step's all-reduce sums: every rank, or the last pipeline stage's (the others add 0)."""
         self._window: list[StepResult] = []
         self._consecutive_skips = 0

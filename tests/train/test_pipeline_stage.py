@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from launcher.errors import LauncherError
+from launcher.planning.layout import Layout
 from launcher.planning.plan import stage_blocks
 from launcher.train.models.llama import Llama, parse_builtin
-from launcher.train.parallel.distributed import DistEnv, data_rank
-from launcher.train.parallel.pipeline import cut_stage, stage_of, stage_roots
+from launcher.train.parallel.pipeline import cut_stage, stage_roots
 
 
 def _model(layers: int = 4) -> Llama:
@@ -49,16 +49,12 @@ def test_only_the_builtin_decoder_is_cut():
         cut_stage(torch.nn.Sequential(torch.nn.Linear(2, 2)), 0, (1, 1))
 
 
-def _env(rank: int, world: int) -> DistEnv:
-    return DistEnv(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"), backend="gloo")
-
-
 def test_the_stages_of_one_pipeline_read_the_same_batches():
     # pp 2 x dp 2 (pp outermost): ranks 0, 1 hold stage 0 and ranks 2, 3 stage 1; ranks 0 and 2 read data-parallel shard 0
-    assert [stage_of(r, 4, 2) for r in range(4)] == [0, 0, 1, 1]
-    assert [data_rank(_env(r, 4), 1, 2) for r in range(4)] == [(0, 2), (1, 2), (0, 2), (1, 2)]
-    assert [data_rank(_env(r, 2), 1, 2) for r in range(2)] == [(0, 1), (0, 1)]
-    assert [data_rank(_env(r, 4), 2, 1) for r in range(4)] == [(0, 2), (0, 2), (1, 2), (1, 2)]  # TP as before
+    assert [Layout.of_degrees(4, pp=2).pipeline_rank(r) for r in range(4)] == [0, 0, 1, 1]
+    assert [Layout.of_degrees(4, pp=2).data_rank(r) for r in range(4)] == [(0, 2), (1, 2), (0, 2), (1, 2)]
+    assert [Layout.of_degrees(2, pp=2).data_rank(r) for r in range(2)] == [(0, 1), (0, 1)]
+    assert [Layout.of_degrees(4, tp=2).data_rank(r) for r in range(4)] == [(0, 2), (0, 2), (1, 2), (1, 2)]  # TP as before
 
 
 @pytest.mark.parametrize("stages,style", [((0, 2), "loop"), ((1, 3), "loop"), ((0, 3), "v"), ((1, 2), "v")])
@@ -125,7 +121,7 @@ def _zbv_grads(rank: int, world: int, port: int, folder, reshard: bool) -> None:
 
     plan, _ = make_plan(folder / str(rank), **ZBV_KEYS)  # the schedule and the loss; `reshard` goes to fully_shard below
     with gloo_world(rank, world, port):
-        model = cut_stage(_model(), plan.distributed.rank_stages(rank), (1, 1, 1, 1))
+        model = cut_stage(_model(), plan.distributed.layout().rank_stages(rank), (1, 1, 1, 1))
         mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("pp", "dp_shard"))["dp_shard"]
         for block in model.layers.values():
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard)

@@ -268,8 +268,8 @@ def _three_gemms(m: int, k: int, n: int) -> tuple[tuple[int, int, int], ...]:
 def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str, float], list[LayerRow]]:
     """Seconds of one optimizer step per GPU, by part; with fp8, the per-layer rows too."""
     p, d, t = plan.precision, plan.distributed, plan.train
-    tp, dp = max(1, d.tensor_parallel), max(1, d.data_parallel)
-    cp, pp = max(1, d.context_parallel), max(1, d.pipeline_parallel)
+    layout = d.layout()
+    tp, dp, cp, pp = layout.tp, layout.dp, layout.cp, layout.pp
     compiled = plan.compile.enabled
     recompute = RECOMPUTE[plan.activation_checkpointing.mode]
     m = t.micro_batch_size * t.seq_len // cp  # context parallel: each rank holds seq_len / cp of every sequence
@@ -376,7 +376,8 @@ def _busiest_stage(plan, shape: ModelShape, parts: dict[str, float], head: dict[
         held = sum(split[s] for s in stages)
         return {k: held / shape.n_layers * blocks[k] + (last in stages) * head.get(k, 0.0) for k in parts}
 
-    return max((share(d.rank_stages(r)) for r in range(d.pipeline_parallel)), key=lambda p: sum(p.values()))
+    layout = d.layout()
+    return max((share(layout.rank_stages(r)) for r in range(layout.pp)), key=lambda p: sum(p.values()))
 
 
 def ring_exposed_s(plan, shape: ModelShape, dev: Device, attention_block_s: float) -> float:
@@ -445,10 +446,11 @@ def _exposed_comm(plan, shape: ModelShape, dev: Device, compute: float, m: int, 
     """Communication the engine cannot overlap with compute: what exceeds the compute, plus the first
     all-gather and the last reduce-scatter (one block's worth), plus tensor-parallel collectives."""
     d, t = plan.distributed, plan.train
-    tp, dp, pp = max(1, d.tensor_parallel), max(1, d.data_parallel), max(1, d.pipeline_parallel)
+    layout = d.layout()
+    tp, dp, pp = layout.tp, layout.dp, layout.pp
     params = shape.params / tp / pp  # a stage's
     if d.strategy == "fsdp2":
-        dp *= max(1, d.context_parallel)  # FSDP2 shards over dp x cp
+        dp *= layout.cp  # FSDP2 shards over dp x cp
     share = (dp - 1) / dp
     accum = t.grad_accum_steps
     if dp == 1:

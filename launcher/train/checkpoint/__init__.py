@@ -65,6 +65,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from launcher import __version__
 from launcher.errors import EnvironmentProblem, InputError, LauncherError
+from launcher.planning.layout import Layout
 from launcher.targets import checkpoint_record as record
 from launcher.targets import disk
 from launcher.train.checkpoint.dcp import FLAT, NESTED, _load_dcp, _save_dcp
@@ -384,8 +385,9 @@ class CheckpointManager:
         saved_tp = int(marker.get("tensor_parallel", 1))
         if saved_ws == self.world_size and saved_tp != self.tensor_parallel:  # same processes, another DP x TP layout
             warnings.append(
-                f"{path} was written at data-parallel x tensor-parallel {saved_ws // saved_tp} x {saved_tp} and this run is "
-                f"{self.world_size // self.tensor_parallel} x {self.tensor_parallel}: the model and optimizer were resharded exactly, "
+                f"{path} was written at data-parallel x tensor-parallel {Layout.of_degrees(saved_ws, tp=saved_tp).dp} x {saved_tp} "
+                f"and this run is {Layout.of_degrees(self.world_size, tp=self.tensor_parallel).dp} x {self.tensor_parallel}: "
+                "the model and optimizer were resharded exactly, "
                 "but the data position and random state are per process, so the data order differs from an uninterrupted run"
             )
         if saved_ws != self.world_size:

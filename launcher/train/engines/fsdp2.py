@@ -77,7 +77,7 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
     d = plan.distributed
     tp, pp, cp = d.tensor_parallel, d.pipeline_parallel, d.context_parallel
     shape = tuple(config["mesh"]["shape"])
-    planned = tuple(n for _, n in d.mesh(env.world_size))
+    planned = d.layout(env.world_size).mesh_shape
     if shape != planned:
         degrees = "".join(f" and {k} {v}" for k, v in (("tensor_parallel", tp), ("context_parallel", cp), ("pipeline_parallel", pp))
                           if v > 1)

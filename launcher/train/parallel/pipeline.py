@@ -45,16 +45,6 @@ SCHEDULES = {"1F1B": "Schedule1F1B", "GPipe": "ScheduleGPipe", "Interleaved1F1B"
 """distributed.pipeline.schedule -> the torch.distributed.pipelining class."""
 
 
-def stage_of(rank: int, world_size: int, stages: int) -> int:
-    """The pipeline rank `rank` is (pp outermost in the mesh): the stage it holds with one stage a rank."""
-    return rank // (world_size // stages)
-
-
-def stages_of(plan: Plan, rank: int, world_size: int) -> tuple[int, ...]:
-    """The pipeline stages `rank` holds (launcher/planning/plan.py DistributedConfig.rank_stages)."""
-    return plan.distributed.rank_stages(stage_of(rank, world_size, plan.distributed.pipeline_parallel))
-
-
 def split_for(plan: Plan, n_layers: int) -> tuple[int, ...]:
     """The blocks per stage: the plan's, checked against the model (an hf: / py: model is refused at plan time)."""
     split = plan.distributed.stage_split(n_layers)
