@@ -170,15 +170,14 @@ def build_engine(run: Run, model: Model, precision: Precision) -> Engine:
     from launcher.train.compile_ac import prepare_blocks
     from launcher.train.engines import wrap
 
-    pp = run.plan.distributed.pipeline_parallel
-    if pp > 1:  # this rank's pipeline stage, cut from the whole model once its precision chose every layer's recipe
+    layout, cut = run.plan.distributed.layout(run.env.world_size), None
+    if layout.pp > 1:  # this rank's pipeline stages, cut from the whole model once its precision chose every layer's recipe
         from launcher.train.models import transformer_blocks
         from launcher.train.parallel.pipeline import cut_stage, split_for
 
-        split = split_for(run.plan, len(transformer_blocks(model.module)))
-        cut_stage(model.module, run.plan.distributed.layout(run.env.world_size).stages_of(run.env.rank), split)
+        cut = cut_stage(model.module, layout.stages_of(run.env.rank), split_for(run.plan, len(transformer_blocks(model.module))))
     blocks = prepare_blocks(model.module, run.plan, precision, run.env.device)
-    return wrap(model.module, run.plan, precision, run.plan_dir, env=run.env, blocks=blocks, pending=model.pending)
+    return wrap(model.module, run.plan, precision, run.plan_dir, env=run.env, blocks=blocks, pending=model.pending, cut=cut)
 
 
 def build_data(run: Run, vocab_size: int) -> Data:

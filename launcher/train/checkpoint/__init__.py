@@ -284,9 +284,11 @@ class CheckpointManager:
     # -- saving ---------------------------------------------------------------------------
 
     def save(self, step: int, *, model: Any, optimizer: Any = None, scheduler: Any = None, deepspeed_engine: Any = None,
-             grad_scaler: Any = None, data_state: dict | None = None, extra: dict | None = None, precision: Any = None) -> str:
+             grad_scaler: Any = None, data_state: dict | None = None, extra: dict | None = None, precision: Any = None,
+             optimizer_layout: str = NESTED) -> str:
         """Write checkpoint `step` atomically, then remove the ones beyond `keep`. Collective: every
         rank calls it with its own state. Returns the checkpoint's path once it is complete everywhere.
+        `optimizer_layout`: FLAT where the optimizer holds a pipeline stage's parameters (Engine.flat_optimizer_state).
 
         DDP/FSDP2: `model` (the wrapped model), `optimizer`, `scheduler`. DeepSpeed: `deepspeed_engine`
         (its own checkpoint holds model, optimizer, lr schedule and loss scale). `data_state` and
@@ -302,7 +304,7 @@ class CheckpointManager:
         final, tmp = self.step_dir(step), os.path.join(self.dir, f"{_TMP}step-{step}")
         self._on_rank0(lambda: _fresh_folder(self.dir, tmp))
         self._each_rank(lambda: _check_shared(tmp, self.rank))
-        float8_scales, optimizer_layout = False, None
+        float8_scales, written_layout = False, None
         try:
             if self.format == "deepspeed":
                 if deepspeed_engine is None:
@@ -311,7 +313,7 @@ class CheckpointManager:
                 with _clean_param_names(deepspeed_engine), te_state.empty_extra_state(deepspeed_engine.module):
                     deepspeed_engine.save_checkpoint(os.path.join(tmp, "deepspeed"), tag=DS_TAG)
             else:
-                float8_scales, rank_state["fp8_extra_state"], optimizer_layout = _save_dcp(tmp, model, optimizer)
+                float8_scales, rank_state["fp8_extra_state"], written_layout = _save_dcp(tmp, model, optimizer, optimizer_layout)
             rank_state["te_scaling"] = te_state.scaling_state(_inner(deepspeed_engine.module if deepspeed_engine is not None else model))
         except (OSError, RuntimeError, CheckpointException) as e:
             if isinstance(e, RuntimeError) and not disk.full(e, tmp):  # torch.save reports a full disk as a stream error
@@ -326,7 +328,7 @@ class CheckpointManager:
             "fp8launch_version": __version__, "torch_version": torch.__version__,
             "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
-        if optimizer_layout == FLAT:  # a pipeline stage's (dcp.py); absent: nested, as every checkpoint before it
+        if written_layout == FLAT:  # a pipeline stage's (dcp.py); absent: nested, as every checkpoint before it
             marker["optimizer_layout"] = FLAT
         self._on_rank0(lambda: self._publish(tmp, final, marker, start, described))
         self.last_saved = (step, final)
@@ -456,6 +458,7 @@ class CheckpointManager:
         engine) and grad scaler, its data position, and its counters as `extra`."""
         engine = state.engine
         return self.save(state.step, **engine.train_state(), grad_scaler=engine.precision.grad_scaler,
+                         optimizer_layout=FLAT if engine.flat_optimizer_state else NESTED,
                          data_state=state.data.state_dict() if hasattr(state.data, "state_dict") else None,
                          extra={"tokens_seen": state.tokens_seen, "skipped_steps": state.skipped_steps,
                                 "precision_phase": getattr(state, "precision_phase", 0),
