@@ -324,17 +324,7 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
         gemms, casts, recomputed = gemms + e_gemms, casts + e_casts, recomputed + e_recomputed
         rows += [row] if fp8 else []
 
-    # attention (bf16 in every recipe): causal flash attention, forward 2*s^2*d FLOPs per sequence and block, backward 2.5x
-    d_attn = shape.n_heads * shape.head_dim // tp
-    attn_fwd = 2.0 * t.seq_len ** 2 * d_attn * t.micro_batch_size / cp  # under CP each rank's queries, balanced (head-tail)
-    attention = shape.n_layers * ((1 + 2.5 + recompute) * attn_fwd / (dev.peak("bf16") * cost.ATTN_EFF) + 4 * cost.KERNEL_FIXED_S)
-    # norms, residual adds, RoPE, SwiGLU: elements per token and block, forward + backward
-    mult, kernels = ELEMENTWISE[compiled]
-    q_kv = (shape.n_heads + 2 * shape.kv_heads) * shape.head_dim // tp
-    per_token = 26 * shape.dim + 4 * q_kv + 8 * shape.ffn_dim // tp
-    elementwise = shape.n_layers * (1 + 0.4 * recompute) * stream_s(dev, 2 * mult * per_token * m, kernels)
-    loss = stream_s(dev, m * (22 * shape.vocab_size // tp + 6 * shape.dim), 8)
-
+    attention, elementwise, loss = _untouched(plan, shape, dev, m, tp, cp)
     accum = t.grad_accum_steps
     parts = {"linear_gemms": gemms, "fp8_casts": casts, "recompute": recomputed, "attention": attention,
              "elementwise": elementwise, "loss": loss}
@@ -343,8 +333,8 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
     compute = sum(parts.values())
     shards = dp * cp  # FSDP2 shards over dp x cp
     local = shape.params / pp / tp / (shards if d.strategy == "fsdp2" or (d.strategy == "deepspeed" and d.deepspeed.zero_stage >= 1) else 1)
-    per_param = 36 if t.optimizer in ("adam", "adamw") else 16
-    optimizer = stream_s(dev, per_param * local, 24)
+    per_param = cost.OPTIMIZER_BYTES.get(t.optimizer, cost.OPTIMIZER_BYTES_OTHER)
+    optimizer = stream_s(dev, per_param * local, cost.OPTIMIZER_KERNELS)
     if fp8_all_gather and p.torchao.precompute_scale:
         optimizer += stream_s(dev, 4 * fp8_weight_params / pp / tp / shards, 2)
     comm = _exposed_comm(plan, shape, dev, compute, m, fp8_weight_params if fp8_all_gather else 0)
@@ -357,6 +347,24 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
         # passes take equal time)
         parts["pipeline_bubble"] = (pp - 1) / (plan.pipeline_microbatches * d.pipeline.local_stages) * compute
     return parts, rows
+
+
+def _untouched(plan, shape: ModelShape, dev: Device, m: int, tp: int, cp: int) -> tuple[float, float, float]:
+    """Seconds of what FP8 does not touch, per micro-batch: (attention, elementwise kernels, loss)."""
+    t, recompute = plan.train, RECOMPUTE[plan.activation_checkpointing.mode]
+    # attention (bf16 in every recipe): causal flash attention, forward 2*s^2*d FLOPs per sequence and block
+    d_attn = shape.n_heads * shape.head_dim // tp
+    attn_fwd = 2.0 * t.seq_len ** 2 * d_attn * t.micro_batch_size / cp  # under CP each rank's queries, balanced (head-tail)
+    attention = shape.n_layers * ((1 + cost.ATTN_BACKWARD + recompute) * attn_fwd / (dev.peak("bf16") * cost.ATTN_EFF)
+                                  + 4 * cost.KERNEL_FIXED_S)
+    # norms, residual adds, RoPE, SwiGLU: elements per token and block, forward + backward
+    mult, kernels = ELEMENTWISE[plan.compile.enabled]
+    q_kv = (shape.n_heads + 2 * shape.kv_heads) * shape.head_dim // tp
+    per_token = cost.ELEMENTWISE_PER_DIM * shape.dim + cost.ELEMENTWISE_PER_QKV * q_kv + cost.ELEMENTWISE_PER_FFN * shape.ffn_dim // tp
+    elementwise = shape.n_layers * (1 + cost.ELEMENTWISE_RECOMPUTED * recompute) * stream_s(dev, 2 * mult * per_token * m, kernels)
+    loss = stream_s(dev, m * (cost.LOSS_BYTES_PER_VOCAB * shape.vocab_size // tp + cost.LOSS_BYTES_PER_DIM * shape.dim),
+                    cost.LOSS_KERNELS)
+    return attention, elementwise, loss
 
 
 def _busiest_stage(plan, shape: ModelShape, parts: dict[str, float], head: dict[str, float]) -> dict[str, float]:
