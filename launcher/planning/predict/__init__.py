@@ -331,12 +331,7 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
     head["loss"] = loss
     parts = {k: accum * v for k, v in _busiest_stage(plan, shape, parts, head).items()}
     compute = sum(parts.values())
-    shards = dp * cp  # FSDP2 shards over dp x cp
-    local = shape.params / pp / tp / (shards if d.strategy == "fsdp2" or (d.strategy == "deepspeed" and d.deepspeed.zero_stage >= 1) else 1)
-    per_param = cost.OPTIMIZER_BYTES.get(t.optimizer, cost.OPTIMIZER_BYTES_OTHER)
-    optimizer = stream_s(dev, per_param * local, cost.OPTIMIZER_KERNELS)
-    if fp8_all_gather and p.torchao.precompute_scale:
-        optimizer += stream_s(dev, 4 * fp8_weight_params / pp / tp / shards, 2)
+    optimizer = _optimizer_s(plan, shape, dev, fp8_weight_params if fp8_all_gather and p.torchao.precompute_scale else None)
     comm = _exposed_comm(plan, shape, dev, compute, m, fp8_weight_params if fp8_all_gather else 0)
     parts.update(optimizer=optimizer, exposed_comm=comm)
     if cp > 1:
@@ -347,6 +342,20 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
         # passes take equal time)
         parts["pipeline_bubble"] = (pp - 1) / (plan.pipeline_microbatches * d.pipeline.local_stages) * compute
     return parts, rows
+
+
+def _optimizer_s(plan, shape: ModelShape, dev: Device, precomputed: int | None) -> float:
+    """Seconds of one optimizer step over this rank's parameters (a stage's, TP's piece, FSDP2's or ZeRO's shard), and the
+    amax pass over the `precomputed` float8 all-gathered weights' local shards (torchao's precompute_scale; None: none)."""
+    d, layout = plan.distributed, plan.distributed.layout()
+    shards = layout.dp * layout.cp  # FSDP2 shards over dp x cp
+    sharded = d.strategy == "fsdp2" or (d.strategy == "deepspeed" and d.deepspeed.zero_stage >= 1)
+    local = shape.params / layout.pp / layout.tp / (shards if sharded else 1)
+    per_param = cost.OPTIMIZER_BYTES.get(plan.train.optimizer, cost.OPTIMIZER_BYTES_OTHER)
+    optimizer = stream_s(dev, per_param * local, cost.OPTIMIZER_KERNELS)
+    if precomputed is not None:
+        optimizer += stream_s(dev, 4 * precomputed / layout.pp / layout.tp / shards, 2)
+    return optimizer
 
 
 def _untouched(plan, shape: ModelShape, dev: Device, m: int, tp: int, cp: int) -> tuple[float, float, float]:

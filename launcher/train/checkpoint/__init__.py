@@ -374,6 +374,38 @@ class CheckpointManager:
         marker = read_marker(path)
         if marker is None:
             raise InputError(KEY, f"{path} is not a complete checkpoint (no readable {MARKER})", 'set train.resume = "auto"')
+        saved_ws = int(marker.get("world_size", 0))
+        warnings = self._check_saved_layout(path, marker)
+        own = self.rank < saved_ws
+        state = self._each_rank(lambda: _read_rank_file(os.path.join(path, _rank_file(self.rank if own else 0))))
+        try:
+            # TE's scaling state first, as TE's own _load_from_state_dict sets its extra state before copying FP8 weights
+            _restore_te_scaling(_inner(deepspeed_engine.module if deepspeed_engine is not None else model),
+                                state.get("te_scaling") or {}, precision)
+            if self.format == "deepspeed":
+                with _clean_param_names(deepspeed_engine), _naming_reads(deepspeed_engine, path):
+                    loaded, _ = deepspeed_engine.load_checkpoint(
+                        os.path.join(path, "deepspeed"), tag=DS_TAG, load_module_strict=True,
+                        load_optimizer_states=True, load_lr_scheduler_states=True)
+                if loaded is None:
+                    raise RuntimeError(f"DeepSpeed found no checkpoint in {os.path.join(path, 'deepspeed')}")
+            else:
+                _load_dcp(path, model, optimizer, state.get("fp8_extra_state") or {}, marker.get("float8_precomputed_scale", False),
+                          marker.get("optimizer_layout", NESTED))
+        except (RuntimeError, ValueError, KeyError, CheckpointException) as e:
+            raise _load_error(path, marker, e) from e
+        if scheduler is not None and state.get("scheduler") is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        if grad_scaler is not None and state.get("grad_scaler") is not None:
+            grad_scaler.load_state_dict(state["grad_scaler"])
+        if own:
+            set_rng_state(state["rng"])  # last: nothing above may draw from the restored generators
+        return LoadedState(path=path, step=int(marker["step"]), data_state=state.get("data"), extra=state.get("extra") or {},
+                           saved_world_size=saved_ws, warnings=tuple(warnings))
+
+    def _check_saved_layout(self, path: str, marker: dict) -> list[str]:
+        """Refuse a checkpoint of another format, or a DeepSpeed one of another world size; the warnings of one written
+        at another layout (resharded exactly, but the data order differs)."""
         saved_format, saved_ws = marker.get("format", "dcp"), int(marker.get("world_size", 0))
         if saved_format != self.format:
             raise InputError(
@@ -406,50 +438,7 @@ class CheckpointManager:
                 "were resharded exactly, but the data position and random state are per process, so the data order "
                 "(and any randomness) differs from an uninterrupted run"
             )
-        own = self.rank < saved_ws
-        state = self._each_rank(lambda: _read_rank_file(os.path.join(path, _rank_file(self.rank if own else 0))))
-        try:
-            # TE's scaling state first, as TE's own _load_from_state_dict sets its extra state before copying FP8 weights
-            _restore_te_scaling(_inner(deepspeed_engine.module if deepspeed_engine is not None else model),
-                                state.get("te_scaling") or {}, precision)
-            if self.format == "deepspeed":
-                with _clean_param_names(deepspeed_engine), _naming_reads(deepspeed_engine, path):
-                    loaded, _ = deepspeed_engine.load_checkpoint(
-                        os.path.join(path, "deepspeed"), tag=DS_TAG, load_module_strict=True,
-                        load_optimizer_states=True, load_lr_scheduler_states=True)
-                if loaded is None:
-                    raise RuntimeError(f"DeepSpeed found no checkpoint in {os.path.join(path, 'deepspeed')}")
-            else:
-                _load_dcp(path, model, optimizer, state.get("fp8_extra_state") or {}, marker.get("float8_precomputed_scale", False),
-                          marker.get("optimizer_layout", NESTED))
-        except (RuntimeError, ValueError, KeyError, CheckpointException) as e:
-            if te_state.is_te_refusal(e):
-                raise InputError(
-                    KEY,
-                    f"{path} holds Transformer Engine's pickled delayed-scaling state (written before fp8launch kept it as plain "
-                    f"tensors) and Transformer Engine refuses to unpickle it: \"{_te_refusal_line(e)}\"",
-                    f'if you trust this checkpoint (your own run\'s), resume with launch.env {te_state.UNSAFE_PICKLE_ENV} = "1", '
-                    "or start fresh in a new train.output_dir",
-                ) from e
-            unreadable = record.unreadable_in(e)
-            if unreadable is not None:  # a damaged file the record could not tell (none, or it changed since)
-                older = [p for s, p in record.complete(os.path.dirname(path)) if s < int(marker["step"])]
-                raise InputError(KEY, f"{path}: {unreadable}",
-                                 f"resume from an older checkpoint (train.resume = \"{older[-1]}\")" if older else
-                                 "restore it from a copy, or start fresh in a new train.output_dir") from e
-            raise InputError(
-                KEY,
-                f"{path} does not fit this run's model and optimizer ({_first_line(e)})",
-                "resume with the train.model, train.optimizer and precision that wrote it, or start fresh in a new train.output_dir",
-            ) from e
-        if scheduler is not None and state.get("scheduler") is not None:
-            scheduler.load_state_dict(state["scheduler"])
-        if grad_scaler is not None and state.get("grad_scaler") is not None:
-            grad_scaler.load_state_dict(state["grad_scaler"])
-        if own:
-            set_rng_state(state["rng"])  # last: nothing above may draw from the restored generators
-        return LoadedState(path=path, step=int(marker["step"]), data_state=state.get("data"), extra=state.get("extra") or {},
-                           saved_world_size=saved_ws, warnings=tuple(warnings))
+        return warnings
 
     # -- the loop's TrainState ---------------------------------------------------------------
 
@@ -676,3 +665,27 @@ def _first_line(error: BaseException) -> str:
             return f"{type(inner).__name__}: {_first_line(inner)}"
     text = str(error).strip() or type(error).__name__
     return text.splitlines()[0][:300]
+
+
+def _load_error(path: str, marker: dict, e: BaseException) -> InputError:
+    """What a checkpoint that would not load says: Transformer Engine's refused pickle, a damaged file, or state that
+    does not fit this run's model and optimizer."""
+    if te_state.is_te_refusal(e):
+        return InputError(
+            KEY,
+            f"{path} holds Transformer Engine's pickled delayed-scaling state (written before fp8launch kept it as plain "
+            f"tensors) and Transformer Engine refuses to unpickle it: \"{_te_refusal_line(e)}\"",
+            f'if you trust this checkpoint (your own run\'s), resume with launch.env {te_state.UNSAFE_PICKLE_ENV} = "1", '
+            "or start fresh in a new train.output_dir",
+        )
+    unreadable = record.unreadable_in(e)
+    if unreadable is not None:  # a damaged file the record could not tell (none, or it changed since)
+        older = [p for s, p in record.complete(os.path.dirname(path)) if s < int(marker["step"])]
+        return InputError(KEY, f"{path}: {unreadable}",
+                          f"resume from an older checkpoint (train.resume = \"{older[-1]}\")" if older else
+                          "restore it from a copy, or start fresh in a new train.output_dir")
+    return InputError(
+        KEY,
+        f"{path} does not fit this run's model and optimizer ({_first_line(e)})",
+        "resume with the train.model, train.optimizer and precision that wrote it, or start fresh in a new train.output_dir",
+    )
