@@ -5,8 +5,8 @@ BIN    := $(VENV)/bin
 EXTRAS := torchao,deepspeed,hf,serve,bench,accelerate,tensorboard,wandb,mlflow,data,dev
 
 # pytest keeps the test modules it rewrites for its asserts as bytecode, but only where Python may write bytecode: with
-# PYTHONDONTWRITEBYTECODE set (as on these machines) every pytest worker rewrote all of them at each collection (~9 s a
-# worker; `make test-fast` 113-127 s with it, 105-106 s without, 2026-11-27). The caches go to __pycache__ (ignored).
+# PYTHONDONTWRITEBYTECODE set (as on these machines) every pytest worker rewrites all of them at each collection
+# (benchmarks/results/tooling_notes.md). The caches go to __pycache__ (ignored).
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup lint test test-fast test-slow test-matrix test-compat smoke plan-check support-matrix dist bench clean
@@ -17,9 +17,9 @@ PHASE := .ci/phase
 setup: $(VENV)/.installed
 
 # torch==2.13.0 first: an unpinned torch would pull the newest CUDA build (GBs) from the registry. --no-compile: pip
-# byte-compiles every module it installs (torch, transformers, mlflow, ...: 69 of the 151 s, 2026-11-27). One process then
-# imports what the tests' processes import, which byte-compiles those once (21 s; make leaves PYTHONDONTWRITEBYTECODE unset,
-# above): without it `make test-fast` took 134.6 s against 95.7-101.1 s, its workers compiling the same modules side by side.
+# byte-compiles every module it installs (torch, transformers, mlflow, ...), most of them never imported. One process then
+# imports what the tests' processes import, which byte-compiles those once (make leaves PYTHONDONTWRITEBYTECODE unset,
+# above), so the test workers do not compile the same modules side by side (benchmarks/results/tooling_notes.md).
 PIP := $(BIN)/pip install -q --disable-pip-version-check --no-compile
 IMPORTED := torch.distributed.checkpoint, torch.distributed.fsdp, torch._inductor.compile_fx, torchao.float8, deepspeed, \
             transformers, launcher.train.main, pytest, xdist, jsonschema, jinja2
@@ -75,7 +75,7 @@ smoke: setup
 
 # docs/support-matrix.md from the schema and the rule table (CI checks it is current).
 support-matrix: setup
-	$(BIN)/python -m launcher.planning.support_matrix --write
+	$(BIN)/python -m tools.support_matrix --write
 
 plan-check: setup
 	$(BIN)/fp8launch plan --check --out specs/generated specs/*.toml

@@ -54,6 +54,8 @@ def save_hf_weights(tmp: Path) -> None:
             "c = transformers.AutoConfig.from_pretrained(sys.argv[1]); "
             "transformers.AutoModelForCausalLM.from_config(c).to(torch.bfloat16).save_pretrained(sys.argv[2], max_shard_size='1GB')")
     subprocess.run([sys.executable, "-c", code, str(MODELS), str(folder)], check=True, capture_output=True, text=True)
+
+
 SPEC = """\
 version = 1
 name = "init-{source}-w{world}"

@@ -93,7 +93,8 @@ def compared(label: str, cpu: dict[str, list[float]]) -> dict:
 
 
 def main() -> None:
-    from launcher.planning.support_matrix import spec_of
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tools/ is no installed package
+    from tools.support_matrix import spec_of
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=3)

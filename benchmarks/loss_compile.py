@@ -20,7 +20,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from launcher.train.loop import cross_entropy  # noqa: E402
+from launcher.train.loss import cross_entropy  # noqa: E402
 
 
 def peak_bytes(fn, logits, targets) -> int:

@@ -2,7 +2,7 @@
 
     python benchmarks/matrix_seed.py [FIRST:LAST]     (default 0:80, ~6 s a seed on 2 cores; the JSON only for the default)
 
-For each seed of launcher/planning/support_matrix.py's generator (SEED shapes the CPU matrix only; the MoE and GPU
+For each seed of tools/support_matrix.py's generator (SEED shapes the CPU matrix only; the MoE and GPU
 matrices keep 0): the CPU matrix's trained runs, compiled runs, distinct graph keys (each one compiles from an empty
 cache in CI) and modelled CPU seconds
 (Matrix.modelled_cpu_s: EAGER_CPU_S / WARM_CPU_S / NEW_GRAPH_CPU_S as measured). Every matrix covers every pair: the
@@ -17,7 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-import launcher.planning.support_matrix as sm
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tools/ is no installed package
+
+import tools.support_matrix as sm  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "matrix_seed.json"
 

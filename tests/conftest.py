@@ -26,11 +26,10 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser(
 # ...and one ninja builds them: this Python's bin folder first on PATH, as `fp8launch run` puts it for the processes it
 # starts (launcher/commands/run.py). Otherwise the in-process tests found the system's ninja (1.11 here) and the runs
 # the environment's (1.13): the two hash a build command differently, so each took the other's build for stale and
-# rebuilt it (measured: the first DeepSpeed matrix row after an in-process DeepSpeed test 64 s, the next 10 s).
+# rebuilt it (benchmarks/results/tooling_notes.md).
 # Each of pytest-xdist's N workers computes with cores / N threads (OpenMP, torch's intra-op pool): by default every
 # worker takes all the cores, and N workers x all cores threads on 2 cores spin-wait for each other (OpenMP's busy
-# wait): an in-process training test that takes 10-24 s alone took 97-128 s beside another worker's runs in CI from a
-# cold machine (tests/train/test_te_features.py, 2026-11-27). The runs a test starts take 1 thread a process already
+# wait), several times slower than alone (benchmarks/results/tooling_notes.md). The runs a test starts take 1 thread a process already
 # (tests/e2e/helpers.env, the CPU specs' launch.env).
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))

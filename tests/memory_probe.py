@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 from launcher.planning.plan import load_plan
 from launcher.train.compile_ac import prepare_blocks
 from launcher.train.engines import wrap
-from launcher.train.loop import cross_entropy
+from launcher.train.loss import cross_entropy
 from launcher.train.models import build_model
 from launcher.train.parallel import distributed
 from launcher.train.precision import apply_precision
@@ -35,23 +35,18 @@ env = distributed.init("cpu")
 torch.manual_seed(0)
 model = build_model(plan.train.model, ".")
 precision = apply_precision(model, plan, env.device)
-pp = plan.distributed.pipeline_parallel
-if pp > 1:  # this rank's stage, cut as launcher/train/build.py cuts it
+layout, cut = plan.distributed.layout(env.world_size), None
+if layout.pp > 1:  # this rank's stages, cut as launcher/train/build.py cuts them
     from launcher.train.models import transformer_blocks
-    from launcher.train.parallel.pipeline import cut_stage, split_for, stage_of
+    from launcher.train.parallel.pipeline import cut_stage, split_for
 
-    cut_stage(model, stage_of(env.rank, env.world_size, pp), split_for(plan, len(transformer_blocks(model))))
+    cut = cut_stage(model, layout.stages_of(env.rank), split_for(plan, len(transformer_blocks(model))))
 blocks = prepare_blocks(model, plan)
-engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks)
+engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks, cut=cut)
 torch.manual_seed(0)  # every rank the same batch: a pipeline's stages read the same one
 tokens = torch.randint(0, model.vocab_size, (plan.train.micro_batch_size, plan.train.seq_len + 1))
-if hasattr(engine, "pipeline_step"):
-    engine.pipeline_step(tokens)
-else:
-    with engine.sequence_parts(tokens[:, :-1], tokens[:, 1:]) as (inputs, targets):  # this rank's part under context parallel
-        with precision.autocast():
-            loss = cross_entropy(engine.forward(inputs), targets)
-        engine.backward(loss, True)
+assert engine.accum_steps == 1, "the probe's plans take one micro-batch a step"
+engine.train_step(lambda: tokens, cross_entropy)  # under context parallel this rank's part of the sequences
 engine.clip_grad_norm(plan.train.max_grad_norm)
 engine.step()
 params = list(engine.model.parameters())
@@ -64,7 +59,7 @@ record = {
     else sum((p.full_tensor() if isinstance(p, DTensor) else p).numel() for p in model.parameters()),
     "rank": env.rank,
 }
-if env.rank == 0 or pp > 1:
+if env.rank == 0 or layout.pp > 1:
     print(json.dumps(record), flush=True)
 distributed.destroy()
 distributed.exit_now(0)  # as the entrypoint leaves after a gloo run (gloo's threads abort a finalizing interpreter)

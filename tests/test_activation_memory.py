@@ -10,7 +10,7 @@ import torch
 
 from launcher.planning.memory import estimate, model_params
 from launcher.train.compile_ac import prepare_blocks
-from launcher.train.loop import loss_function
+from launcher.train.loss import loss_function
 from launcher.train.models import build_model
 from launcher.train.precision import apply_precision
 from tests.train._engine_setup import make_plan
@@ -136,17 +136,18 @@ def _pipeline_peak(rank: int, world: int, port: int, folder, keys: dict) -> None
 
     from launcher.planning.memory import in_flight, model_config, stage_estimate
     from launcher.train.models import transformer_blocks
-    from launcher.train.parallel.pipeline import cut_stage, make_schedule, split_for
+    from launcher.train.parallel.pipeline import cut_stage, make_schedule, split_for, stage_roots
     from tests.train._engine_setup import gloo_world
 
     plan, _ = make_plan(folder / str(rank), **{**PARALLEL, **keys})
     with gloo_world(rank, world, port):
         model, precision = _rank_model(plan)
         split = split_for(plan, len(transformer_blocks(model)))
-        cut_stage(model, plan.distributed.rank_stages(rank), split)
+        cut = cut_stage(model, plan.distributed.layout().rank_stages(rank), split)
         prepare_blocks(model, plan)
         model.to(precision.param_dtype)  # FSDP2's MixedPrecisionPolicy computes on param_dtype copies of the weights
-        stages, schedule = make_schedule(model, plan, torch.device("cpu"), dist.group.WORLD, loss_function(plan))
+        roots = stage_roots(model, cut)
+        stages, schedule = make_schedule(roots, cut, plan, torch.device("cpu"), dist.group.WORLD, loss_function(plan))
         t = plan.train
         tokens = torch.randint(0, model.vocab_size, (t.micro_batch_size, t.seq_len + 1), generator=torch.Generator().manual_seed(0))
         args = (tokens[:, :-1],) if any(s.is_first for s in stages) else ()

@@ -96,10 +96,10 @@ def test_ci_script_checks_beside_the_test_command_run_clean():
     for line in checks:
         argv = [w.replace(".venv/bin/", bindir + "/") for w in shlex.split(line)]
         argv = [str(p) for a in argv for p in (sorted(REPO.glob(a)) if "*" in a else [a])]
-        if argv[3:5] == ["-m", "launcher.planning.support_matrix"]:  # .ci/phase NAME PYTHON -m MODULE ARGS
+        if argv[3:5] == ["-m", "tools.support_matrix"]:  # .ci/phase NAME PYTHON -m MODULE ARGS
             # in this process, as `python -m` runs it (its module, its main, its flags), so that the matrices this worker
             # generated for tests/test_support_matrix.py (~12 s, cached per process) are not generated again
-            from launcher.planning import support_matrix
+            from tools import support_matrix
 
             assert argv[2] == sys.executable and support_matrix.main(argv[5:]) == 0, line
             continue

@@ -274,6 +274,7 @@ def test_without_ctrl_c_run_wait_exits_with_sbatchs_code(tmp_path):
     assert _sbatch(Command(kind="sbatch", argv=(str(tmp_path / "sbatch"),)), os.environ, seen.append) == 7
     assert seen == ["5150"]
 
+
 def test_ctrl_c_reads_as_interrupted_even_when_sbatch_ignores_it_and_exits_0(spec, tmp_path):
     """The failure a race once produced: sbatch outlived the Ctrl-C and exited 0, and so did `run --wait`."""
     path = spec(SLURM_SPEC.replace('device = "cpu"', 'device = "cpu"\nlauncher = "slurm"'))

@@ -33,7 +33,7 @@ def test_each_pipeline_rank_holds_the_stages_torch_gives_it(schedule, pp, v):
     style = "v" if schedule == "ZBVZeroBubble" else "loop"
     assert plan.distributed.pipeline_stages == pp * v
     torch_says = generate_rank_to_stage_mapping(pp, pp * v, style)
-    assert {r: list(plan.distributed.rank_stages(r)) for r in range(pp)} == torch_says
+    assert {r: list(plan.distributed.layout().rank_stages(r)) for r in range(pp)} == torch_says
 
 
 def _torch_peaks(schedule: str, pp: int, n: int, v: int) -> list[int]:

@@ -174,6 +174,7 @@ def test_nvme_path_rule_names_the_offload_keys():
     (finding,) = [f for f in check(Facts(plan=plan), "plan") if f.rule.id == "DS-NVME-PATH"]
     assert finding.message.startswith("distributed.deepspeed.offload_optimizer and distributed.deepspeed.offload_param = \"nvme\"")
 
+
 RUN_CASES = {
     "FP8-HARDWARE": ({"precision": TAO}, {"device": "cuda", "capability": (8, 0)}, {"device": "cuda", "capability": (8, 9)}),
     "TE-RECIPE-HARDWARE": ({"precision": {**TE, "te": {"recipe": "mxfp8"}}}, {"device": "cuda", "capability": (9, 0)},
@@ -192,7 +193,6 @@ RUN_CASES.update({
                        {"missing_effects": ("compile.enabled needs compiled_blocks = 4, and this run has 0",)},
                        {"missing_effects": ()}),
 })
-
 
 
 # -- torchao block-scaled recipes (issue 22) ----------
@@ -426,6 +426,7 @@ PLAN_CASES.update({
                    {"precision": TAO, "distributed": CP2, "train": CP_TRAIN}),
     "CP-COMPILE": ({"distributed": CP2, "train": CP_TRAIN, **COMPILED}, {"distributed": CP2, "train": CP_TRAIN}),
 })
+
 
 def test_pipeline_rules_name_what_is_wrong_with_the_split_and_the_micro_batches():
     uneven = {"distributed": {**PP2, "pipeline": {"layers_per_stage": [1, 2]}}, "train": PP_TRAIN}

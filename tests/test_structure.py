@@ -104,3 +104,14 @@ def test_planning_reaches_neither_torch_nor_the_training_code():
     reached = {i.split(".")[0] for m in seen for i in g[m]} | {m for m in seen}
     assert not {"torch", "torchao", "deepspeed", "transformer_engine", "msamp"} & reached
     assert not [m for m in seen if m.startswith(("launcher.train", "launcher.commands"))]
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_in_launcher_is_over_80_lines():
+    """A function longer than a screen does several jobs: split it into named steps (issue 53)."""
+    long = [f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for path in MODULES.values() for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert long == []

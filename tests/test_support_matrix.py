@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 from launcher.planning.read import SpecSource, validate
 from launcher.planning.rules import RULES_BY_ID
-from launcher.planning.support_matrix import (
+from tools.support_matrix import (
     CPU_BASE,
     CPU_OPTIONS,
     ELSEWHERE,
@@ -38,7 +38,7 @@ GENERATES = pytest.mark.xdist_group("support_matrix_generation")
 def test_every_schema_key_is_in_a_matrix_or_says_where_it_is_tested():
     in_matrix = {o.key for o in CPU_OPTIONS + GPU_OPTIONS}
     keys = set(schema_keys())
-    assert keys - in_matrix - set(ELSEWHERE) == set(), "add the new option to a matrix in launcher/planning/support_matrix.py"
+    assert keys - in_matrix - set(ELSEWHERE) == set(), "add the new option to a matrix in tools/support_matrix.py"
     assert set(ELSEWHERE) - keys == set() and not (set(ELSEWHERE) & in_matrix)
 
 
@@ -137,7 +137,7 @@ def test_runs_that_share_compiled_graphs_share_one_xdist_group(name):
     holds a run alone (a run whose graphs no other run has, and an eager run, stay ungrouped: either worker may take it)."""
     import itertools
 
-    from launcher.planning.support_matrix import graph_key
+    from tools.support_matrix import graph_key
 
     matrix = load(name)
     groups = matrix.graph_groups()
@@ -158,7 +158,7 @@ def test_gpu_results_follow_a_row_by_its_config_not_its_name():
     first, second = gpu.trained[0], gpu.trained[1]
     results = {"device": "d", "date": "x", "runs": [{"config": second.config, "outcome": "trained"},
                                                   {"config": {"precision.mode": "fp64"}, "outcome": "trained"}]}
-    from launcher.planning.support_matrix import gpu_status, render_markdown
+    from tools.support_matrix import gpu_status, render_markdown
 
     assert gpu_status(gpu, results) == {second.name: "trained"} and first.name != second.name
     text = render_markdown(gpu=gpu, gpu_results=results)

@@ -45,7 +45,7 @@ def plan_summary(plan: Plan, folder: str, changes: list[Change], params: int | N
     precision = f"fp8 ({p.backend} {default_recipe(plan)}, rest in {p.high_precision})" if p.fp8 else p.mode
     spec_folder = os.path.normpath(os.path.join(folder, plan.spec_dir))  # plan.spec_dir is relative to the plan's folder
     ep = d.expert_parallel
-    expert = f", expert parallel {ep} (mesh efsdp {plan.world_size // ep} x ep {ep})" if ep > 1 else ""
+    expert = f", expert parallel {ep} (mesh efsdp {d.layout().expert_shards} x ep {ep})" if ep > 1 else ""
     split = d.tensor_parallel > 1 or d.pipeline_parallel > 1 or d.context_parallel > 1
     dp_ranks = f"{d.data_parallel} {'data-parallel ' if split else ''}ranks"
     lines = [

@@ -21,7 +21,6 @@ BF16_MIN_CAPABILITY = (8, 0)
 """bf16 tensor cores start with Ampere; older GPUs train in fp16."""
 
 
-
 def precision_key(precision) -> tuple[str, str | None, str | None]:
     """(mode, backend, recipe) of a plan's PrecisionConfig, as `supports` and `requirement` take them."""
     b = backend_of(precision)

@@ -168,7 +168,7 @@ def stage_estimate(plan: Plan, cfg, rank: int) -> MemoryEstimate:
     from launcher.planning.models import linear_params_per_layer
 
     d, t = plan.distributed, plan.train
-    split, stages = d.stage_split(cfg.n_layers), d.rank_stages(rank)
+    split, stages = d.stage_split(cfg.n_layers), d.layout().rank_stages(rank)
     blocks, first, last = sum(split[s] for s in stages), 0 in stages, len(split) - 1 in stages
     params = blocks * (linear_params_per_layer(cfg) + 2 * cfg.dim) + first * cfg.vocab_size * cfg.dim
     params += last * (cfg.dim + cfg.dim * cfg.vocab_size)
@@ -253,9 +253,9 @@ def model_states(plan: Plan, params: int, spec_dir: str | None = None) -> tuple[
         # tp, are a negligible exception).
         off = d.fsdp2.cpu_offload
         # With context parallelism FSDP2 shards over dp_shard x cp (a CP group's ranks hold the same parameters).
-        tp, cp = d.tensor_parallel, d.context_parallel
-        n = d.data_parallel * cp * tp
-        layout = " x ".join(f"{k} {v}" for k, v in (("dp", d.data_parallel), ("cp", cp), ("tp", tp)) if k == "dp" or v > 1)
+        ranks = d.layout()
+        tp, cp, n = ranks.tp, ranks.cp, ranks.fsdp_ranks
+        layout = " x ".join(f"{k} {v}" for k, v in (("dp", ranks.dp), ("cp", cp), ("tp", tp)) if k == "dp" or v > 1)
         layout = layout if tp > 1 or cp > 1 else ""
         rows = [MemoryRow("params", weight_dtype, BYTES[weight_dtype], n, off, layout),
                 MemoryRow("grads", weight_dtype, BYTES[weight_dtype], n, off, layout),

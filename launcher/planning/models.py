@@ -79,7 +79,6 @@ SIZES: dict[str, LlamaConfig] = {
 }
 
 
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MoEConfig:
     """A Mixture-of-Experts decoder shape (torchtitan 0.3.0's MoE args): Llama-style grouped-query

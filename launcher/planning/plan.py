@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from launcher.errors import Problem, SpecError
+from launcher.planning.layout import Layout, stages_a_rank
 from launcher.planning.models import MAX_LAYERS
 from launcher.planning.msamp_levels import as_native, native_level
 from launcher.planning.read import MAX_RANKS, SpecSource, defaults, dotted, one_line
@@ -38,15 +39,6 @@ Offload = Literal["none", "cpu", "nvme"]
 """distributed.deepspeed.offload_optimizer / offload_param."""
 ZeroStage = Literal[0, 1, 2, 3]
 PipelineSchedule = Literal["1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble"]
-MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "ZBVZeroBubble")
-"""The schedules that run several stages on each pipeline rank (torch.distributed.pipelining's PipelineScheduleMulti)."""
-V_SCHEDULES = ("ZBVZeroBubble",)
-"""The schedules whose stages go to the ranks in a V (rank r holds stages r and 2 x pp - 1 - r), not in a loop."""
-
-
-def stages_a_rank(schedule: str, stages_per_rank: int) -> int:
-    """distributed.pipeline.stages_per_rank resolved: as set, or (0) the schedule's own, 2 for a multi-stage one, else 1."""
-    return stages_per_rank or (2 if schedule in MULTI_STAGE_SCHEDULES else 1)
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 ACMode = Literal["none", "full", "selective"]
 Launcher = Literal["torchrun", "slurm", "kubernetes"]
@@ -250,39 +242,27 @@ class DistributedConfig:
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
+    def layout(self, world_size: int | None = None) -> Layout:
+        """The parallel layout of `world_size` ranks (default: the plan's nodes x procs_per_node) under these degrees."""
+        return Layout.of_degrees(self.world_size if world_size is None else world_size, tp=self.tensor_parallel,
+                                 cp=self.context_parallel, pp=self.pipeline_parallel, ep=self.expert_parallel,
+                                 schedule=self.pipeline.schedule, stages_per_rank=self.pipeline.stages_per_rank)
+
     @property
     def data_parallel(self) -> int:
-        """Ranks that hold different data: the world divided by the tensor-, context- and pipeline-parallel degrees (at
-        least 1: a layout they do not divide is refused by TP-DIVIDES-PROCS / PP-DIVIDES-WORLD / CP-DIVIDES-WORLD, whose
-        messages are computed from it)."""
-        return max(1, self.world_size // (self.tensor_parallel * self.context_parallel * self.pipeline_parallel))
-
-    def mesh(self, world_size: int | None = None) -> tuple[tuple[str, int], ...]:
-        """The device mesh's (dim name, size), outermost first, for `world_size` (default: the plan's): pp x dp_shard x cp x
-        tp, torchtitan's order, each of pp, cp and tp only where it is above 1."""
-        world = self.world_size if world_size is None else world_size
-        dp = max(1, world // (self.tensor_parallel * self.context_parallel * self.pipeline_parallel))
-        return tuple((name, n) for name, n in (("pp", self.pipeline_parallel), ("dp_shard", dp), ("cp", self.context_parallel),
-                                               ("tp", self.tensor_parallel)) if name == "dp_shard" or n > 1)
+        """Ranks that hold different data (the layout's dp: at least 1; a layout the degrees do not divide is refused by
+        TP-DIVIDES-PROCS / PP-DIVIDES-WORLD / CP-DIVIDES-WORLD, whose messages are computed from it)."""
+        return self.layout().dp
 
     @property
     def pipeline_stages(self) -> int:
         """Pipeline stages in all: pipeline_parallel x the stages each pipeline rank holds."""
-        return self.pipeline_parallel * self.pipeline.local_stages
+        return self.layout().pipeline_stages
 
     def stage_split(self, n_layers: int) -> tuple[int, ...]:
         """Blocks on each pipeline stage, first stage first: layers_per_stage, or an even split (rule PP-LAYERS refuses
         an uneven one at plan time)."""
         return tuple(self.pipeline.layers_per_stage) or even_split(n_layers, self.pipeline_stages)
-
-    def rank_stages(self, pp_rank: int) -> tuple[int, ...]:
-        """The stages pipeline rank `pp_rank` holds, in order: itself, or with several stages a rank, every pp-th stage from
-        it (a loop), or for a V schedule stage pp_rank and stage 2 x pp - 1 - pp_rank (torch.distributed.pipelining's
-        generate_stage_to_rank_mapping; tests/test_pipeline_plan.py compares the two)."""
-        pp = self.pipeline_parallel
-        if self.pipeline.schedule in V_SCHEDULES:  # two stages a rank (rule PP-STAGES-PER-RANK)
-            return (pp_rank, 2 * pp - 1 - pp_rank)
-        return tuple(range(pp_rank, self.pipeline_stages, pp))
 
 
 @frozen

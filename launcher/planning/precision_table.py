@@ -24,6 +24,7 @@ ROWS = (
     ("tp_comm", "tensor-parallel collectives (only with distributed.tensor_parallel > 1)"),
 )
 
+
 def precision_table(plan: Plan) -> dict[str, str]:
     """{row: dtype description} for the plan's precision, backend and strategy. Which dtype the weights,
     master weights and optimizer states are kept in is one fact with two uses: the memory estimate's

@@ -97,7 +97,7 @@ def render(plan: Plan, plan_dir: str = "generated") -> dict[str, str]:
         "backend_section": _deepspeed_section(plan),
         "float8_all_gather": p.fp8 and bool(BACKENDS[p.backend].setting(p, "fsdp_float8_all_gather")),
         "pipeline": pipeline_section(plan),
-        "mesh": plan.distributed.mesh(),
+        "mesh": plan.distributed.layout().mesh,
         "slurm": {"gpus_per_node": gpus, "cpus_per_task": plan.launch.slurm.cpus_per_task},
         "log_dir": plan.train.output_dir,
         "accelerate_type": _accelerate_type(plan),

@@ -170,15 +170,14 @@ def build_engine(run: Run, model: Model, precision: Precision) -> Engine:
     from launcher.train.compile_ac import prepare_blocks
     from launcher.train.engines import wrap
 
-    pp = run.plan.distributed.pipeline_parallel
-    if pp > 1:  # this rank's pipeline stage, cut from the whole model once its precision chose every layer's recipe
+    layout, cut = run.plan.distributed.layout(run.env.world_size), None
+    if layout.pp > 1:  # this rank's pipeline stages, cut from the whole model once its precision chose every layer's recipe
         from launcher.train.models import transformer_blocks
-        from launcher.train.parallel.pipeline import cut_stage, split_for, stages_of
+        from launcher.train.parallel.pipeline import cut_stage, split_for
 
-        split = split_for(run.plan, len(transformer_blocks(model.module)))
-        cut_stage(model.module, stages_of(run.plan, run.env.rank, run.env.world_size), split)
+        cut = cut_stage(model.module, layout.stages_of(run.env.rank), split_for(run.plan, len(transformer_blocks(model.module))))
     blocks = prepare_blocks(model.module, run.plan, precision, run.env.device)
-    return wrap(model.module, run.plan, precision, run.plan_dir, env=run.env, blocks=blocks, pending=model.pending)
+    return wrap(model.module, run.plan, precision, run.plan_dir, env=run.env, blocks=blocks, pending=model.pending, cut=cut)
 
 
 def build_data(run: Run, vocab_size: int) -> Data:
@@ -187,13 +186,10 @@ def build_data(run: Run, vocab_size: int) -> Data:
     import torch
 
     from launcher.train.data import build_data as open_stream
-    from launcher.train.parallel import distributed
 
     plan, t, env = run.plan, run.plan.train, run.env
     torch.manual_seed(t.seed + env.rank)
-    # a TP group, a CP group and a pipeline's stages read the same batches
-    d = plan.distributed
-    dp_rank, dp_size = distributed.data_rank(env, d.tensor_parallel, d.pipeline_parallel, d.context_parallel)
+    dp_rank, dp_size = plan.distributed.layout(env.world_size).data_rank(env.rank)  # TP, CP groups, a pipeline's stages: same batches
     data = open_stream(t.data, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, vocab_size=vocab_size,
                        rank=dp_rank, world_size=dp_size, seed=t.seed, spec_dir=run.spec_dir, tokenizer=t.tokenizer)
     eval_data = first_eval = None

@@ -263,7 +263,7 @@ def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None
 
     group = tp_group(engine.module)
     weights = fp8_weights(engine)
-    staged, split = pipeline(engine), context(engine)
+    staged, split = engine.pipeline_effects(), context(engine)
     measured = {**({"fp8_weights": weights} if weights else {}), **({"pipeline": staged} if staged else {}),
         **({"context": split} if split else {}),
         "all_gather_dtype": all_gather_dtype(engine.model, set(fp8_modules)) if engine.name == "fsdp2" else None,
@@ -279,18 +279,6 @@ def measure(engine: Engine, *, fp8_modules: set[int] = frozenset(), monitor=None
         "master_weights": master_weights(engine),
     }
     return {**measured, "msamp_level": msamp_level(measured, engine.precision.report)}
-
-
-def pipeline(engine: Engine) -> dict[str, Any] | None:
-    """This rank's pipeline stage and the schedule that runs it (None without pipeline parallelism)."""
-    stages, schedule = getattr(engine, "stages", None), getattr(engine, "schedule", None)
-    if not stages or schedule is None:
-        return None
-    layers = getattr(engine.module, "layers", None)
-    blocks = [int(k) for k in layers.keys()] if isinstance(layers, nn.ModuleDict) else []
-    return {"stages": stages[0].num_stages, "stage": stages[0].stage_index, "schedule": type(schedule).__name__,
-            "microbatches": schedule._n_microbatches, "blocks": blocks, "stages_per_rank": len(stages),
-            "rank_stages": [s.stage_index for s in stages]}
 
 
 def context(engine: Engine) -> dict[str, int] | None:

@@ -27,7 +27,6 @@ import typing
 
 import torch
 
-from launcher.train.loop import cross_entropy
 from launcher.train.parallel.distributed import all_reduce_sum
 from launcher.train.rng import rng_state, set_rng_state
 
@@ -108,29 +107,18 @@ class Evaluator:
         # Every rank's mean over its batches, averaged over all ranks (a tensor-parallel group's ranks hold
         # the same batches and the same loss: the mean is unchanged), as the training loss is; under pipeline
         # parallelism over the last stage's ranks (the others add 0).
-        loss = all_reduce_sum(loss_sum / self.plan.eval.steps).item() / (self.world_size // self.plan.distributed.pipeline_parallel)
+        loss = all_reduce_sum(loss_sum / self.plan.eval.steps).item() / self.engine.loss_ranks
         t = self.plan.train
-        tokens = self.plan.eval.steps * t.micro_batch_size * self._batches() * t.seq_len * self.plan.distributed.data_parallel
+        tokens = self.plan.eval.steps * t.micro_batch_size * self.engine.eval_batches * t.seq_len * self.plan.distributed.data_parallel
         record = eval_record(step, loss, tokens=tokens, seconds=time.perf_counter() - t0)
         self.logger.event(record, eval_line(record, self.plan.train.steps))
         self.last = record
         return record
 
-    def _batches(self) -> int:
-        """Batches of eval.data one evaluation step reads per rank: one, or under pipeline parallelism a training
-        step's (grad_accum_steps), which the schedule's micro-batches divide."""
-        return self.plan.train.grad_accum_steps if self.plan.distributed.pipeline_parallel > 1 else 1
-
     def _loss(self, stream) -> torch.Tensor:
         """This rank's loss of one evaluation step, forward only (0 on a pipeline stage that does not hold the loss)."""
-        tokens = torch.cat([next(stream) for _ in range(self._batches())]).to(self.device, non_blocking=True)
-        pipeline_eval = getattr(self.engine, "pipeline_eval", None)
-        if pipeline_eval is not None:
-            return pipeline_eval(tokens)
-        # under context parallel each rank's part of every sequence, through the ring: its mean over its tokens, as many
-        # on every rank of the group, so the mean over all ranks below is the whole sequences' mean
-        with self.engine.sequence_parts(tokens[:, :-1], tokens[:, 1:]) as (inputs, targets):
-            return cross_entropy(self.engine.forward(inputs), targets).float()
+        tokens = torch.cat([next(stream) for _ in range(self.engine.eval_batches)]).to(self.device, non_blocking=True)
+        return self.engine.eval_loss(tokens)
 
     def _rewound(self):
         """The eval stream at its start: the one built before, put back (a corpus is read and tokenized once), or a

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from launcher.errors import EXIT_DIVERGED, LauncherError
 from launcher.planning.backends import named
 from launcher.train.checkpoint import preempt
+from launcher.train.loss import loss_function
 from launcher.train.metrics import MetricsLogger, StepTimer, Throughput, peak_memory_gib, step_record
 from launcher.train.parallel.distributed import all_reduce_sum
 from launcher.train.rng import rng_state, set_rng_state
@@ -95,21 +95,6 @@ class TrainState:
             set_rng_state(state["rng"])
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy, computed in fp32 whatever the logits' dtype."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
-
-
-def loss_function(plan: Plan) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The training loss: `cross_entropy`, compiled with the blocks when compile.enabled (torchtitan compiles its
-    loss too, compile.components = ["model", "loss"]). Inductor then fuses the fp32 upcast into the log-softmax and
-    its backward: the fp32 copy of the logits over the vocabulary (4 bytes x tokens x vocab: 4.2 GB at seq 8192 and
-    Llama 3's 128,256) is never written, nor read back."""
-    if not plan.compile.enabled:
-        return cross_entropy
-    return torch.compile(cross_entropy, mode=plan.compile.mode, fullgraph=True)
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepResult:
     loss: float
@@ -146,8 +131,6 @@ class Trainer:
         self.resumed_from = resumed_from
         self._timer = StepTimer(device)
         self._loss = loss_function(plan)
-        self._loss_ranks = throughput.world_size // plan.distributed.pipeline_parallel
-        """The ranks whose losses the step's all-reduce sums: every rank, or the last pipeline stage's (the others add 0)."""
         self._window: list[StepResult] = []
         self._consecutive_skips = 0
 
@@ -171,10 +154,7 @@ class Trainer:
         engine, t = self.state.engine, self.plan.train
         self._timer.start()
         lr = engine.lr()
-        if hasattr(engine, "pipeline_step"):  # the step's micro-batches through the pipeline's stages (parallel/pipeline.py)
-            step_loss = engine.pipeline_step(torch.cat([self.next_tokens() for _ in range(t.grad_accum_steps)]))
-        else:
-            step_loss = self._micro_batches(engine, t.grad_accum_steps)
+        step_loss = engine.train_step(self.next_tokens, self._loss_of)
         with annotate("fp8launch.optimizer"):
             norm = engine.clip_grad_norm(t.max_grad_norm)
         comm_bytes = engine.grad_comm_bytes()  # after the last backward (the default reductions count its gradients)
@@ -184,7 +164,7 @@ class Trainer:
         zero = step_loss.new_zeros(())
         stats = torch.stack([step_loss, norm.detach().float() if norm is not None else zero, zero + (1.0 if stop_here else 0.0)])
         loss_value, norm_value, stops = all_reduce_sum(stats).tolist()
-        loss_value /= self._loss_ranks
+        loss_value /= engine.loss_ranks  # every rank, or the last pipeline stage's (the others add 0)
         norm_value = norm_value / self.throughput.world_size if norm is not None else None
         skipped = not self._finite(loss_value, norm_value)
         if skipped:
@@ -203,18 +183,6 @@ class Trainer:
         self.state.last_step_time_s = step_time = self._timer.stop()
         return StepResult(loss=loss_value, grad_norm=norm_value, step_time_s=step_time, lr=lr, skipped=skipped, stop=stop,
                           grad_comm_bytes=comm_bytes)
-
-    def _micro_batches(self, engine: Engine, accum: int) -> torch.Tensor:
-        """Forward and backward of the step's `accum` micro-batches; returns this rank's mean loss over them."""
-        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
-        for micro in range(accum):
-            tokens = self.next_tokens()
-            last = micro == accum - 1
-            with engine.micro_batch(last), engine.sequence_parts(tokens[:, :-1], tokens[:, 1:]) as (inputs, targets):
-                loss = self._loss_of(engine.forward(inputs), targets)
-                engine.backward(loss, last)
-            loss_sum += loss.detach().float()
-        return loss_sum / accum
 
     def _loss_of(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The loss, as the profiler's loss part. Takes the logits so that no caller's frame keeps them alive through

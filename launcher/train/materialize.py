@@ -52,6 +52,7 @@ Initializer = Callable[[str, nn.Module], None]
 """(clean module name, module) -> initialises the parameters and buffers the module holds itself
 (not its children's), in place."""
 
+
 class WholeModelInit:
     """A model-level `init_weights()` (a py: model that defines one): called once, on the
     materialised model as it is then (FSDP2: DTensor shards), under torch.manual_seed(seed).

@@ -17,7 +17,6 @@ from tests.e2e.helpers import one_process_fp8_spec
 pytestmark = pytest.mark.slow
 
 
-
 def test_bench_runs_both_variants_alternately_and_reports_ratios(tmp_path):
     spec = tmp_path / "bench.toml"
     spec.write_text(one_process_fp8_spec("bench-cpu", tmp_path, 5, eval_steps=2))

@@ -1,4 +1,4 @@
-"""The support matrix, run (docs/support-matrix.md; launcher/planning/support_matrix.py generates both).
+"""The support matrix, run (docs/support-matrix.md; tools/support_matrix.py generates both).
 
 Every run that the rule table lets train goes through `fp8launch run` for real (torchrun, 2 processes
 over gloo, 2 blocks of llama-debug, 32 tokens, 2 steps) and must finish with every step logged and a
@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from launcher.cli import main
 from launcher.commands.preflight import libaio_present
-from launcher.planning.support_matrix import CPU_BASE, CPU_OPTIONS, MOE_BASE, load, spec_of
+from tools.support_matrix import CPU_BASE, CPU_OPTIONS, MOE_BASE, load, spec_of
 
 from .helpers import output_of, run
 
@@ -38,7 +38,7 @@ def test_the_matrix_covers_every_pair():
 
 
 def _value(config: dict, key: str):
-    from launcher.planning.support_matrix import _default
+    from tools.support_matrix import _default
 
     return config.get(key, _default(key))
 

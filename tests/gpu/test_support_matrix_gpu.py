@@ -29,10 +29,10 @@ import torch
 from launcher.planning.backends import BACKENDS, TORCHAO
 from launcher.planning.hardware import capability_text, requirement, supports
 from launcher.planning.rules import Facts, check
-from launcher.planning.support_matrix import GPU_BASE, _default, config_key, load, spec_of
 from launcher.train.precision.torchao_fp8 import mx_torch_supported
 from tests.gpu.one_gpu import expected_scaled_mm, fp8_kernels, scaled_mm_per_step
 from tests.support import plan_from
+from tools.support_matrix import GPU_BASE, _default, config_key, load, spec_of
 
 CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA GPU")]

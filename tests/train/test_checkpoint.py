@@ -255,7 +255,7 @@ def test_train_state_helpers_save_on_schedule_and_restore_counters_and_data(tmp_
     def state_of(seed):
         model, opt, sched, data = _ddp_run(seed)
         engine = SimpleNamespace(train_state=lambda: {"model": model, "optimizer": opt, "scheduler": sched},
-                                 precision=SimpleNamespace(grad_scaler=None))
+                                 precision=SimpleNamespace(grad_scaler=None), flat_optimizer_state=False)
         return SimpleNamespace(engine=engine, data=data, step=0, tokens_seen=0, skipped_steps=0)
 
     m = CheckpointManager(str(tmp_path / "run"), keep=2, strategy="ddp", every=2, total_steps=5)

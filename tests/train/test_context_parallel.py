@@ -100,7 +100,7 @@ def test_torch_alone_still_refuses_the_cpu_kernel():
 
 
 def _model_step(model, tokens, labels):
-    from launcher.train.loop import cross_entropy
+    from launcher.train.loss import cross_entropy
 
     loss = cross_entropy(model(tokens), labels)
     loss.backward()

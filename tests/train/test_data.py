@@ -24,7 +24,6 @@ def take(s, n):
     return [next(s) for _ in range(n)]
 
 
-
 @pytest.fixture
 def counting_corpus(tmp_path):
     """tokens:PATH of ids 0..N-1, so every window tells where it came from."""

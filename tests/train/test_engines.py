@@ -14,7 +14,7 @@ from torch import nn
 from launcher.errors import EXIT_ENVIRONMENT, EnvironmentProblem, LauncherError
 from launcher.train.compile_ac import prepare_blocks
 from launcher.train.engines import read_config, wrap
-from launcher.train.loop import cross_entropy
+from launcher.train.loss import cross_entropy
 from launcher.train.models import transformer_blocks
 from launcher.train.parallel import distributed
 from launcher.train.precision import apply_precision

@@ -14,7 +14,7 @@ from launcher.errors import InputError
 from launcher.planning.plan import EvalConfig
 from launcher.train.data import SyntheticStream
 from launcher.train.evaluate import HELD_OUT_STREAM, eval_record, eval_stream
-from launcher.train.loop import cross_entropy
+from launcher.train.loss import cross_entropy
 
 from ._engine_setup import make_plan, train_in_process
 

@@ -20,6 +20,7 @@ from ._precision import TinyLlama, lm_loss, make_plan
 
 # --- FSDP2 cpu_offload on CUDA: a CPU backend beside NCCL -------------------------------------
 
+
 def test_cuda_with_cpu_tensors_gets_gloo_beside_nccl():
     assert process_group_backend("cuda", cpu_tensors=True) == "cpu:gloo,cuda:nccl"
     assert process_group_backend("cuda", cpu_tensors=False) == "nccl"

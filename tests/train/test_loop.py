@@ -23,10 +23,9 @@ from launcher.train.loop import (
     Trainer,
     TrainingDiverged,
     TrainState,
-    cross_entropy,
     likely_causes,
-    loss_function,
 )
+from launcher.train.loss import cross_entropy, loss_function
 from launcher.train.metrics import STEP_FIELDS, MetricsLogger, Throughput
 from launcher.train.optim import FINAL_LR_FRACTION, lr_factor
 from launcher.train.precision import apply_precision

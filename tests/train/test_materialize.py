@@ -52,6 +52,7 @@ def test_resume_gets_storage_but_no_random_initialisation():
     drawn = []
     mat.Pending(None, seed=0)(model, "cpu")
     assert not any(p.is_meta for p in model.parameters())
+
     def record(name, module):
         drawn.append(name)
         for p in module._parameters.values():

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from launcher.errors import LauncherError
+from launcher.planning.layout import Layout
 from launcher.planning.plan import stage_blocks
 from launcher.train.models.llama import Llama, parse_builtin
-from launcher.train.parallel.distributed import DistEnv, data_rank
-from launcher.train.parallel.pipeline import cut_stage, stage_of, stage_roots
+from launcher.train.parallel.pipeline import cut_stage, stage_roots
 
 
 def _model(layers: int = 4) -> Llama:
@@ -26,7 +26,8 @@ def _model(layers: int = 4) -> Llama:
 @pytest.mark.parametrize("split", [(2, 2), (1, 3), (1, 1, 2)])
 def test_stages_in_sequence_compute_the_whole_models_logits_and_gradients(split):
     whole = _model()
-    stages = [cut_stage(copy.deepcopy(whole), i, split) for i in range(len(split))]
+    stages = [copy.deepcopy(whole) for _ in split]
+    cuts = [cut_stage(stage, i, split) for i, stage in enumerate(stages)]
     tokens = torch.randint(0, whole.vocab_size, (2, 17), generator=torch.Generator().manual_seed(1))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
@@ -41,7 +42,8 @@ def test_stages_in_sequence_compute_the_whole_models_logits_and_gradients(split)
     for name, p in whole.named_parameters():
         assert torch.equal(grads[name], p.grad), name
     assert list(stages[-1].layers.keys()) == [str(i) for i in stage_blocks(split, len(split) - 1)]
-    assert stages[0].output is None and stages[-1].tok_embeddings is None and stages[0].pipeline_stage == (0, len(split))
+    assert stages[0].output is None and stages[-1].tok_embeddings is None
+    assert [(c.stages, c.count, c.blocks) for c in cuts[:1]] == [((0,), len(split), list(range(split[0])))]
 
 
 def test_only_the_builtin_decoder_is_cut():
@@ -49,16 +51,12 @@ def test_only_the_builtin_decoder_is_cut():
         cut_stage(torch.nn.Sequential(torch.nn.Linear(2, 2)), 0, (1, 1))
 
 
-def _env(rank: int, world: int) -> DistEnv:
-    return DistEnv(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"), backend="gloo")
-
-
 def test_the_stages_of_one_pipeline_read_the_same_batches():
     # pp 2 x dp 2 (pp outermost): ranks 0, 1 hold stage 0 and ranks 2, 3 stage 1; ranks 0 and 2 read data-parallel shard 0
-    assert [stage_of(r, 4, 2) for r in range(4)] == [0, 0, 1, 1]
-    assert [data_rank(_env(r, 4), 1, 2) for r in range(4)] == [(0, 2), (1, 2), (0, 2), (1, 2)]
-    assert [data_rank(_env(r, 2), 1, 2) for r in range(2)] == [(0, 1), (0, 1)]
-    assert [data_rank(_env(r, 4), 2, 1) for r in range(4)] == [(0, 2), (0, 2), (1, 2), (1, 2)]  # TP as before
+    assert [Layout.of_degrees(4, pp=2).pipeline_rank(r) for r in range(4)] == [0, 0, 1, 1]
+    assert [Layout.of_degrees(4, pp=2).data_rank(r) for r in range(4)] == [(0, 2), (1, 2), (0, 2), (1, 2)]
+    assert [Layout.of_degrees(2, pp=2).data_rank(r) for r in range(2)] == [(0, 1), (0, 1)]
+    assert [Layout.of_degrees(4, tp=2).data_rank(r) for r in range(4)] == [(0, 2), (0, 2), (1, 2), (1, 2)]  # TP as before
 
 
 @pytest.mark.parametrize("stages,style", [((0, 2), "loop"), ((1, 3), "loop"), ((0, 3), "v"), ((1, 2), "v")])
@@ -69,18 +67,18 @@ def test_several_stages_a_rank_are_views_of_one_model_holding_the_same_modules(s
     sequence with the other rank's views, they compute the whole model's logits and gradients."""
     whole, split = _model(), (1, 1, 1, 1)
     other = tuple(s for s in range(4) if s not in stages)
-    mine, theirs = cut_stage(copy.deepcopy(whole), stages, split), cut_stage(copy.deepcopy(whole), other, split)
+    mine, theirs = copy.deepcopy(whole), copy.deepcopy(whole)
+    my_cut, their_cut = cut_stage(mine, stages, split), cut_stage(theirs, other, split)
     assert sorted(mine.layers.keys()) == [str(s) for s in stages]
     assert (mine.tok_embeddings is not None) == (0 in stages) and (mine.output is not None) == (3 in stages)
-    views = {v.pipeline_stage[0]: v for m in (mine, theirs) for v in stage_roots(m)}
-    assert sorted(views) == [0, 1, 2, 3] and all(views[s].pipeline_stage == (s, 4) for s in views)
+    views = {s: v for m, cut in ((mine, my_cut), (theirs, their_cut)) for s, v in zip(cut.stages, stage_roots(m, cut), strict=True)}
+    assert sorted(views) == [0, 1, 2, 3] and my_cut.blocks == list(stages) and my_cut.count == 4
     for s in stages:
         (block,) = views[s].layers.values()
         assert block is mine.layers[str(s)]  # the model's own module
         assert [n for n, _ in views[s].named_parameters()] == [n for n, _ in mine.named_parameters()
                                                                if n.startswith(f"layers.{s}.") or (s == 0 and "tok_emb" in n)
                                                                or (s == 3 and n.startswith(("norm.", "output.")))]
-    assert stage_roots(mine) == [views[s] for s in stages]  # made once
 
     tokens = torch.randint(0, whole.vocab_size, (2, 17), generator=torch.Generator().manual_seed(1))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -102,11 +100,12 @@ def test_the_views_hold_the_blocks_as_checkpointing_and_compile_wrapped_them(tmp
     from launcher.train.compile_ac import prepare_blocks
     from tests.train._engine_setup import make_plan
 
-    model = cut_stage(_model(), (0, 2), (1, 1, 1, 1))
+    model = _model()
+    cut = cut_stage(model, (0, 2), (1, 1, 1, 1))
     plan, _ = make_plan(tmp_path, **{"distributed.strategy": "fsdp2", "activation_checkpointing.mode": "full",
                                      "train.model": "builtin:llama-debug?layers=4"})
     wrapped = prepare_blocks(model, plan)
-    assert [v.layers[str(s)] for v, s in zip(stage_roots(model), (0, 2), strict=True)] == wrapped
+    assert [v.layers[str(s)] for v, s in zip(stage_roots(model, cut), (0, 2), strict=True)] == wrapped
     assert all(type(b).__name__ != "TransformerBlock" for b in wrapped)
 
 
@@ -119,19 +118,21 @@ def _zbv_grads(rank: int, world: int, port: int, folder, reshard: bool) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from launcher.train.loop import loss_function
+    from launcher.train.loss import loss_function
     from launcher.train.parallel.pipeline import make_schedule, stage_roots
     from tests.train._engine_setup import gloo_world, make_plan
 
     plan, _ = make_plan(folder / str(rank), **ZBV_KEYS)  # the schedule and the loss; `reshard` goes to fully_shard below
     with gloo_world(rank, world, port):
-        model = cut_stage(_model(), plan.distributed.rank_stages(rank), (1, 1, 1, 1))
+        model = _model()
+        cut = cut_stage(model, plan.distributed.layout().rank_stages(rank), (1, 1, 1, 1))
         mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("pp", "dp_shard"))["dp_shard"]
         for block in model.layers.values():
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-        for root in stage_roots(model):
+        roots = stage_roots(model, cut)
+        for root in roots:
             fully_shard(root, mesh=mesh, reshard_after_forward=reshard)
-        stages, schedule = make_schedule(model, plan, torch.device("cpu"), dist.group.WORLD, loss_function(plan))
+        stages, schedule = make_schedule(roots, cut, plan, torch.device("cpu"), dist.group.WORLD, loss_function(plan))
         tokens = _zbv_tokens()
         schedule.step(*((tokens[:, :-1],) if rank == 0 else ()), target=tokens[:, 1:] if rank == 0 else None)  # V: rank 0 ends it
         norms = {n: p.grad.full_tensor().norm().item() if p.grad is not None else 0.0 for n, p in model.named_parameters()}

@@ -99,7 +99,6 @@ def test_the_scripts_parse(script):
     assert subprocess.run(["bash", "-n", str(REPO / script)]).returncode == 0
 
 
-
 def _dist(site: Path, name: str, version: str, *requires: str) -> None:
     """An installed distribution as importlib.metadata finds it: NAME-VERSION.dist-info/METADATA in `site`."""
     info = site / f"{name}-{version}.dist-info"

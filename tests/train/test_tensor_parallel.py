@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from launcher.errors import EnvironmentProblem, LauncherError
-from launcher.train.parallel.distributed import DistEnv, data_rank
+from launcher.planning.layout import Layout
 from launcher.train.parallel.tensor_parallel import _enable_async_tp, float8_tp, parallelize
 
 from ._engine_setup import gloo_world, spawn_ranks, tiny_model
@@ -95,9 +95,8 @@ def test_float8_collectives_only_with_torchao_tensorwise():
 
 
 def test_a_tp_group_reads_one_data_parallel_rank():
-    env = lambda rank: DistEnv(rank=rank, local_rank=rank % 8, world_size=8, device=torch.device("cpu"), backend="gloo")  # noqa: E731
-    assert [data_rank(env(r), 2) for r in range(8)] == [(0, 4), (0, 4), (1, 4), (1, 4), (2, 4), (2, 4), (3, 4), (3, 4)]
-    assert [data_rank(env(r), 1)[0] for r in range(8)] == list(range(8))
+    assert [Layout.of_degrees(8, tp=2).data_rank(r) for r in range(8)] == [(0, 4), (0, 4), (1, 4), (1, 4), (2, 4), (2, 4), (3, 4), (3, 4)]
+    assert [Layout.of_degrees(8).data_rank(r)[0] for r in range(8)] == list(range(8))
 
 
 # -- two real ranks ----------------------------------------------------------------------------

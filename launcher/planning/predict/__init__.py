@@ -268,8 +268,8 @@ def _three_gemms(m: int, k: int, n: int) -> tuple[tuple[int, int, int], ...]:
 def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str, float], list[LayerRow]]:
     """Seconds of one optimizer step per GPU, by part; with fp8, the per-layer rows too."""
     p, d, t = plan.precision, plan.distributed, plan.train
-    tp, dp = max(1, d.tensor_parallel), max(1, d.data_parallel)
-    cp, pp = max(1, d.context_parallel), max(1, d.pipeline_parallel)
+    layout = d.layout()
+    tp, dp, cp, pp = layout.tp, layout.dp, layout.cp, layout.pp
     compiled = plan.compile.enabled
     recompute = RECOMPUTE[plan.activation_checkpointing.mode]
     m = t.micro_batch_size * t.seq_len // cp  # context parallel: each rank holds seq_len / cp of every sequence
@@ -324,29 +324,14 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
         gemms, casts, recomputed = gemms + e_gemms, casts + e_casts, recomputed + e_recomputed
         rows += [row] if fp8 else []
 
-    # attention (bf16 in every recipe): causal flash attention, forward 2*s^2*d FLOPs per sequence and block, backward 2.5x
-    d_attn = shape.n_heads * shape.head_dim // tp
-    attn_fwd = 2.0 * t.seq_len ** 2 * d_attn * t.micro_batch_size / cp  # under CP each rank's queries, balanced (head-tail)
-    attention = shape.n_layers * ((1 + 2.5 + recompute) * attn_fwd / (dev.peak("bf16") * cost.ATTN_EFF) + 4 * cost.KERNEL_FIXED_S)
-    # norms, residual adds, RoPE, SwiGLU: elements per token and block, forward + backward
-    mult, kernels = ELEMENTWISE[compiled]
-    q_kv = (shape.n_heads + 2 * shape.kv_heads) * shape.head_dim // tp
-    per_token = 26 * shape.dim + 4 * q_kv + 8 * shape.ffn_dim // tp
-    elementwise = shape.n_layers * (1 + 0.4 * recompute) * stream_s(dev, 2 * mult * per_token * m, kernels)
-    loss = stream_s(dev, m * (22 * shape.vocab_size // tp + 6 * shape.dim), 8)
-
+    attention, elementwise, loss = _untouched(plan, shape, dev, m, tp, cp)
     accum = t.grad_accum_steps
     parts = {"linear_gemms": gemms, "fp8_casts": casts, "recompute": recomputed, "attention": attention,
              "elementwise": elementwise, "loss": loss}
     head["loss"] = loss
     parts = {k: accum * v for k, v in _busiest_stage(plan, shape, parts, head).items()}
     compute = sum(parts.values())
-    shards = dp * cp  # FSDP2 shards over dp x cp
-    local = shape.params / pp / tp / (shards if d.strategy == "fsdp2" or (d.strategy == "deepspeed" and d.deepspeed.zero_stage >= 1) else 1)
-    per_param = 36 if t.optimizer in ("adam", "adamw") else 16
-    optimizer = stream_s(dev, per_param * local, 24)
-    if fp8_all_gather and p.torchao.precompute_scale:
-        optimizer += stream_s(dev, 4 * fp8_weight_params / pp / tp / shards, 2)
+    optimizer = _optimizer_s(plan, shape, dev, fp8_weight_params if fp8_all_gather and p.torchao.precompute_scale else None)
     comm = _exposed_comm(plan, shape, dev, compute, m, fp8_weight_params if fp8_all_gather else 0)
     parts.update(optimizer=optimizer, exposed_comm=comm)
     if cp > 1:
@@ -357,6 +342,38 @@ def _step(plan, shape: ModelShape, dev: Device, *, fp8: bool) -> tuple[dict[str,
         # passes take equal time)
         parts["pipeline_bubble"] = (pp - 1) / (plan.pipeline_microbatches * d.pipeline.local_stages) * compute
     return parts, rows
+
+
+def _optimizer_s(plan, shape: ModelShape, dev: Device, precomputed: int | None) -> float:
+    """Seconds of one optimizer step over this rank's parameters (a stage's, TP's piece, FSDP2's or ZeRO's shard), and the
+    amax pass over the `precomputed` float8 all-gathered weights' local shards (torchao's precompute_scale; None: none)."""
+    d, layout = plan.distributed, plan.distributed.layout()
+    shards = layout.dp * layout.cp  # FSDP2 shards over dp x cp
+    sharded = d.strategy == "fsdp2" or (d.strategy == "deepspeed" and d.deepspeed.zero_stage >= 1)
+    local = shape.params / layout.pp / layout.tp / (shards if sharded else 1)
+    per_param = cost.OPTIMIZER_BYTES.get(plan.train.optimizer, cost.OPTIMIZER_BYTES_OTHER)
+    optimizer = stream_s(dev, per_param * local, cost.OPTIMIZER_KERNELS)
+    if precomputed is not None:
+        optimizer += stream_s(dev, 4 * precomputed / layout.pp / layout.tp / shards, 2)
+    return optimizer
+
+
+def _untouched(plan, shape: ModelShape, dev: Device, m: int, tp: int, cp: int) -> tuple[float, float, float]:
+    """Seconds of what FP8 does not touch, per micro-batch: (attention, elementwise kernels, loss)."""
+    t, recompute = plan.train, RECOMPUTE[plan.activation_checkpointing.mode]
+    # attention (bf16 in every recipe): causal flash attention, forward 2*s^2*d FLOPs per sequence and block
+    d_attn = shape.n_heads * shape.head_dim // tp
+    attn_fwd = 2.0 * t.seq_len ** 2 * d_attn * t.micro_batch_size / cp  # under CP each rank's queries, balanced (head-tail)
+    attention = shape.n_layers * ((1 + cost.ATTN_BACKWARD + recompute) * attn_fwd / (dev.peak("bf16") * cost.ATTN_EFF)
+                                  + 4 * cost.KERNEL_FIXED_S)
+    # norms, residual adds, RoPE, SwiGLU: elements per token and block, forward + backward
+    mult, kernels = ELEMENTWISE[plan.compile.enabled]
+    q_kv = (shape.n_heads + 2 * shape.kv_heads) * shape.head_dim // tp
+    per_token = cost.ELEMENTWISE_PER_DIM * shape.dim + cost.ELEMENTWISE_PER_QKV * q_kv + cost.ELEMENTWISE_PER_FFN * shape.ffn_dim // tp
+    elementwise = shape.n_layers * (1 + cost.ELEMENTWISE_RECOMPUTED * recompute) * stream_s(dev, 2 * mult * per_token * m, kernels)
+    loss = stream_s(dev, m * (cost.LOSS_BYTES_PER_VOCAB * shape.vocab_size // tp + cost.LOSS_BYTES_PER_DIM * shape.dim),
+                    cost.LOSS_KERNELS)
+    return attention, elementwise, loss
 
 
 def _busiest_stage(plan, shape: ModelShape, parts: dict[str, float], head: dict[str, float]) -> dict[str, float]:
@@ -376,7 +393,8 @@ def _busiest_stage(plan, shape: ModelShape, parts: dict[str, float], head: dict[
         held = sum(split[s] for s in stages)
         return {k: held / shape.n_layers * blocks[k] + (last in stages) * head.get(k, 0.0) for k in parts}
 
-    return max((share(d.rank_stages(r)) for r in range(d.pipeline_parallel)), key=lambda p: sum(p.values()))
+    layout = d.layout()
+    return max((share(layout.rank_stages(r)) for r in range(layout.pp)), key=lambda p: sum(p.values()))
 
 
 def ring_exposed_s(plan, shape: ModelShape, dev: Device, attention_block_s: float) -> float:
@@ -445,10 +463,11 @@ def _exposed_comm(plan, shape: ModelShape, dev: Device, compute: float, m: int, 
     """Communication the engine cannot overlap with compute: what exceeds the compute, plus the first
     all-gather and the last reduce-scatter (one block's worth), plus tensor-parallel collectives."""
     d, t = plan.distributed, plan.train
-    tp, dp, pp = max(1, d.tensor_parallel), max(1, d.data_parallel), max(1, d.pipeline_parallel)
+    layout = d.layout()
+    tp, dp, pp = layout.tp, layout.dp, layout.pp
     params = shape.params / tp / pp  # a stage's
     if d.strategy == "fsdp2":
-        dp *= max(1, d.context_parallel)  # FSDP2 shards over dp x cp
+        dp *= layout.cp  # FSDP2 shards over dp x cp
     share = (dp - 1) / dp
     accum = t.grad_accum_steps
     if dp == 1:

@@ -261,3 +261,35 @@ def cast_s(dev: Device, cast: Cast | None, elements: float) -> float:
         return 0.0
     bw = dev.bandwidth_tbps * 1e12
     return sum(KERNEL_FIXED_S + p.bytes_per_elem * elements / (bw * p.bw_eff) for p in cast.passes)
+
+
+# -- what FP8 does not touch (docs/prediction.md "What FP8 does not touch"); assumptions of the first cost model
+# (commit f433341), held to the published and measured steps by the error table of docs/prediction.md, not fitted one by one
+
+ATTN_BACKWARD = 2.5
+"""Causal flash attention's backward FLOPs over its forward's (FlashAttention-2, Dao 2023, section 3: the backward runs
+five matmuls to the forward's two, recomputing the scores)."""
+ELEMENTWISE_PER_DIM = 26
+"""Elements per token and block that the norms, residual adds and RoPE read and write, forward and backward, per model
+dim (two RMSNorms and two residual adds over the hidden state, RoPE on q and k: docs/prediction.md's 26 d)."""
+ELEMENTWISE_PER_QKV = 4
+"""Elements per token and block per q / k / v feature (RoPE and the attention's input and output layout copies)."""
+ELEMENTWISE_PER_FFN = 8
+"""Elements per token and block per SwiGLU hidden feature (the gate's SiLU and the product, forward and backward)."""
+ELEMENTWISE_RECOMPUTED = 0.4
+"""The share of a block's elementwise traffic that activation checkpointing runs again: its forward's, about 2 of the
+5 passes forward + backward take."""
+LOSS_BYTES_PER_VOCAB = 22
+"""Bytes per token and vocabulary entry of the fp32 loss, forward and backward: the bf16 logits read, their fp32 copy
+and log-softmax written and read, the gradient written back in bf16."""
+LOSS_BYTES_PER_DIM = 6
+"""Bytes per token and model dim of the loss's input side (the final hidden state read, its gradient written)."""
+LOSS_KERNELS = 8
+"""Kernels of the eager loss, forward and backward (upcast, max, sum, log, gather; their gradients)."""
+OPTIMIZER_BYTES = {"adam": 36, "adamw": 36}
+"""Bytes an optimizer step moves per local fp32 parameter: Adam(W) reads and writes the parameter and both moments and
+reads the gradient (28 B), and the gradient-norm clipping reads and scales the gradient (8 B); SGD (OPTIMIZER_BYTES_OTHER)
+the parameter and the gradient with momentum."""
+OPTIMIZER_BYTES_OTHER = 16
+OPTIMIZER_KERNELS = 24
+"""Kernels of one optimizer step (torch's foreach implementation: a few per parameter group and state)."""

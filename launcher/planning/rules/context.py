@@ -16,11 +16,6 @@ def pp(f: Facts) -> int:
     return f.plan.distributed.pipeline_parallel
 
 
-def _split(f: Facts) -> int:
-    d = f.plan.distributed
-    return d.tensor_parallel * d.context_parallel * d.pipeline_parallel
-
-
 RULES: tuple[Rule, ...] = (
     Rule(id="CP-DIVIDES-WORLD", severity="error", stage="plan",
          when="distributed.context_parallel (times tensor_parallel and pipeline_parallel) does not divide the world size "
@@ -28,7 +23,7 @@ RULES: tuple[Rule, ...] = (
          why="the mesh is pp x dp_shard x cp x tp: each sequence is split over context_parallel ranks, which read the same "
              "batches, and the data-parallel ranks are what is left of the world.",
          fix="set distributed.context_parallel to a divisor of distributed.nodes x procs_per_node",
-         condition=lambda f: cp(f) > 1 and f.plan.world_size % _split(f) != 0,
+         condition=lambda f: cp(f) > 1 and not f.plan.distributed.layout().divides,
          detail=lambda f: f"distributed.context_parallel = {cp(f)}" + (f" x tensor_parallel = {tp(f)}" if tp(f) > 1 else "")
                           + (f" x pipeline_parallel = {pp(f)}" if pp(f) > 1 else "")
                           + f" does not divide the world size {f.plan.world_size}."),

@@ -4,8 +4,8 @@ layouts torch.distributed.pipelining cannot run, and what fp8launch does not com
 from __future__ import annotations
 
 from launcher.planning.backends import MSAMP, TE
+from launcher.planning.layout import MULTI_STAGE_SCHEDULES, V_SCHEDULES
 from launcher.planning.models import builtin_config
-from launcher.planning.plan import MULTI_STAGE_SCHEDULES, V_SCHEDULES
 from launcher.planning.rules.core import Facts, Rule
 from launcher.planning.rules.predicates import fp8, strategy, tp
 

@@ -38,6 +38,7 @@ def backend_missing_fix(plan: Plan, package: str) -> str:
     b = backend_of(plan.precision)
     return msamp_level_fix(Facts(plan=plan), fix) if b is MSAMP and package == b.package else fix
 
+
 def _split(f: Facts) -> str:
     """What divides each micro-batch's tokens on a rank, in words ("" when nothing does)."""
     d = f.plan.distributed

@@ -35,9 +35,10 @@ def tokens_per_rank(f: Facts) -> int:
     by 8), and the dimension the weight-gradient GEMM scales along (blocks of 32 / 16 for MX / NVFP4). Sequence
     parallel (tensor_parallel) and context parallel split each sequence over their ranks; a pipeline runs the step's
     sequences in its own micro-batches."""
-    t, d = f.plan.train, f.plan.distributed
-    sequences = t.micro_batch_size * t.grad_accum_steps // f.plan.pipeline_microbatches if d.pipeline_parallel > 1 else t.micro_batch_size
-    return sequences * t.seq_len // (max(1, d.tensor_parallel) * max(1, d.context_parallel))
+    t, layout = f.plan.train, f.plan.distributed.layout()
+    sequences = layout.sequences_per_micro_batch(t.micro_batch_size, t.micro_batch_size * t.grad_accum_steps,
+                                                 f.plan.pipeline_microbatches)
+    return layout.tokens_per_rank(sequences, t.seq_len)
 
 
 def builtin_experts(f: Facts) -> int | None:

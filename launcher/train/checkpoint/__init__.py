@@ -65,6 +65,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from launcher import __version__
 from launcher.errors import EnvironmentProblem, InputError, LauncherError
+from launcher.planning.layout import Layout
 from launcher.targets import checkpoint_record as record
 from launcher.targets import disk
 from launcher.train.checkpoint.dcp import FLAT, NESTED, _load_dcp, _save_dcp
@@ -283,9 +284,11 @@ class CheckpointManager:
     # -- saving ---------------------------------------------------------------------------
 
     def save(self, step: int, *, model: Any, optimizer: Any = None, scheduler: Any = None, deepspeed_engine: Any = None,
-             grad_scaler: Any = None, data_state: dict | None = None, extra: dict | None = None, precision: Any = None) -> str:
+             grad_scaler: Any = None, data_state: dict | None = None, extra: dict | None = None, precision: Any = None,
+             optimizer_layout: str = NESTED) -> str:
         """Write checkpoint `step` atomically, then remove the ones beyond `keep`. Collective: every
         rank calls it with its own state. Returns the checkpoint's path once it is complete everywhere.
+        `optimizer_layout`: FLAT where the optimizer holds a pipeline stage's parameters (Engine.flat_optimizer_state).
 
         DDP/FSDP2: `model` (the wrapped model), `optimizer`, `scheduler`. DeepSpeed: `deepspeed_engine`
         (its own checkpoint holds model, optimizer, lr schedule and loss scale). `data_state` and
@@ -301,7 +304,7 @@ class CheckpointManager:
         final, tmp = self.step_dir(step), os.path.join(self.dir, f"{_TMP}step-{step}")
         self._on_rank0(lambda: _fresh_folder(self.dir, tmp))
         self._each_rank(lambda: _check_shared(tmp, self.rank))
-        float8_scales, optimizer_layout = False, None
+        float8_scales, written_layout = False, None
         try:
             if self.format == "deepspeed":
                 if deepspeed_engine is None:
@@ -310,7 +313,7 @@ class CheckpointManager:
                 with _clean_param_names(deepspeed_engine), te_state.empty_extra_state(deepspeed_engine.module):
                     deepspeed_engine.save_checkpoint(os.path.join(tmp, "deepspeed"), tag=DS_TAG)
             else:
-                float8_scales, rank_state["fp8_extra_state"], optimizer_layout = _save_dcp(tmp, model, optimizer)
+                float8_scales, rank_state["fp8_extra_state"], written_layout = _save_dcp(tmp, model, optimizer, optimizer_layout)
             rank_state["te_scaling"] = te_state.scaling_state(_inner(deepspeed_engine.module if deepspeed_engine is not None else model))
         except (OSError, RuntimeError, CheckpointException) as e:
             if isinstance(e, RuntimeError) and not disk.full(e, tmp):  # torch.save reports a full disk as a stream error
@@ -325,7 +328,7 @@ class CheckpointManager:
             "fp8launch_version": __version__, "torch_version": torch.__version__,
             "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
-        if optimizer_layout == FLAT:  # a pipeline stage's (dcp.py); absent: nested, as every checkpoint before it
+        if written_layout == FLAT:  # a pipeline stage's (dcp.py); absent: nested, as every checkpoint before it
             marker["optimizer_layout"] = FLAT
         self._on_rank0(lambda: self._publish(tmp, final, marker, start, described))
         self.last_saved = (step, final)
@@ -371,37 +374,8 @@ class CheckpointManager:
         marker = read_marker(path)
         if marker is None:
             raise InputError(KEY, f"{path} is not a complete checkpoint (no readable {MARKER})", 'set train.resume = "auto"')
-        saved_format, saved_ws = marker.get("format", "dcp"), int(marker.get("world_size", 0))
-        if saved_format != self.format:
-            raise InputError(
-                KEY,
-                f'{path} was written by distributed.strategy = "{marker.get("strategy")}" ({saved_format} format); '
-                f'this run uses "{self.strategy}" ({self.format} format)',
-                f'resume with distributed.strategy = "{marker.get("strategy")}", or start fresh in a new train.output_dir '
-                f"(export the weights first: see docs/checkpoints.md)",
-            )
-        warnings = []
-        saved_tp = int(marker.get("tensor_parallel", 1))
-        if saved_ws == self.world_size and saved_tp != self.tensor_parallel:  # same processes, another DP x TP layout
-            warnings.append(
-                f"{path} was written at data-parallel x tensor-parallel {saved_ws // saved_tp} x {saved_tp} and this run is "
-                f"{self.world_size // self.tensor_parallel} x {self.tensor_parallel}: the model and optimizer were resharded exactly, "
-                "but the data position and random state are per process, so the data order differs from an uninterrupted run"
-            )
-        if saved_ws != self.world_size:
-            if self.format == "deepspeed":
-                raise InputError(
-                    KEY,
-                    f"{path} was written by {saved_ws} processes and this run has {self.world_size}; "
-                    "DeepSpeed's ZeRO checkpoints load only at the world size that wrote them",
-                    f"resume with distributed.nodes x procs_per_node = {saved_ws}, or convert it with DeepSpeed's "
-                    "ds_to_universal.py and start a new run from the weights",
-                )
-            warnings.append(
-                f"{path} was written by {saved_ws} processes and this run has {self.world_size}: the model and optimizer "
-                "were resharded exactly, but the data position and random state are per process, so the data order "
-                "(and any randomness) differs from an uninterrupted run"
-            )
+        saved_ws = int(marker.get("world_size", 0))
+        warnings = self._check_saved_layout(path, marker)
         own = self.rank < saved_ws
         state = self._each_rank(lambda: _read_rank_file(os.path.join(path, _rank_file(self.rank if own else 0))))
         try:
@@ -419,25 +393,7 @@ class CheckpointManager:
                 _load_dcp(path, model, optimizer, state.get("fp8_extra_state") or {}, marker.get("float8_precomputed_scale", False),
                           marker.get("optimizer_layout", NESTED))
         except (RuntimeError, ValueError, KeyError, CheckpointException) as e:
-            if te_state.is_te_refusal(e):
-                raise InputError(
-                    KEY,
-                    f"{path} holds Transformer Engine's pickled delayed-scaling state (written before fp8launch kept it as plain "
-                    f"tensors) and Transformer Engine refuses to unpickle it: \"{_te_refusal_line(e)}\"",
-                    f'if you trust this checkpoint (your own run\'s), resume with launch.env {te_state.UNSAFE_PICKLE_ENV} = "1", '
-                    "or start fresh in a new train.output_dir",
-                ) from e
-            unreadable = record.unreadable_in(e)
-            if unreadable is not None:  # a damaged file the record could not tell (none, or it changed since)
-                older = [p for s, p in record.complete(os.path.dirname(path)) if s < int(marker["step"])]
-                raise InputError(KEY, f"{path}: {unreadable}",
-                                 f"resume from an older checkpoint (train.resume = \"{older[-1]}\")" if older else
-                                 "restore it from a copy, or start fresh in a new train.output_dir") from e
-            raise InputError(
-                KEY,
-                f"{path} does not fit this run's model and optimizer ({_first_line(e)})",
-                "resume with the train.model, train.optimizer and precision that wrote it, or start fresh in a new train.output_dir",
-            ) from e
+            raise _load_error(path, marker, e) from e
         if scheduler is not None and state.get("scheduler") is not None:
             scheduler.load_state_dict(state["scheduler"])
         if grad_scaler is not None and state.get("grad_scaler") is not None:
@@ -447,6 +403,43 @@ class CheckpointManager:
         return LoadedState(path=path, step=int(marker["step"]), data_state=state.get("data"), extra=state.get("extra") or {},
                            saved_world_size=saved_ws, warnings=tuple(warnings))
 
+    def _check_saved_layout(self, path: str, marker: dict) -> list[str]:
+        """Refuse a checkpoint of another format, or a DeepSpeed one of another world size; the warnings of one written
+        at another layout (resharded exactly, but the data order differs)."""
+        saved_format, saved_ws = marker.get("format", "dcp"), int(marker.get("world_size", 0))
+        if saved_format != self.format:
+            raise InputError(
+                KEY,
+                f'{path} was written by distributed.strategy = "{marker.get("strategy")}" ({saved_format} format); '
+                f'this run uses "{self.strategy}" ({self.format} format)',
+                f'resume with distributed.strategy = "{marker.get("strategy")}", or start fresh in a new train.output_dir '
+                f"(export the weights first: see docs/checkpoints.md)",
+            )
+        warnings = []
+        saved_tp = int(marker.get("tensor_parallel", 1))
+        if saved_ws == self.world_size and saved_tp != self.tensor_parallel:  # same processes, another DP x TP layout
+            warnings.append(
+                f"{path} was written at data-parallel x tensor-parallel {Layout.of_degrees(saved_ws, tp=saved_tp).dp} x {saved_tp} "
+                f"and this run is {Layout.of_degrees(self.world_size, tp=self.tensor_parallel).dp} x {self.tensor_parallel}: "
+                "the model and optimizer were resharded exactly, "
+                "but the data position and random state are per process, so the data order differs from an uninterrupted run"
+            )
+        if saved_ws != self.world_size:
+            if self.format == "deepspeed":
+                raise InputError(
+                    KEY,
+                    f"{path} was written by {saved_ws} processes and this run has {self.world_size}; "
+                    "DeepSpeed's ZeRO checkpoints load only at the world size that wrote them",
+                    f"resume with distributed.nodes x procs_per_node = {saved_ws}, or convert it with DeepSpeed's "
+                    "ds_to_universal.py and start a new run from the weights",
+                )
+            warnings.append(
+                f"{path} was written by {saved_ws} processes and this run has {self.world_size}: the model and optimizer "
+                "were resharded exactly, but the data position and random state are per process, so the data order "
+                "(and any randomness) differs from an uninterrupted run"
+            )
+        return warnings
+
     # -- the loop's TrainState ---------------------------------------------------------------
 
     def save_train_state(self, state) -> str:
@@ -454,6 +447,7 @@ class CheckpointManager:
         engine) and grad scaler, its data position, and its counters as `extra`."""
         engine = state.engine
         return self.save(state.step, **engine.train_state(), grad_scaler=engine.precision.grad_scaler,
+                         optimizer_layout=FLAT if engine.flat_optimizer_state else NESTED,
                          data_state=state.data.state_dict() if hasattr(state.data, "state_dict") else None,
                          extra={"tokens_seen": state.tokens_seen, "skipped_steps": state.skipped_steps,
                                 "precision_phase": getattr(state, "precision_phase", 0),
@@ -671,3 +665,27 @@ def _first_line(error: BaseException) -> str:
             return f"{type(inner).__name__}: {_first_line(inner)}"
     text = str(error).strip() or type(error).__name__
     return text.splitlines()[0][:300]
+
+
+def _load_error(path: str, marker: dict, e: BaseException) -> InputError:
+    """What a checkpoint that would not load says: Transformer Engine's refused pickle, a damaged file, or state that
+    does not fit this run's model and optimizer."""
+    if te_state.is_te_refusal(e):
+        return InputError(
+            KEY,
+            f"{path} holds Transformer Engine's pickled delayed-scaling state (written before fp8launch kept it as plain "
+            f"tensors) and Transformer Engine refuses to unpickle it: \"{_te_refusal_line(e)}\"",
+            f'if you trust this checkpoint (your own run\'s), resume with launch.env {te_state.UNSAFE_PICKLE_ENV} = "1", '
+            "or start fresh in a new train.output_dir",
+        )
+    unreadable = record.unreadable_in(e)
+    if unreadable is not None:  # a damaged file the record could not tell (none, or it changed since)
+        older = [p for s, p in record.complete(os.path.dirname(path)) if s < int(marker["step"])]
+        return InputError(KEY, f"{path}: {unreadable}",
+                          f"resume from an older checkpoint (train.resume = \"{older[-1]}\")" if older else
+                          "restore it from a copy, or start fresh in a new train.output_dir")
+    return InputError(
+        KEY,
+        f"{path} does not fit this run's model and optimizer ({_first_line(e)})",
+        "resume with the train.model, train.optimizer and precision that wrote it, or start fresh in a new train.output_dir",
+    )

@@ -21,18 +21,13 @@ one rank. A pipeline stage's groups hold its own parameters only, so under pipel
 the stage that holds it."""
 
 
-def optimizer_layout(model) -> str:
-    """FLAT for a pipeline stage (launcher/train/parallel/pipeline.py), else NESTED."""
-    return FLAT if getattr(model, "pipeline_stage", None) is not None else NESTED
-
-
 def _optim_options(layout: str):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(flatten_optimizer_state_dict=layout == FLAT)
 
 
-def _save_dcp(tmp: str, model, optimizer) -> tuple[bool, dict, str]:
+def _save_dcp(tmp: str, model, optimizer, layout: str = NESTED) -> tuple[bool, dict, str]:
     """Weights and optimizer state, sharded. Returns whether torchao float8 weights carried
     precomputed scales (loading recomputes them), this rank's modules' `_extra_state` (Transformer
     Engine modules' empty: their scaling state goes to the rank file as plain tensors, te_state.py;
@@ -44,7 +39,6 @@ def _save_dcp(tmp: str, model, optimizer) -> tuple[bool, dict, str]:
         state = get_model_state_dict(model)
     weights, extra_state = _split_extra_state(_plain(state))
     dcp.save(weights, checkpoint_id=os.path.join(tmp, "model"))
-    layout = optimizer_layout(model)
     if optimizer is not None:
         optim = get_optimizer_state_dict(model, optimizer, options=_optim_options(layout))
         dcp.save(_plain(optim), checkpoint_id=os.path.join(tmp, "optim"))

@@ -13,6 +13,7 @@ from launcher.train.fqn import clean_fqn
 
 # -- DeepSpeed ----------------------------------------------------------------------------
 
+
 @contextmanager
 def _clean_param_names(engine):
     """DeepSpeed names parameters in its checkpoint (and so in zero_to_fp32's output) by

@@ -9,16 +9,18 @@ import os
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, ContextManager
+from typing import Any, Callable, ClassVar, ContextManager
 
 import torch
 from torch import nn
 
 from launcher.errors import LauncherError
 from launcher.planning.backends import named
+from launcher.train.loss import cross_entropy
 from launcher.train.models import logits_of
 
 if typing.TYPE_CHECKING:
+    from launcher.planning.layout import Layout
     from launcher.train.parallel.grad_reduce import GradReduction
     from launcher.train.precision import Precision
 
@@ -27,6 +29,11 @@ if typing.TYPE_CHECKING:
 class Engine:
     """A model wrapped for distributed training, with its optimizer and lr schedule.
 
+    What the loop calls: `train_step` (an optimizer step's forward and backward), `clip_grad_norm`, `step`,
+    `zero_grad`; what evaluation calls: `eval_loss`, `eval_batches`; both divide the losses summed over all ranks by
+    `loss_ranks`. The defaults run micro-batches one by one (`micro_batch`, `sequence_parts`, `forward`, `backward`);
+    the pipeline's engine runs them through its schedule (launcher/train/engines/pipeline.py).
+
     Attributes the checkpoint module reads: `model` (what forward runs: the DDP/FSDP2 module
     or the DeepSpeed engine), `module` (the user's model inside it), `optimizer`, `scheduler`.
     """
@@ -34,6 +41,9 @@ class Engine:
     name: ClassVar[str] = "base"
     clips_in_step: ClassVar[bool] = False
     """True where the engine clips gradients itself inside step() (DeepSpeed)."""
+    flat_optimizer_state: ClassVar[bool] = False
+    """True where the optimizer holds part of the model's parameters, so a checkpoint keys its state by parameter name
+    (a pipeline stage's: launcher/train/checkpoint/dcp.py FLAT)."""
 
     model: nn.Module
     module: nn.Module
@@ -48,6 +58,46 @@ class Engine:
     pipeline parallelism, whose MoE layers are the stage's own)."""
     cp_mesh: Any = None
     """The context-parallel mesh dimension (distributed.context_parallel > 1): the ranks each sequence is split over."""
+    layout: Layout | None = None
+    """The job's parallel layout (launcher/planning/layout.py); None: a world of one."""
+
+    @property
+    def loss_ranks(self) -> int:
+        """The ranks whose losses a step's (or an evaluation's) all-reduce sums: every rank, or under pipeline parallelism
+        the last stage's (the others add 0)."""
+        return self.layout.loss_ranks if self.layout is not None else 1
+
+    @property
+    def eval_batches(self) -> int:
+        """Batches one evaluation step reads per rank."""
+        return 1
+
+    def train_step(self, next_batch: Callable[[], torch.Tensor],
+                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Forward and backward of one optimizer step's `accum_steps` micro-batches, each (batch, seq + 1) token ids read
+        by `next_batch` when its turn comes. Returns this rank's mean loss over them (fp32, 0-dim)."""
+        loss_sum = None
+        for micro in range(self.accum_steps):
+            tokens = next_batch()
+            last = micro == self.accum_steps - 1
+            if loss_sum is None:
+                loss_sum = torch.zeros((), device=tokens.device, dtype=torch.float32)
+            with self.micro_batch(last), self.sequence_parts(tokens[:, :-1], tokens[:, 1:]) as (inputs, targets):
+                loss = loss_fn(self.forward(inputs), targets)  # the logits in no frame of ours through backward
+                self.backward(loss, last)
+            loss_sum += loss.detach().float()
+        return loss_sum / self.accum_steps
+
+    def pipeline_effects(self) -> dict[str, Any] | None:
+        """This rank's pipeline stages and their schedule, as effects.json records them; None without a pipeline."""
+        return None
+
+    def eval_loss(self, tokens: torch.Tensor) -> torch.Tensor:
+        """This rank's loss of one evaluation step's (batch, seq + 1) token ids, forward only: under context parallel its
+        part of every sequence, through the ring (as many tokens on every rank of the group, so the mean over all ranks
+        is the whole sequences' mean)."""
+        with self.sequence_parts(tokens[:, :-1], tokens[:, 1:]) as (inputs, targets):
+            return cross_entropy(self.forward(inputs), targets).float()
 
     def grad_comm_bytes(self) -> int | None:
         """Bytes this rank sent for gradient reduction since the last call (call it once per step, after the last
@@ -102,9 +152,9 @@ class Engine:
         backend = named(self.precision.report.backend)
         if backend is not None and backend.scaling_tensors:  # FP8 ScalingTensor gradients: MS-AMP's own clipping
             return self.precision.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-        total = _total_norm([p.grad for p in params])
+        total = total_norm([p.grad for p in params])
         if max_norm > 0:
-            for group in _by_mesh(params):
+            for group in by_mesh(params):
                 torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
 
@@ -156,17 +206,17 @@ def balance_experts(model: nn.Module, group=None) -> None:
     update_expert_bias(model, group)
 
 
-def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """The 2-norm of all `grads`. DTensor gradients on different meshes (expert parallelism: the experts'
     ("efsdp", "ep"), the dense parameters' flattened "dp_shard") cannot meet in one norm: one norm per mesh,
     each reduced over its ranks, then the norm of those."""
-    groups = _by_mesh(grads)
+    groups = by_mesh(grads)
     if len(groups) <= 1:
         return _full(torch.nn.utils.get_total_norm(grads))
     return torch.linalg.vector_norm(torch.stack([_full(torch.nn.utils.get_total_norm(group)) for group in groups]))
 
 
-def _by_mesh(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+def by_mesh(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     """`tensors` grouped by their DTensor mesh (plain tensors together), in order of first appearance."""
     groups: dict = {}
     for t in tensors:

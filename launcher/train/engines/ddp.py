@@ -46,4 +46,5 @@ def wrap_ddp(model: nn.Module, plan: Plan, precision: Precision, *, env: DistEnv
 
     reduction = install(wrapped, plan, "ddp", world_size=env.world_size)  # a communication hook unless grad_reduce = "auto"
     return DDPEngine(model=wrapped, module=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, plan.train),
-                     precision=precision, accum_steps=plan.train.grad_accum_steps, grad_reduction=reduction)
+                     precision=precision, accum_steps=plan.train.grad_accum_steps, grad_reduction=reduction,
+                     layout=plan.distributed.layout(env.world_size))

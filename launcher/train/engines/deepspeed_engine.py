@@ -196,4 +196,5 @@ def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: d
 
     return DeepSpeedEngine(model=engine, module=engine.module, optimizer=ds_optimizer, scheduler=scheduler,
                            precision=precision, accum_steps=plan.train.grad_accum_steps,
-                           grad_reduction=install(engine, plan, "deepspeed", world_size=env.world_size))
+                           grad_reduction=install(engine, plan, "deepspeed", world_size=env.world_size),
+                           layout=plan.distributed.layout(env.world_size))

@@ -134,13 +134,13 @@ def logits_of(output):
     return output if logits is None else logits
 
 
-def edge_units(model: "nn.Module") -> tuple["nn.Module | None", list["nn.Module"]]:
+def edge_units(model: "nn.Module", *, stage: bool = False) -> tuple["nn.Module | None", list["nn.Module"]]:
     """(the token embedding, [the final norm, the output head]) that FSDP2 shards as units of their
     own (torchtitan), so that neither is gathered for the whole step with the root. builtin:
     tok_embeddings, norm, output; Hugging Face models: get_input_embeddings(), their base model's
     `norm`, get_output_embeddings(). (None, []) for a model that names neither, or that ties the
     embedding to the head (a shared parameter lives in one unit: the root's). A pipeline stage of the builtin decoder
-    (`pipeline_stage` set: launcher/train/parallel/pipeline.py) gives what it holds of the two."""
+    (`stage`: launcher/train/parallel/pipeline.py cut it) gives what it holds of the two."""
     from torch import nn
 
     embedding, head = getattr(model, "tok_embeddings", None), [getattr(model, "norm", None), getattr(model, "output", None)]
@@ -152,7 +152,7 @@ def edge_units(model: "nn.Module") -> tuple["nn.Module | None", list["nn.Module"
         base = getattr(model, getattr(model, "base_model_prefix", "") or "", None)
         head = [getattr(base, "norm", None), output]
     head = [m for m in head if isinstance(m, nn.Module) and any(True for _ in m.parameters())]
-    if getattr(model, "pipeline_stage", None) is not None:  # a stage holds the embedding, the head, one of them or neither
+    if stage:  # a stage holds the embedding, the head, one of them or neither
         return (embedding if isinstance(embedding, nn.Module) else None), head
     if not isinstance(embedding, nn.Module) or not head:
         return None, []

@@ -46,7 +46,6 @@ class Target:
 # ----------------------------------------------------------------------------- targets per backend
 
 
-
 TE_BLOCK = {"Float8BlockScaling": 128, "MXFP8BlockScaling": 32}
 """Elements per scaling block along the last dim (1 x N blocks) of TE's block recipes."""
 

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from launcher.errors import EnvironmentProblem
 
 if typing.TYPE_CHECKING:
+    from launcher.planning.layout import Layout
     from launcher.planning.plan import DistributedConfig
 
 ERROR_KEY = "fp8launch/error_reported"
@@ -174,44 +175,33 @@ def first_to_report(wait_s: float = 2.0) -> bool:
 
 
 def device_mesh(env: DistEnv, distributed: DistributedConfig):
-    """The job's DeviceMesh, laid out as the plan's `distributed.mesh(world_size)` says (the layout fsdp2.json shows):
-    ("dp_shard",), with tensor parallelism ("dp_shard", "tp") of shape (world_size / tp, tp), with context parallelism
-    "cp" between them and with pipeline parallelism "pp" before them (torchtitan's order: pp x dp_shard x cp x tp). Ranks
-    are laid out row-major, so the ranks of one TP group are adjacent (rank = dp_rank * tp + tp_rank): inside one node when
-    tp divides procs_per_node (rule TP-DIVIDES-PROCS), where the TP collectives are fastest; then a CP group's, which
-    exchange keys and values every attention; and a stage's ranks are adjacent, so the pipeline's point-to-point sends are
-    what crosses nodes. FSDP2 shards over "dp_shard_cp" (dp_shard and cp flattened) with context parallelism, as
-    torchtitan does."""
+    """The job's DeviceMesh, as the plan's layout for this world says (launcher/planning/layout.py: the layout fsdp2.json
+    shows): pp x dp_shard x cp x tp, each of pp, cp and tp only where above 1, with the layout's flattened dims
+    (dp_shard_tp for a one-collective gradient norm, dp_shard_cp for FSDP2 under context parallel, as torchtitan).
+    Ranks are row-major, so a TP group's ranks are adjacent: inside one node when tp divides procs_per_node (rule
+    TP-DIVIDES-PROCS), where the TP collectives are fastest; then a CP group's, which exchange keys and values every
+    attention; and a stage's ranks are adjacent, so the pipeline's point-to-point sends are what crosses nodes."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    tp, pp, cp = distributed.tensor_parallel, distributed.pipeline_parallel, distributed.context_parallel
-    if env.world_size % (tp * pp * cp):
-        if pp == 1 and cp == 1:
-            raise EnvironmentProblem(f"distributed.tensor_parallel = {tp} does not divide the world size {env.world_size}; "
-                                     "fix: set distributed.tensor_parallel to a divisor of distributed.procs_per_node")
-        degrees = " x ".join(f"{k} = {v}" for k, v in (("pipeline_parallel", pp), ("context_parallel", cp), ("tensor_parallel", tp))
-                             if v > 1)
-        raise EnvironmentProblem(f"distributed.{degrees} does not divide the world size {env.world_size}; "
-                                 "fix: set them to divisors of distributed.nodes x procs_per_node",
-                                 rule="PP-DIVIDES-WORLD" if pp > 1 else "CP-DIVIDES-WORLD")
-    dims = distributed.mesh(env.world_size)
-    mesh = init_device_mesh(env.device.type, tuple(n for _, n in dims), mesh_dim_names=tuple(name for name, _ in dims))
-    if tp > 1:
-        # A flattened view of both dimensions lets DTensor reduce a 2D partial value (the gradient norm)
-        # in one all-reduce instead of one per dimension.
-        mesh["dp_shard", "tp"]._flatten("dp_shard_tp")
-    if cp > 1:
-        mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    layout = distributed.layout(env.world_size)
+    if not layout.divides:
+        raise _undivided(layout)
+    mesh = init_device_mesh(env.device.type, layout.mesh_shape, mesh_dim_names=layout.mesh_names)
+    for dims, name in layout.flattened:
+        mesh[dims]._flatten(name)
     return mesh
 
 
-def data_rank(env: DistEnv, tensor_parallel: int = 1, pipeline_parallel: int = 1, context_parallel: int = 1) -> tuple[int, int]:
-    """(data-parallel rank, data-parallel size): the ranks of one TP group read the same batches, and so do the ranks of
-    one CP group (each keeps its part of every sequence) and the stages of one pipeline (pp is the mesh's outer dimension:
-    rank = stage * world_size / pp + (dp_rank * cp + cp_rank) * tp + tp_rank)."""
-    tp, pp, cp = max(1, tensor_parallel), max(1, pipeline_parallel), max(1, context_parallel)
-    per_stage = env.world_size // pp
-    return (env.rank % per_stage) // (tp * cp), per_stage // (tp * cp)
+def _undivided(layout: Layout) -> EnvironmentProblem:
+    """The run-time twin of rules TP-DIVIDES-PROCS / PP-DIVIDES-WORLD / CP-DIVIDES-WORLD: this world is not the plan's."""
+    if layout.pp == 1 and layout.cp == 1:
+        return EnvironmentProblem(f"distributed.tensor_parallel = {layout.tp} does not divide the world size {layout.world_size}; "
+                                  "fix: set distributed.tensor_parallel to a divisor of distributed.procs_per_node")
+    degrees = " x ".join(f"{k} = {v}" for k, v in (("pipeline_parallel", layout.pp), ("context_parallel", layout.cp),
+                                                   ("tensor_parallel", layout.tp)) if v > 1)
+    return EnvironmentProblem(f"distributed.{degrees} does not divide the world size {layout.world_size}; "
+                              "fix: set them to divisors of distributed.nodes x procs_per_node",
+                              rule="PP-DIVIDES-WORLD" if layout.pp > 1 else "CP-DIVIDES-WORLD")
 
 
 def check_world(planned: int, env: DistEnv) -> None:

@@ -92,7 +92,10 @@ def ep_mesh(env: DistEnv, ep: int) -> tuple[DeviceMesh, DeviceMesh]:
             f"distributed.expert_parallel = {ep} does not divide the world size {env.world_size}; "
             "fix: set distributed.expert_parallel to a divisor of distributed.nodes x procs_per_node",
             rule="EP-DIVIDES-WORLD")
-    mesh = init_device_mesh(env.device.type, (env.world_size // ep, ep), mesh_dim_names=("efsdp", "ep"))
+    from launcher.planning.layout import Layout
+
+    mesh = init_device_mesh(env.device.type, (Layout.of_degrees(env.world_size, ep=ep).expert_shards, ep),
+                            mesh_dim_names=("efsdp", "ep"))
     return mesh, mesh["efsdp", "ep"]._flatten("dp_shard")
 
 

@@ -1,7 +1,7 @@
 """Pipeline parallelism (distributed.pipeline_parallel) through torch.distributed.pipelining, as torchtitan does it:
 
-- The mesh is pp x dp_shard (x tp) (launcher/train/parallel/distributed.py device_mesh; pp outermost: rank = stage *
-  world_size / pp + dp_rank, so that a stage's ranks are adjacent and the stages' point-to-point sends cross nodes).
+- The mesh is pp x dp_shard (x tp) (launcher/planning/layout.py; pp outermost, so that a stage's ranks are adjacent and
+  the stages' point-to-point sends cross nodes).
 - Each rank cuts its stage out of the whole builtin decoder, converted to its precision already (so that
   keep_first_last and keep_*_blocks pick the layers of the whole model): its blocks stay under their own indices (a
   ModuleDict), the embedding stays on the first stage, the final norm and the output layer on the last. Every parameter
@@ -17,42 +17,48 @@
 - The gradient norm is each stage's norm over its dp_shard ranks, then summed in squares over the pp ranks (torch's
   clip_grad_norm_ sees one stage's parameters only; torchtitan's dist_utils.clip_grad_norm_ does the same).
 
-The loss of a step lives on the last stage's ranks: the others report 0 and the loop divides the sum by the ranks that
-hold it.
+The cut is a record (StageCut) that the engine holds (launcher/train/engines/pipeline.py PipelineEngine), not a mark on
+the model. The loss of a step lives on the last stage's ranks: the others report 0 and the loop divides the sum by the
+ranks that hold it (Engine.loss_ranks).
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import typing
+from dataclasses import dataclass
 
-import torch
-import torch.distributed as dist
 from torch import nn
 
 from launcher.errors import LauncherError
 from launcher.planning.plan import stage_blocks
 from launcher.train.compat import after_shape_inference
-from launcher.train.engines.base import Engine, _by_mesh, _total_norm
 
 if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
-    from launcher.train.parallel.distributed import DistEnv
 
 SCHEDULES = {"1F1B": "Schedule1F1B", "GPipe": "ScheduleGPipe", "Interleaved1F1B": "ScheduleInterleaved1F1B",
              "ZBVZeroBubble": "ScheduleZBVZeroBubble"}
 """distributed.pipeline.schedule -> the torch.distributed.pipelining class."""
 
 
-def stage_of(rank: int, world_size: int, stages: int) -> int:
-    """The pipeline rank `rank` is (pp outermost in the mesh): the stage it holds with one stage a rank."""
-    return rank // (world_size // stages)
+@dataclass(frozen=True, slots=True)
+class StageCut:
+    """Which pipeline stages a rank's model was cut to: `stages`, this rank's stages in order, of the `split` (the
+    blocks on each stage, first stage first)."""
 
+    stages: tuple[int, ...]
+    split: tuple[int, ...]
 
-def stages_of(plan: Plan, rank: int, world_size: int) -> tuple[int, ...]:
-    """The pipeline stages `rank` holds (launcher/planning/plan.py DistributedConfig.rank_stages)."""
-    return plan.distributed.rank_stages(stage_of(rank, world_size, plan.distributed.pipeline_parallel))
+    @property
+    def count(self) -> int:
+        """Pipeline stages in all."""
+        return len(self.split)
+
+    @property
+    def blocks(self) -> list[int]:
+        """The indices of the blocks this rank's stages hold, in order."""
+        return [i for s in self.stages for i in stage_blocks(self.split, s)]
 
 
 def split_for(plan: Plan, n_layers: int) -> tuple[int, ...]:
@@ -65,20 +71,17 @@ def split_for(plan: Plan, n_layers: int) -> tuple[int, ...]:
     return split
 
 
-def cut_stage(model: nn.Module, stage: int | typing.Sequence[int], split: typing.Sequence[int]) -> nn.Module:
+def cut_stage(model: nn.Module, stage: int | typing.Sequence[int], split: typing.Sequence[int]) -> StageCut:
     """Keep what stage `stage` (or the stages) of the builtin decoder holds (in place; the model on the meta device or
     not): its blocks in a ModuleDict under their own indices, the embedding with the first stage, the norm and the head
-    with the last. Returns the model, marked with `pipeline_stage` = (its first stage, stages) and `pipeline_cut` =
-    (its stages, the split); with several stages `stage_roots` gives one module per stage."""
+    with the last. Returns the cut, which `stage_roots` and the engine read."""
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleList) or not all(hasattr(model, n) for n in ("tok_embeddings", "norm", "output")):
         raise LauncherError(f"distributed.pipeline_parallel cuts the builtin decoder only, not a {type(model).__name__}; "
                             "fix: set distributed.pipeline_parallel = 1", rule="PP-MODEL")
-    stages = (stage,) if isinstance(stage, int) else tuple(stage)
-    _keep(model, layers, [i for s in stages for i in stage_blocks(split, s)], 0 in stages, len(split) - 1 in stages)
-    model.pipeline_stage = (stages[0], len(split))
-    model.pipeline_cut = (stages, tuple(split))
-    return model
+    cut = StageCut((stage,) if isinstance(stage, int) else tuple(stage), tuple(split))
+    _keep(model, layers, cut.blocks, 0 in cut.stages, cut.count - 1 in cut.stages)
+    return cut
 
 
 def _keep(model: nn.Module, layers, blocks: typing.Sequence[int], first: bool, last: bool) -> None:
@@ -98,34 +101,24 @@ def _view(model: nn.Module, stage: int, split: typing.Sequence[int]) -> nn.Modul
         if isinstance(value, (dict, set)):
             view.__dict__[name] = type(value)(value)
     _keep(view, model.layers, [str(i) for i in stage_blocks(split, stage)], stage == 0, stage == len(split) - 1)
-    view.pipeline_stage, view.pipeline_cut = (stage, len(split)), ((stage,), tuple(split))
     return view
 
 
-def stage_roots(model: nn.Module) -> list[nn.Module]:
-    """The modules that run as pipeline stages on this rank, each its own FSDP2 root: the model, or with several stages
-    its views, made when first asked for: after activation checkpointing and compile have wrapped the blocks, which
-    replaces them in the model's layers (a view made before would hold the bare blocks)."""
-    stages, split = getattr(model, "pipeline_cut", ((), ()))
-    if len(stages) <= 1:
+def stage_roots(model: nn.Module, cut: StageCut) -> list[nn.Module]:
+    """The modules that run as this rank's pipeline stages, one per stage of `cut` in its order, each its own FSDP2 root:
+    the model, or with several stages views of it. Make them after activation checkpointing and compile have wrapped
+    the blocks, which replaces them in the model's layers (a view made before would hold the bare blocks)."""
+    if len(cut.stages) <= 1:
         return [model]
-    if model.__dict__.get("pipeline_views") is None:
-        model.pipeline_views = [_view(model, s, split) for s in stages]
-    return list(model.pipeline_views)
+    return [_view(model, s, cut.split) for s in cut.stages]
 
 
-def build_schedule(module: nn.Module, plan: Plan, env: DistEnv, mesh, loss_fn: typing.Callable):
-    """The PipelineStages of this rank's (sharded) stages, cut by `cut_stage`, and the plan's schedule over them.
-    Returns (stages, schedule)."""
-    return make_schedule(module, plan, env.device, mesh["pp"].get_group(), loss_fn)
-
-
-def make_schedule(module: nn.Module, plan: Plan, device, group, loss_fn: typing.Callable):
-    """(stages, schedule) over `group`, the pipeline ranks: a single-stage schedule takes its one stage, a multi-stage
-    one the list."""
+def make_schedule(roots: typing.Sequence[nn.Module], cut: StageCut, plan: Plan, device, group, loss_fn: typing.Callable):
+    """(PipelineStages, schedule) of `roots` (the stages of `cut`, as stage_roots gives them, sharded or not) over
+    `group`, the pipeline ranks: a single-stage schedule takes its one stage, a multi-stage one the list."""
     from torch.distributed import pipelining
 
-    stages = [pipelining.PipelineStage(root, *root.pipeline_stage, device, group=group) for root in stage_roots(module)]
+    stages = [pipelining.PipelineStage(root, s, cut.count, device, group=group) for root, s in zip(roots, cut.stages, strict=True)]
     for stage in stages:
         _uncount_shape_inference(stage)
     cls = getattr(pipelining, SCHEDULES[plan.distributed.pipeline.schedule])
@@ -145,61 +138,3 @@ def _uncount_shape_inference(stage) -> None:
             layer.tokens_per_expert.zero_()
 
     after_shape_inference(stage, uncount)
-
-
-class PipelineEngine(Engine):
-    """FSDP2 over each stage's ranks, and the schedule that runs a step's micro-batches through the stages (which also
-    switches FSDP2's gradient synchronisation, as FSDP2Engine.micro_batch does without a pipeline)."""
-
-    name = "fsdp2"
-
-    def __init__(self, *, stages, schedule, pp_group, **kwargs):
-        super().__init__(**kwargs)
-        self.stages = stages
-        self.schedule = schedule
-        self.pp_group = pp_group
-
-    @property
-    def stage(self):
-        """This rank's first stage."""
-        return self.stages[0]
-
-    @property
-    def is_first(self) -> bool:
-        """Whether this rank feeds the pipeline (holds stage 0)."""
-        return any(s.is_first for s in self.stages)
-
-    @property
-    def is_last(self) -> bool:
-        """Whether this rank computes the loss (holds the last stage: a V schedule puts it on the first pipeline rank)."""
-        return any(s.is_last for s in self.stages)
-
-    def pipeline_step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of one optimizer step's sequences (batch, seq + 1) through the stages. Returns this rank's
-        mean loss over the step's micro-batches (0 on a rank that does not hold the last stage)."""
-        return self._through(functools.partial(self.schedule.step, return_outputs=False), tokens)
-
-    def pipeline_eval(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The same, forward only (the schedule's eval), for evaluation sequences."""
-        return self._through(self.schedule.eval, tokens)
-
-    def _through(self, run: typing.Callable, tokens: torch.Tensor) -> torch.Tensor:
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        losses: list[torch.Tensor] = []
-        args = (inputs,) if self.is_first else ()  # the later stages receive their inputs from the one before
-        with self.precision.autocast():
-            run(*args, target=targets if self.is_last else None, losses=losses)
-        if not self.is_last:
-            return torch.zeros((), device=tokens.device, dtype=torch.float32)
-        return torch.stack([loss.detach().float() for loss in losses]).mean()
-
-    def clip_grad_norm(self, max_norm: float) -> torch.Tensor | None:
-        """The whole model's gradient norm: each stage's (over its dp_shard ranks), summed in squares over the stages."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        squared = _total_norm([p.grad for p in params]).float() ** 2
-        dist.all_reduce(squared, group=self.pp_group)
-        total = squared.sqrt()
-        if max_norm > 0:
-            for group in _by_mesh(params):
-                torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
-        return total

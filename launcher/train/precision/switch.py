@@ -54,7 +54,7 @@ class PrecisionSwitch:
     def switch(self, phase: Phase, state) -> dict[str, Any]:
         from launcher.train.precision.torchao_fp8 import _follow_cpu_autocast, _torchao, float8_config, recipe_of
 
-        Float8Linear = _torchao()[3]
+        Float8Linear = _torchao().Float8Linear
         fp8 = phase.plan.precision.mode == "fp8"
         wanted = select.choices(self.model, phase.plan) if fp8 else {}
         configs: dict[str, Any] = {}

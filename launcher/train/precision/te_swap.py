@@ -35,6 +35,7 @@ if typing.TYPE_CHECKING:
 ZERO_CENTERED_RMSNORM = ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm", "Gemma3nRMSNorm")
 """RMSNorm classes that scale by (1 + weight): TE's zero_centered_gamma computes the same."""
 
+
 @dataclass(frozen=True, slots=True)
 class Swap:
     fqn: str

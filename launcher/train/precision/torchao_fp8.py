@@ -32,8 +32,17 @@ if typing.TYPE_CHECKING:
     from launcher.planning.plan import Plan
 
 
-def _torchao():
-    """(Float8LinearConfig, convert_to_float8_training, precompute_float8_dynamic_scale_for_fsdp, Float8Linear)."""
+class Float8API(typing.NamedTuple):
+    """The torchao.float8 names fp8launch calls."""
+
+    Float8LinearConfig: type
+    convert_to_float8_training: typing.Callable
+    precompute_float8_dynamic_scale_for_fsdp: typing.Callable
+    Float8Linear: type
+
+
+def _torchao() -> Float8API:
+    """torchao.float8's API, imported (BackendMissing where torchao is not installed)."""
     try:
         import torchao  # noqa: F401  (the package itself first: a stale torchao.float8 in sys.modules proves nothing)
         from torchao.float8 import (
@@ -44,7 +53,7 @@ def _torchao():
         from torchao.float8.float8_linear import Float8Linear
     except ImportError as e:
         raise BackendMissing("torchao", INSTALL["torchao"]) from e
-    return Float8LinearConfig, convert_to_float8_training, precompute_float8_dynamic_scale_for_fsdp, Float8Linear
+    return Float8API(Float8LinearConfig, convert_to_float8_training, precompute_float8_dynamic_scale_for_fsdp, Float8Linear)
 
 
 def float8_config_kwargs(plan: Plan, recipe: str | None = None) -> dict:
@@ -61,7 +70,7 @@ def float8_config_kwargs(plan: Plan, recipe: str | None = None) -> dict:
 
 def float8_config(plan: Plan, recipe: str | None = None):
     """torchao's Float8LinearConfig for `recipe` (default: the plan's)."""
-    Float8LinearConfig = _torchao()[0]
+    Float8LinearConfig = _torchao().Float8LinearConfig
     base = Float8LinearConfig.from_recipe_name(recipe or plan.precision.torchao.recipe)
     return dataclasses.replace(base, **float8_config_kwargs(plan, recipe))
 
@@ -85,13 +94,13 @@ class TorchaoPrecision(Precision):
         """One all-reduce computes every float8 weight's scale for the next FSDP2 all-gather."""
         if self.fsdp_float8_all_gather and self.precompute_scale:
             with torch.profiler.record_function("fp8launch.fp8_scales"):  # the profile's fp8_cast part
-                _torchao()[2](model)
+                _torchao().precompute_float8_dynamic_scale_for_fsdp(model)
 
     def fp8_label(self, module: nn.Module) -> str | None:
         grouped = grouped_label(module)
         if grouped:
             return grouped
-        if isinstance(module, _torchao()[3]):
+        if isinstance(module, _torchao().Float8Linear):
             return f"fp8 {recipe_of(module.config)}"
         block = block_recipe_of(module)
         return f"fp8 {block}" if block else None
@@ -104,7 +113,7 @@ class TorchaoPrecision(Precision):
 def recipe_of(config) -> str:
     """The torchao recipe a Float8Linear's config is, read from its casts (the FSDP2 all-gather and
     padding settings aside); "custom" when it is none of them."""
-    Float8LinearConfig = _torchao()[0]
+    Float8LinearConfig = _torchao().Float8LinearConfig
     for name in (r for r in recipes("torchao") if r not in BLOCK_RECIPES):
         base = Float8LinearConfig.from_recipe_name(name)
         if dataclasses.replace(config, enable_fsdp_float8_all_gather=base.enable_fsdp_float8_all_gather,
@@ -214,7 +223,7 @@ def apply_torchao(model: nn.Module, plan: Plan, device: torch.device) -> Torchao
             quantize_, config = _block_config(recipe, plan, device)
             quantize_(model, config, filter_fn=only)
         else:
-            _, convert, _, _ = _torchao()
+            convert = _torchao().convert_to_float8_training
             config = float8_config(plan, recipe)
             all_gather = all_gather or config.enable_fsdp_float8_all_gather
             with triton_codegen_patch_skipped(device):
@@ -222,7 +231,7 @@ def apply_torchao(model: nn.Module, plan: Plan, device: torch.device) -> Torchao
     reasons.update(convert_experts(model, plan, lambda: _block_config("mxfp8", plan, device)[1]))  # the MoE expert modules: grouped GEMMs
     if device.type == "cpu":  # (Float8Linear's autocast follows CUDA's only; emulated MX needs one operand dtype)
         for m in model.modules():
-            if isinstance(m, _torchao()[3]):
+            if isinstance(m, _torchao().Float8Linear):
                 m.register_forward_pre_hook(_follow_cpu_autocast)
             elif block_recipe_of(m) == "mxfp8":
                 m.register_forward_pre_hook(_emulated_mx_input)
@@ -232,7 +241,7 @@ def apply_torchao(model: nn.Module, plan: Plan, device: torch.device) -> Torchao
                      + [f"{n} in {r} by precision.rules" for r, n in others.items()])
     report = count(
         model, backend="torchao", recipe=main, mode="fp8", high_precision=plan.precision.high_precision,
-        is_fp8=lambda m: isinstance(m, _torchao()[3]) or block_recipe_of(m) is not None or grouped_recipe_of(m) is not None,
+        is_fp8=lambda m: isinstance(m, _torchao().Float8Linear) or block_recipe_of(m) is not None or grouped_recipe_of(m) is not None,
         reasons=reasons, note=note,
     )
     s = amp_settings(plan, device)
