@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 
+from launcher.planning.backends import named
 from launcher.planning.memory import model_params
 from launcher.planning.models import parse_builtin
 
@@ -101,11 +102,12 @@ def _experts(d: Draft, fp8: bool) -> None:
     """An MoE's experts under FP8: Megatron-Core runs them as Transformer Engine GroupedLinear (TEGroupedMLP) inside its fp8
     autocast, so in FP8; fp8launch's TE backend converts nn.Linear only (rule MOE-EXPERTS-HP): the spec says bf16 for them."""
     experts = int(_get(d, "num_moe_experts") or 0)
-    if not fp8 or experts <= 1 or d.value("precision.backend") != "te":
+    backend = named(d.value("precision.backend"))
+    if not fp8 or experts <= 1 or backend is None or backend.grouped_experts:
         return
     d.approximated("(grouped experts)", ("precision.rules", [{"match": "*.moe.experts", "mode": "bf16"}]),
                    before=f"the {experts} experts' GEMMs in FP8 (Transformer Engine GroupedLinear in Megatron-Core's TEGroupedMLP)",
-                   after="the experts in bf16, every other Linear in FP8 (fp8launch's TE backend converts nn.Linear only)",
+                   after=f"the experts in bf16, every other Linear in FP8 (fp8launch's {backend.name} backend converts nn.Linear only)",
                    effect="most of an MoE's FLOPs run in bf16: slower than the source, the experts' numerics are bf16's; "
                           'precision.backend = "torchao" with recipe "mxfp8" or "rowwise" runs grouped FP8 experts')
 

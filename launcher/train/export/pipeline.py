@@ -100,19 +100,7 @@ def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, d
     if fmt == "hf":
         tokenizer = run_tokenizer(plan, spec_dir)
         notes.extend(tokenizer.notes)
-        if model.startswith("builtin:") and hf.builtin_moe(model):
-            raise InputError("--format", f"train.model {model} is fp8launch's MoE decoder, whose computation no transformers class "
-                             "repeats: experts chosen on scores plus the load-balance bias (expert_bias), a shared expert added "
-                             "ungated, grouped-query attention without q/k norms (Mixtral has no bias and no shared expert, "
-                             "Qwen2-MoE gates its shared expert, Qwen3-MoE normalises q and k, DeepSeek-V3 uses latent attention)",
-                             "export with --format torch (the model's own names, loadable by launcher.train.models.build_model)")
-        if model.startswith("builtin:"):
-            target = hf.builtin_target(model, weights.entries, torch_dtype, eos=tokenizer.eos)
-        elif model.startswith("hf:"):
-            target = hf.hf_target(model[3:], spec_dir, weights.entries, torch_dtype)
-        else:
-            raise InputError("--format", f"train.model {model} is a user factory: fp8launch does not know which Hugging Face class "
-                             "it corresponds to", "export with --format torch (the model's own names), or train a builtin: or hf: model")
+        target = _hf_target(model, spec_dir, weights, torch_dtype, tokenizer.eos)
         target.copies.extend(tokenizer.copies)
         names = list(target.names)
         if quant:
@@ -130,20 +118,7 @@ def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, d
     try:
         with write.staged(out) as tmp:
             if target is not None:
-                files = write.write_safetensors(tmp, weights, target.names, torch_dtype, max_shard_bytes, echo,
-                                                quantized=quantization.weights if quantization else None)
-                config = target.config
-                if quantization:
-                    config = copy.deepcopy(config)
-                    config.quantization_config = quantization.config
-                config.save_pretrained(tmp)
-                files.append("config.json")
-                if target.generation_config is not None:
-                    target.generation_config.save_pretrained(tmp)
-                    files.append("generation_config.json")
-                for source, name in target.copies:
-                    shutil.copyfile(source, os.path.join(tmp, name))
-                    files.append(name)
+                files = _write_hf(tmp, target, weights, torch_dtype, max_shard_bytes, echo, quantization)
             else:
                 files = write.write_torch(tmp, weights, names, torch_dtype, max_shard_bytes, echo)
             parameters = sum(weights.entries[n].numel for n in names)
@@ -166,3 +141,42 @@ def export(plan: Plan, plan_dir: str, checkpoint: str, step: int, *, fmt: str, d
                     seconds=time.monotonic() - start, notes=tuple(notes),
                     quantized=len(quantization.weights) if quantization else 0)
 
+
+def _hf_target(model: str, spec_dir: str, weights, torch_dtype, eos):
+    """The Hugging Face class and names a builtin: or hf: model exports to; refused for what transformers cannot repeat."""
+    from . import hf
+
+    if model.startswith("builtin:") and hf.builtin_moe(model):
+        raise InputError("--format", f"train.model {model} is fp8launch's MoE decoder, whose computation no transformers class "
+                         "repeats: experts chosen on scores plus the load-balance bias (expert_bias), a shared expert added "
+                         "ungated, grouped-query attention without q/k norms (Mixtral has no bias and no shared expert, "
+                         "Qwen2-MoE gates its shared expert, Qwen3-MoE normalises q and k, DeepSeek-V3 uses latent attention)",
+                         "export with --format torch (the model's own names, loadable by launcher.train.models.build_model)")
+    if model.startswith("builtin:"):
+        return hf.builtin_target(model, weights.entries, torch_dtype, eos=eos)
+    if model.startswith("hf:"):
+        return hf.hf_target(model[3:], spec_dir, weights.entries, torch_dtype)
+    raise InputError("--format", f"train.model {model} is a user factory: fp8launch does not know which Hugging Face class "
+                     "it corresponds to", "export with --format torch (the model's own names), or train a builtin: or hf: model")
+
+
+def _write_hf(tmp: str, target, weights, torch_dtype, max_shard_bytes: int, echo, quantization) -> list[str]:
+    """The safetensors shards (quantized layers in their format), config.json (with its quantization_config),
+    generation_config.json and the tokenizer's files into `tmp`; the names written."""
+    from . import write
+
+    files = write.write_safetensors(tmp, weights, target.names, torch_dtype, max_shard_bytes, echo,
+                                    quantized=quantization.weights if quantization else None)
+    config = target.config
+    if quantization:
+        config = copy.deepcopy(config)
+        config.quantization_config = quantization.config
+    config.save_pretrained(tmp)
+    files.append("config.json")
+    if target.generation_config is not None:
+        target.generation_config.save_pretrained(tmp)
+        files.append("generation_config.json")
+    for source, name in target.copies:
+        shutil.copyfile(source, os.path.join(tmp, name))
+        files.append(name)
+    return files
