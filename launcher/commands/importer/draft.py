@@ -15,13 +15,13 @@ The draft holds the source as hidden.hide leaves it: no value under a secret-loo
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from typing import Any
 
 from launcher.errors import with_fix
 from launcher.planning.backends import BACKENDS
+from launcher.planning.layout import Layout
 from launcher.planning.read import defaults
 from launcher.targets.toml_text import toml_text
 
@@ -290,8 +290,8 @@ class Draft:
         self.report.entries = [e for e in self.report.entries if e.tag != batch.TAG]
         at = len(self.report.entries) if self.batch_at is None else min(self.batch_at, len(self.report.entries))
         d = self.spec.get("distributed", {})
-        split = math.prod(max(1, d.get(k, 1)) for k in ("tensor_parallel", "context_parallel", "pipeline_parallel"))
-        ranks = max(1, d.get("nodes", 1) * d.get("procs_per_node", 8) // split)  # DistributedConfig.data_parallel
+        ranks = Layout.of_degrees(d.get("nodes", 1) * d.get("procs_per_node", 8), tp=d.get("tensor_parallel", 1),
+                                  cp=d.get("context_parallel", 1), pp=d.get("pipeline_parallel", 1)).dp
         placeholder = "distributed.procs_per_node" in self.placeholders
         made = batch.entries(self.batch, micro=self.value("train.micro_batch_size"), ranks=ranks, placeholder=placeholder)
         for entry in made:

@@ -143,8 +143,8 @@ def _no_pp(d: Draft) -> list[tuple[str, Any]]:
 
 
 def _pp_shape(d: Draft):
+    from launcher.planning.layout import stages_a_rank
     from launcher.planning.models import builtin_config
-    from launcher.planning.plan import stages_a_rank
 
     cfg, pp = builtin_config(str(_v(d, "train.model", ""))), _v(d, "distributed.pipeline_parallel", 1)
     return cfg, pp, stages_a_rank(_v(d, "distributed.pipeline.schedule", "1F1B"), _v(d, "distributed.pipeline.stages_per_rank", 0))
