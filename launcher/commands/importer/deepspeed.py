@@ -208,39 +208,38 @@ def _precision(d: Draft, p: str, auto, parent: str) -> None:
     d.group(p + "msamp", "MS-AMP's DeepSpeed section: fp8launch writes it from precision.msamp")
 
 
-def _autotp(d: Draft, p: str) -> None:
-    """DeepSpeed's AutoTP (tensor_parallel.autotp_size, DeepSpeed 0.19.8 engine.py: _configure_tensor_parallel at line 595,
-    mpu._init_tp_mesh_device at 958): each Linear's weights sharded over autotp_size ranks, the data-parallel world (and so
-    train_batch_size's) world / autotp_size. fp8launch's tensor_parallel is the same split of the weights over the same ranks."""
-    key = p + "tensor_parallel.autotp_size"
+def _split_degree(d: Draft, key: str, target: str, before: str, after: str, effect: str) -> None:
+    """A DeepSpeed degree that splits each rank's work over `size` ranks (1: off) -> the spec's `target` degree."""
     if not d.has(key):
         return
     size = int(d.get(key))
     if size <= 1:
         d.mapped(key, note="off")
         return
-    d.approximated(key, ("distributed.tensor_parallel", size), before=f"DeepSpeed AutoTP: each Linear's weights split over {size} "
-                   "ranks (column / row, its automatic plan), the activations between blocks whole on each rank",
-                   after=f"distributed.tensor_parallel = {size}: torch's tensor parallel plan with sequence parallel",
-                   effect=f"the same split of the weights over {size} ranks and the same data-parallel ranks (world / {size}); "
-                          "sequence parallel also splits the activations between blocks, less memory")
+    d.approximated(key, (target, size), before=before.format(size=size), after=after.format(size=size),
+                   effect=effect.format(size=size))
+
+
+def _autotp(d: Draft, p: str) -> None:
+    """DeepSpeed's AutoTP (tensor_parallel.autotp_size, DeepSpeed 0.19.8 engine.py: _configure_tensor_parallel at line 595,
+    mpu._init_tp_mesh_device at 958): each Linear's weights sharded over autotp_size ranks, the data-parallel world (and so
+    train_batch_size's) world / autotp_size. fp8launch's tensor_parallel is the same split of the weights over the same ranks."""
+    _split_degree(d, p + "tensor_parallel.autotp_size", "distributed.tensor_parallel",
+                  before="DeepSpeed AutoTP: each Linear's weights split over {size} ranks (column / row, its automatic plan), the "
+                         "activations between blocks whole on each rank",
+                  after="distributed.tensor_parallel = {size}: torch's tensor parallel plan with sequence parallel",
+                  effect="the same split of the weights over {size} ranks and the same data-parallel ranks (world / {size}); "
+                         "sequence parallel also splits the activations between blocks, less memory")
 
 
 def _sequence_parallel(d: Draft, p: str) -> None:
     """sequence_parallel_size (DeepSpeed's Ulysses: each sequence split over that many ranks, attention's heads exchanged
     all-to-all; DeepSpeed 0.19.8 runtime/config.py 468 counts world / sequence_parallel_size data-parallel ranks)."""
-    key = p + "sequence_parallel_size"
-    if not d.has(key):
-        return
-    size = int(d.get(key))
-    if size <= 1:
-        d.mapped(key, note="off")
-        return
-    d.approximated(key, ("distributed.context_parallel", size), before=f"DeepSpeed Ulysses: each sequence split over {size} ranks, "
-                   "the attention heads exchanged all-to-all", after=f"distributed.context_parallel = {size}: torch's context "
-                   "parallel (ring attention over the same split)", effect=f"the same split of each sequence over {size} ranks "
-                   f"and the same data-parallel ranks (world / {size}); another attention communication, the same numerics up "
-                   "to rounding")
+    _split_degree(d, p + "sequence_parallel_size", "distributed.context_parallel",
+                  before="DeepSpeed Ulysses: each sequence split over {size} ranks, the attention heads exchanged all-to-all",
+                  after="distributed.context_parallel = {size}: torch's context parallel (ring attention over the same split)",
+                  effect="the same split of each sequence over {size} ranks and the same data-parallel ranks (world / {size}); "
+                         "another attention communication, the same numerics up to rounding")
 
 
 def _num(value):
