@@ -208,6 +208,21 @@ def test_megatron_bridge_optimizer_fields_fp8launch_lacks_say_what_the_run_loses
     assert "halved after 2 overflows" in scale.after  # DeepSpeed's (ZeRO-1 for the distributed optimizer)
 
 
+def test_megatron_adam_with_coupled_decay_is_torch_adam_and_fp16_on_ddp_scales_with_torch_grad_scaler(tmp_path):
+    """decoupled_weight_decay false: Megatron's Adam adds the decay to the gradient (L2), as torch's Adam (train.optimizer
+    "adam"); fp16 on DDP (no distributed optimizer): the loss scale is torch.amp.GradScaler's, not Megatron's window."""
+    relative = "megatron_bridge/llama32_1b_task_configuration.yaml"
+    path = _edited(tmp_path, relative, "decoupled_weight_decay: true", "decoupled_weight_decay: false")
+    path = _edited(tmp_path, path, "use_distributed_optimizer: true", "use_distributed_optimizer: false")
+    path = _edited(tmp_path, path, "  bf16: true\n  first_last_layers_bf16: false\n  fp16: false",
+                   "  bf16: false\n  first_last_layers_bf16: false\n  fp16: true")
+    spec, entries, result = imported(path, tmp_path)
+    assert spec["train"]["optimizer"] == "adam" and entries["optimizer.decoupled_weight_decay"][0] == MAPPED
+    assert spec["distributed"]["strategy"] == "ddp" and "fp16" in (spec["precision"].get("mode"), spec["precision"].get("high_precision"))
+    scale = next(e for e in result.report.entries if e.source.startswith("optimizer.initial_loss_scale"))
+    assert scale.status == APPROXIMATED and "GradScaler's: from 65536" in scale.after
+
+
 def test_a_megatron_nan_check_in_rerun_mode_disabled_stops_the_run_as_on_nan_stop(tmp_path):
     """Megatron-Core's RerunStateMachine with rerun_mode "disabled" raises at a rejected (NaN) loss: the run stops, as
     train.on_nan = "stop"; without the check fp8launch still stops (approximated, the line says how to skip instead)."""
