@@ -153,6 +153,29 @@ def _launch(d: Draft) -> None:
             d.mapped("gpu_ids", note="every GPU: what fp8launch uses")
         else:
             d.mapped("gpu_ids", ("launch.env", {"CUDA_VISIBLE_DEVICES": str(ids)}))
+    _cluster(d)
+
+
+SAGEMAKER_JOB = ("ec2_instance_type", "iam_role_name", "image_uri", "base_job_name", "profile", "region", "pytorch_version",
+                 "transformers_version", "py_version", "additional_args", "sagemaker_inputs_file", "sagemaker_metrics_file")
+"""SageMakerConfig's fields that describe the SageMaker training job `accelerate launch` creates (utils/launch.py
+prepare_sagemager_args_inputs: the Estimator's role, instance_type, image_uri, ...; Accelerate 1.15)."""
+
+
+def _cluster(d: Draft) -> None:
+    """Where `accelerate launch` starts the processes: an mpirun over a hostfile (MULTI_CPU, utils/launch.py
+    prepare_simple_launcher_cmd_env), a SageMaker job. fp8launch starts them with torchrun on each node, one SLURM job or a
+    Kubernetes manifest (launch.launcher)."""
+    if d.has("mpirun_config.mpirun_hostfile"):
+        d.none("mpirun_config.mpirun_hostfile", "Accelerate starts the processes with mpirun on the hosts this file lists; fp8launch "
+               "starts torchrun on each node (`fp8launch run --node-rank R`, launch.rdzv_endpoint the first node), or one SLURM job "
+               '(launch.launcher = "slurm") or Kubeflow job (launch.launcher = "kubernetes") whose scheduler picks the hosts: '
+               "distributed.nodes is their number")
+    for key in SAGEMAKER_JOB:
+        if d.has(key) and key not in d.taken:
+            d.none(key, "the SageMaker training job Accelerate creates (its instance type, IAM role, image): fp8launch makes no cloud "
+                        "job; run its torchrun command on each instance, or a SLURM / Kubernetes job (launch.launcher) on the "
+                        "cluster's GPU instances, with distributed.nodes and procs_per_node their count")
 
 
 def _strategy(d: Draft) -> str:

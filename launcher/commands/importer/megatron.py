@@ -22,7 +22,7 @@ from launcher.planning.backends import named
 from launcher.planning.memory import model_params
 from launcher.planning.models import parse_builtin
 
-from . import hub, megatron_data, megatron_recompute
+from . import hub, megatron_data, megatron_optimizer, megatron_recompute
 from .draft import Draft
 from .kind import Kind, count
 from .known import Unknown, unknown
@@ -82,6 +82,10 @@ def _read(d: Draft) -> None:
         for other in NAMES:
             if other != chosen and d.has(other):
                 d.mapped(other, note=f"the spec is named after {chosen}")
+    for key in NAMES:  # a name Hydra interpolates at launch (NeMo: `name: run-${peft.peft_scheme}`): no string the import can use
+        if "${" in str(d.get(key, "")) and key not in d.taken:
+            d.none(key, "a run name written as a Hydra interpolation (${...}), which only NeMo's launch resolves: the spec is named "
+                        "after the file; change the spec's name (its first lines) to rename it")
     _override(d)
     preset = _preset(d)
     fp8 = _fp8(d, preset)
@@ -90,6 +94,7 @@ def _read(d: Draft) -> None:
     _strategy(d)
     _batch_and_steps(d)
     _optimizer(d)
+    megatron_optimizer.rerun(d)
     _schedule(d)
     _model(d)
     _experts(d, fp8)
@@ -449,6 +454,8 @@ def _optimizer(d: Draft) -> None:
     if d.has(f"{o}.finetune_lr"):
         d.none(f"{o}.finetune_lr", "no field of Megatron-Bridge's OptimizerConfig (a recipe function's argument, e.g. "
                                    "recipes/qwen2_audio): set train.lr to the lr the run should use")
+    if o == "optimizer":  # Megatron-Bridge's OptimizerConfig; NeMo 1.x's model.optim keeps its own line (_checkpoint_and_logs)
+        megatron_optimizer.read(d, o)
 
 
 def _schedule(d: Draft) -> None:
