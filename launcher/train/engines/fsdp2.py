@@ -142,7 +142,7 @@ def build_meshes(layout: Layout, env: DistEnv) -> Meshes:
     if layout.ep > 1:
         from launcher.train.parallel.expert_parallel import ep_mesh
 
-        experts, dense = ep_mesh(env, layout.ep)
+        experts, dense = ep_mesh(env, layout)
         return Meshes(job=dense, shard=dense, experts=experts)
     from launcher.train.parallel.distributed import device_mesh
 
