@@ -40,9 +40,9 @@ if layout.pp > 1:  # this rank's stages, cut as launcher/train/build.py cuts the
     from launcher.train.models import transformer_blocks
     from launcher.train.parallel.pipeline import cut_stage, split_for
 
-    cut = cut_stage(model, layout.stages_of(env.rank), split_for(plan, len(transformer_blocks(model))))
+    cut = cut_stage(model, layout.stages_of(env.rank), split_for(layout, len(transformer_blocks(model))))
 blocks = prepare_blocks(model, plan)
-engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks, cut=cut)
+engine = wrap(model, plan, precision, plan_dir, env=env, layout=layout, blocks=blocks, cut=cut)
 torch.manual_seed(0)  # every rank the same batch: a pipeline's stages read the same one
 tokens = torch.randint(0, model.vocab_size, (plan.train.micro_batch_size, plan.train.seq_len + 1))
 assert engine.accum_steps == 1, "the probe's plans take one micro-batch a step"

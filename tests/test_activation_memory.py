@@ -142,12 +142,13 @@ def _pipeline_peak(rank: int, world: int, port: int, folder, keys: dict) -> None
     plan, _ = make_plan(folder / str(rank), **{**PARALLEL, **keys})
     with gloo_world(rank, world, port):
         model, precision = _rank_model(plan)
-        split = split_for(plan, len(transformer_blocks(model)))
+        split = split_for(plan.distributed.layout(), len(transformer_blocks(model)))
         cut = cut_stage(model, plan.distributed.layout().rank_stages(rank), split)
         prepare_blocks(model, plan)
         model.to(precision.param_dtype)  # FSDP2's MixedPrecisionPolicy computes on param_dtype copies of the weights
         roots = stage_roots(model, cut)
-        stages, schedule = make_schedule(roots, cut, plan, torch.device("cpu"), dist.group.WORLD, loss_function(plan))
+        stages, schedule = make_schedule(roots, cut, plan.distributed.pipeline.schedule, plan.pipeline_microbatches, torch.device("cpu"),
+                                         dist.group.WORLD, loss_function(plan))
         t = plan.train
         tokens = torch.randint(0, model.vocab_size, (t.micro_batch_size, t.seq_len + 1), generator=torch.Generator().manual_seed(0))
         args = (tokens[:, :-1],) if any(s.is_first for s in stages) else ()

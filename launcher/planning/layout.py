@@ -25,6 +25,12 @@ V_SCHEDULES = ("ZBVZeroBubble",)
 """The schedules whose stages go to the ranks in a V (rank r holds stages r and 2 x pp - 1 - r), not in a loop."""
 
 
+def even_split(n_layers: int, stages: int) -> tuple[int, ...]:
+    """n_layers blocks over `stages` pipeline stages as evenly as they go, the first stages one more."""
+    q, r = divmod(n_layers, stages)
+    return tuple(q + (i < r) for i in range(stages))
+
+
 def stages_a_rank(schedule: str, stages_per_rank: int) -> int:
     """distributed.pipeline.stages_per_rank resolved: as set, or (0) the schedule's own, 2 for a multi-stage one, else 1."""
     return stages_per_rank or (2 if schedule in MULTI_STAGE_SCHEDULES else 1)
@@ -48,14 +54,16 @@ class Layout:
     """The pipeline schedule (distributed.pipeline.schedule): which stages a pipeline rank holds."""
     local_stages: int = 1
     """Pipeline stages each pipeline rank holds (distributed.pipeline.stages_per_rank, resolved)."""
+    layers_per_stage: tuple[int, ...] = ()
+    """Blocks on each pipeline stage as distributed.pipeline.layers_per_stage sets them (empty: an even split)."""
 
     @classmethod
     def of_degrees(cls, world_size: int, *, tp: int = 1, cp: int = 1, pp: int = 1, ep: int = 1, schedule: str = "1F1B",
-                   stages_per_rank: int = 0) -> Layout:
+                   stages_per_rank: int = 0, layers_per_stage: tuple[int, ...] = ()) -> Layout:
         """A layout from bare degrees (an imported config's, say), each below 1 read as 1; `stages_per_rank` 0 is the
         schedule's own."""
         return cls(world_size=world_size, tp=max(1, tp), cp=max(1, cp), pp=max(1, pp), ep=max(1, ep), schedule=schedule,
-                   local_stages=stages_a_rank(schedule, stages_per_rank))
+                   local_stages=stages_a_rank(schedule, stages_per_rank), layers_per_stage=tuple(layers_per_stage))
 
     # ---- sizes -------------------------------------------------------------------------------------------------
     @property
@@ -159,6 +167,11 @@ class Layout:
     def stages_of(self, rank: int) -> tuple[int, ...]:
         """The pipeline stages global rank `rank` holds."""
         return self.rank_stages(self.pipeline_rank(rank))
+
+    def stage_split(self, n_layers: int) -> tuple[int, ...]:
+        """Blocks on each pipeline stage, first stage first: layers_per_stage, or an even split (rule PP-LAYERS refuses
+        an uneven one at plan time)."""
+        return self.layers_per_stage or even_split(n_layers, self.pipeline_stages)
 
     # ---- tokens ------------------------------------------------------------------------------------------------
     def sequences_per_micro_batch(self, micro_batch_size: int, step_sequences: int, microbatches: int) -> int:

@@ -14,6 +14,7 @@ from typing import Literal
 
 from launcher.errors import Problem, SpecError
 from launcher.planning.layout import Layout, stages_a_rank
+from launcher.planning.layout import even_split as even_split  # the importer reads it here (commands/importer/planable.py)
 from launcher.planning.models import MAX_LAYERS
 from launcher.planning.msamp_levels import as_native, native_level
 from launcher.planning.read import MAX_RANKS, SpecSource, defaults, dotted, one_line
@@ -176,12 +177,6 @@ class DeepSpeedConfig:
     reduce_bucket_size: int
 
 
-def even_split(n_layers: int, stages: int) -> tuple[int, ...]:
-    """n_layers blocks over `stages` pipeline stages as evenly as they go, the first stages one more."""
-    q, r = divmod(n_layers, stages)
-    return tuple(q + (i < r) for i in range(stages))
-
-
 def stage_blocks(split: typing.Sequence[int], stage: int) -> range:
     """The indices of the blocks pipeline stage `stage` holds, from the blocks per stage."""
     first = sum(split[:stage])
@@ -246,7 +241,8 @@ class DistributedConfig:
         """The parallel layout of `world_size` ranks (default: the plan's nodes x procs_per_node) under these degrees."""
         return Layout.of_degrees(self.world_size if world_size is None else world_size, tp=self.tensor_parallel,
                                  cp=self.context_parallel, pp=self.pipeline_parallel, ep=self.expert_parallel,
-                                 schedule=self.pipeline.schedule, stages_per_rank=self.pipeline.stages_per_rank)
+                                 schedule=self.pipeline.schedule, stages_per_rank=self.pipeline.stages_per_rank,
+                                 layers_per_stage=tuple(self.pipeline.layers_per_stage))
 
     @property
     def data_parallel(self) -> int:
@@ -262,7 +258,7 @@ class DistributedConfig:
     def stage_split(self, n_layers: int) -> tuple[int, ...]:
         """Blocks on each pipeline stage, first stage first: layers_per_stage, or an even split (rule PP-LAYERS refuses
         an uneven one at plan time)."""
-        return tuple(self.pipeline.layers_per_stage) or even_split(n_layers, self.pipeline_stages)
+        return self.layout().stage_split(n_layers)
 
 
 @frozen

@@ -25,6 +25,7 @@ from launcher.errors import LauncherError
 if typing.TYPE_CHECKING:
     from torch import nn
 
+    from launcher.planning.layout import Layout
     from launcher.planning.plan import Plan
     from launcher.planning.schedule import Phase
     from launcher.train.checkpoint import CheckpointManager, LoadedState
@@ -45,6 +46,9 @@ class Run:
     plan_dir: str
     spec_dir: str
     env: DistEnv
+    layout: Layout
+    """The job's parallel layout: the plan's degrees over this world (launcher/planning/layout.py), built once here and
+    handed to every step that needs a degree, a mesh or a rank's place."""
     checkpoints: CheckpointManager
     restart: int
     """torchrun's restart count of this job (TORCHELASTIC_RESTART_COUNT); 0 at the first attempt."""
@@ -118,8 +122,8 @@ def open_run(plan_path: str, *, own_folder: bool = False) -> Run:
     # [[precision.schedule]]: the model is built in the precision of the next step to train
     marker = read_marker(resume) if resume else None  # (an unreadable one is reported when the checkpoint loads)
     phase = plan_at(plan, (int(marker["step"]) if marker else 0) + 1)
-    return Run(plan=plan, plan_dir=plan_dir, spec_dir=spec_dir, env=env, checkpoints=checkpoints, restart=restart,
-               resume=resume, phase=phase)
+    return Run(plan=plan, plan_dir=plan_dir, spec_dir=spec_dir, env=env, layout=plan.distributed.layout(env.world_size),
+               checkpoints=checkpoints, restart=restart, resume=resume, phase=phase)
 
 
 def build_model(run: Run) -> Model:
@@ -170,14 +174,15 @@ def build_engine(run: Run, model: Model, precision: Precision) -> Engine:
     from launcher.train.compile_ac import prepare_blocks
     from launcher.train.engines import wrap
 
-    layout, cut = run.plan.distributed.layout(run.env.world_size), None
+    layout, cut = run.layout, None
     if layout.pp > 1:  # this rank's pipeline stages, cut from the whole model once its precision chose every layer's recipe
         from launcher.train.models import transformer_blocks
         from launcher.train.parallel.pipeline import cut_stage, split_for
 
-        cut = cut_stage(model.module, layout.stages_of(run.env.rank), split_for(run.plan, len(transformer_blocks(model.module))))
+        cut = cut_stage(model.module, layout.stages_of(run.env.rank), split_for(layout, len(transformer_blocks(model.module))))
     blocks = prepare_blocks(model.module, run.plan, precision, run.env.device)
-    return wrap(model.module, run.plan, precision, run.plan_dir, env=run.env, blocks=blocks, pending=model.pending, cut=cut)
+    return wrap(model.module, run.plan, precision, run.plan_dir, env=run.env, layout=layout, blocks=blocks, pending=model.pending,
+                cut=cut)
 
 
 def build_data(run: Run, vocab_size: int) -> Data:
@@ -189,7 +194,7 @@ def build_data(run: Run, vocab_size: int) -> Data:
 
     plan, t, env = run.plan, run.plan.train, run.env
     torch.manual_seed(t.seed + env.rank)
-    dp_rank, dp_size = plan.distributed.layout(env.world_size).data_rank(env.rank)  # TP, CP groups, a pipeline's stages: same batches
+    dp_rank, dp_size = run.layout.data_rank(env.rank)  # TP, CP groups, a pipeline's stages: same batches
     data = open_stream(t.data, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size, vocab_size=vocab_size,
                        rank=dp_rank, world_size=dp_size, seed=t.seed, spec_dir=run.spec_dir, tokenizer=t.tokenizer)
     eval_data = first_eval = None

@@ -24,7 +24,8 @@ def _wrapped(tmp_path, **keys):
     model = tiny_model()
     precision = apply_precision(model, plan, torch.device("cpu"))
     blocks = prepare_blocks(model, plan, precision)
-    engine = wrap(model, plan, precision, plan_dir, env=effects_env(), blocks=blocks)
+    engine = wrap(model, plan, precision, plan_dir, env=(env := effects_env()),
+                  layout=plan.distributed.layout(env.world_size), blocks=blocks)
     return plan, engine, precision
 
 

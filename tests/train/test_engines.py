@@ -43,7 +43,7 @@ def _wrapped(tmp_path, **keys):
     model = tiny_model()
     precision = apply_precision(model, plan, CPU.device)
     blocks = prepare_blocks(model, plan)
-    return plan, model, wrap(model, plan, precision, plan_dir, env=CPU, blocks=blocks)
+    return plan, model, wrap(model, plan, precision, plan_dir, env=CPU, layout=plan.distributed.layout(CPU.world_size), blocks=blocks)
 
 
 def test_ddp_trains_and_follows_the_schedule(world, tmp_path):
@@ -107,7 +107,8 @@ def test_fsdp2_follows_the_units_fsdp2_json_lists(world, tmp_path):
     config["units"] = ["transformer_block", "root"]
     (Path(plan_dir) / "fsdp2.json").write_text(json.dumps(config))
     model = tiny_model()
-    engine = wrap(model, plan, apply_precision(model, plan, CPU.device), plan_dir, env=CPU, blocks=prepare_blocks(model, plan))
+    engine = wrap(model, plan, apply_precision(model, plan, CPU.device), plan_dir, env=CPU,
+                  layout=plan.distributed.layout(CPU.world_size), blocks=prepare_blocks(model, plan))
     assert not isinstance(model.tok_embeddings, FSDPModule) and not isinstance(model.output, FSDPModule)
     assert engine.model._get_fsdp_state()._fsdp_param_group is not None  # embedding, norm and head in the root
     tied = tiny_model()
@@ -127,7 +128,8 @@ def test_fsdp2_initialises_a_meta_model_unit_by_unit_as_materialising_it_whole_d
     Pending(init, seed=plan.train.seed)(whole, "cpu")
     model, init = build_for_run("builtin:llama-debug?layers=2", ".")
     precision = apply_precision(model, plan, CPU.device)
-    engine = wrap(model, plan, precision, plan_dir, env=CPU, blocks=prepare_blocks(model, plan, precision),
+    engine = wrap(model, plan, precision, plan_dir, env=CPU,
+                  layout=plan.distributed.layout(CPU.world_size), blocks=prepare_blocks(model, plan, precision),
                   pending=Pending(init, seed=plan.train.seed))
     from torch.distributed.fsdp import FSDPModule
 
@@ -155,11 +157,11 @@ def test_fsdp2_refuses_a_config_that_disagrees_with_the_job(world, tmp_path):
     (tmp_path / "gen" / "t" / "fsdp2.json").write_text(json.dumps(config))
     model = tiny_model()
     with pytest.raises(LauncherError, match="mesh of \\[4\\] but this job has world size 1"):
-        wrap(model, plan, apply_precision(model, plan, CPU.device), plan_dir, env=CPU)
+        wrap(model, plan, apply_precision(model, plan, CPU.device), plan_dir, env=CPU, layout=plan.distributed.layout(CPU.world_size))
     config["mesh"]["shape"], config["mixed_precision"]["param_dtype"] = [1], "float16"
     (tmp_path / "gen" / "t" / "fsdp2.json").write_text(json.dumps(config))
     with pytest.raises(LauncherError, match="param_dtype float16 but the precision"):
-        wrap(model, plan, apply_precision(model, plan, CPU.device), plan_dir, env=CPU)
+        wrap(model, plan, apply_precision(model, plan, CPU.device), plan_dir, env=CPU, layout=plan.distributed.layout(CPU.world_size))
 
 
 def test_a_missing_engine_config_says_how_to_get_it(tmp_path):
@@ -223,7 +225,8 @@ def test_deepspeed_zero3_gets_a_meta_model_partitioned_module_by_module_before_i
 
     monkeypatch.setattr(deepspeed, "initialize", initialize)
     precision = apply_precision(model, plan, CPU.device)
-    engine = wrap(model, plan, precision, plan_dir, env=CPU, blocks=prepare_blocks(model, plan),
+    engine = wrap(model, plan, precision, plan_dir, env=CPU,
+                  layout=plan.distributed.layout(CPU.world_size), blocks=prepare_blocks(model, plan),
                   pending=Pending(init, seed=plan.train.seed))
     assert seen == [{(True, torch.bfloat16)}]
     with deepspeed.zero.GatheredParameters(list(model.parameters())):

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from launcher.planning.layout import Layout
 from launcher.train.parallel.distributed import DistEnv
 from launcher.train.parallel.expert_parallel import (
     _routing,
@@ -153,7 +154,8 @@ def test_routing_accepts_int32_counts_and_an_all_empty_matrix():
 
 def test_dispatch_then_combine_returns_every_row_in_one_process():
     with gloo_world(0, 1):
-        mesh = ep_mesh(DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo"), 1)[0]["ep"]
+        mesh = ep_mesh(DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), backend="gloo"),
+                       Layout.of_degrees(1))[0]["ep"]
         x = torch.randn(7, DIM)
         counts = torch.tensor([3, 0, 4, 0])
         rows, local, routing = dispatch_tokens(x, counts, mesh, align=4)
@@ -164,7 +166,8 @@ def test_dispatch_then_combine_returns_every_row_in_one_process():
 
 def _round_trip(rank: int, world: int, port: int) -> None:
     with gloo_world(rank, world, port):
-        mesh = ep_mesh(DistEnv(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"), backend="gloo"), 2)[0]["ep"]
+        mesh = ep_mesh(DistEnv(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"), backend="gloo"),
+                       Layout.of_degrees(world, ep=2))[0]["ep"]
         counts = torch.tensor([[2, 1, 0, 3], [0, 4, 1, 1]])[rank]  # rank 0: 6 rows, rank 1: 6 rows
         x = torch.arange(int(counts.sum()) * DIM, dtype=torch.float32).view(-1, DIM) + 1000 * rank
         rows, local, routing = dispatch_tokens(x, counts, mesh, align=4)
@@ -201,7 +204,7 @@ def _ep_gradients(rank: int, world: int, port: int, ref_loss: float, ref_grads: 
         env = DistEnv(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"), backend="gloo")
         torch.manual_seed(0)
         model = TinyMoE()
-        mesh, dense = ep_mesh(env, 2)
+        mesh, dense = ep_mesh(env, Layout.of_degrees(world, ep=2))
         experts = apply_expert_parallel(model, mesh["ep"])
         assert [n for n, _ in experts] == ["experts"] and model.experts.w1.to_local().shape[0] == E // 2
         shard_experts(experts, mesh["efsdp"], world)

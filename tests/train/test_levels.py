@@ -196,7 +196,7 @@ def test_the_levels_are_read_back_from_the_live_engine_and_a_missing_one_is_name
         model = tiny_model()
         precision = apply_precision(model, plan, env.device)
         cast_master_weights(model)
-        engine = wrap(model, plan, precision, plan_dir, env=env)
+        engine = wrap(model, plan, precision, plan_dir, env=env, layout=plan.distributed.layout(env.world_size))
         got = effects.measure(engine)
         assert (got["optimizer"], got["optimizer_states"], got["grad_reduce"], got["master_weights"]) == ("AdamWFp8", "fp8", "fp8", "bf16")
         assert effects.missing(plan, got, 2) == ()
@@ -204,7 +204,8 @@ def test_the_levels_are_read_back_from_the_live_engine_and_a_missing_one_is_name
     default, default_dir = make_plan(tmp_path / "d", precision__mode="bf16", distributed__strategy="ddp")
     with world_of_one() as env:
         model = tiny_model()
-        engine = wrap(model, default, apply_precision(model, default, env.device), default_dir, env=env)
+        engine = wrap(model, default, apply_precision(model, default, env.device), default_dir, env=env,
+                      layout=default.distributed.layout(env.world_size))
         got = effects.measure(engine)
         assert (got["optimizer"], got["optimizer_states"], got["grad_reduce"], got["master_weights"]) == ("AdamW", "fp32", "fp32", "fp32")
     assert effects.missing(plan, got, 2) == (  # what the levels' plan would say of a run built without them (EFFECT-MISSING)

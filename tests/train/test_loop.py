@@ -42,7 +42,7 @@ def world():
 def _trainer(tmp_path, plan, plan_dir, data, *, model=None, log_every_stream=None, callbacks=(), checkpoints=None):
     model = model or tiny_model()
     precision = apply_precision(model, plan, CPU.device)
-    engine = wrap(model, plan, precision, plan_dir, env=CPU)
+    engine = wrap(model, plan, precision, plan_dir, env=CPU, layout=plan.distributed.layout(CPU.world_size))
     state = TrainState(engine=engine, data=iter(data))
     logger = MetricsLogger(output_dir=str(tmp_path / "out"), enabled=True, total_steps=plan.train.steps,
                            stream=log_every_stream or io.StringIO(), progress=False)
@@ -235,7 +235,7 @@ def test_train_state_round_trip_restores_counters_data_position_and_rng(world, t
 
     plan, plan_dir = make_plan(tmp_path, distributed__strategy="ddp")
     model = tiny_model()
-    engine = wrap(model, plan, apply_precision(model, plan, CPU.device), plan_dir, env=CPU)
+    engine = wrap(model, plan, apply_precision(model, plan, CPU.device), plan_dir, env=CPU, layout=plan.distributed.layout(CPU.world_size))
 
     def stream():
         return build_data("synthetic", seq_len=16, micro_batch_size=2, vocab_size=2048, rank=0, world_size=1, seed=0, spec_dir=".")

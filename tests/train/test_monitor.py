@@ -116,7 +116,7 @@ def _run(tmp_path, world, *, every: int, steps: int = 4, recipe: str = "tensorwi
     if capture:
         model.get_submodule(capture).register_forward_pre_hook(lambda m, args: captured.append(args[0].detach().clone()))
     prepare_blocks(model, plan)  # activation checkpointing wrappers, when the plan asks
-    engine = wrap(model, plan, precision, plan_dir, env=CPU)
+    engine = wrap(model, plan, precision, plan_dir, env=CPU, layout=plan.distributed.layout(CPU.world_size))
     monitor = build_monitor(plan, precision, model, is_main=True, stream=io.StringIO())
     logger = MetricsLogger(output_dir=str(tmp_path / "out"), enabled=True, total_steps=steps, stream=io.StringIO(), progress=False)
     throughput = Throughput(tokens_per_step=plan.tokens_per_step, world_size=1, flops_per_token=1e6, peak_tflops=None)

@@ -117,7 +117,8 @@ def test_the_ddp_engine_builds_the_groups(tmp_path):
                                     train__weight_decay_exclude="norms_and_biases", train__adam_betas=[0.8, 0.9], train__adam_eps=1e-7)
     with world_of_one():
         model = tiny_model()
-        engine = wrap(model, plan, apply_precision(model, plan, CPU.device), plan_dir, env=CPU)
+        engine = wrap(model, plan, apply_precision(model, plan, CPU.device), plan_dir, env=CPU,
+                      layout=plan.distributed.layout(CPU.world_size))
         decay, no_decay = engine.optimizer.param_groups
     assert all(p.ndim == 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))

@@ -132,7 +132,8 @@ def _zbv_grads(rank: int, world: int, port: int, folder, reshard: bool) -> None:
         roots = stage_roots(model, cut)
         for root in roots:
             fully_shard(root, mesh=mesh, reshard_after_forward=reshard)
-        stages, schedule = make_schedule(roots, cut, plan, torch.device("cpu"), dist.group.WORLD, loss_function(plan))
+        stages, schedule = make_schedule(roots, cut, plan.distributed.pipeline.schedule, plan.pipeline_microbatches, torch.device("cpu"),
+                                         dist.group.WORLD, loss_function(plan))
         tokens = _zbv_tokens()
         schedule.step(*((tokens[:, :-1],) if rank == 0 else ()), target=tokens[:, 1:] if rank == 0 else None)  # V: rank 0 ends it
         norms = {n: p.grad.full_tensor().norm().item() if p.grad is not None else 0.0 for n, p in model.named_parameters()}

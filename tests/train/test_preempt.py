@@ -41,7 +41,7 @@ def world():
 def _trainer(plan, plan_dir, *, env=CPU, callbacks=(), restore: bool = False):
     """Trainer + manager as the entrypoint builds them (same seed, synthetic data, checkpoints in tmp_path/out)."""
     model = tiny_model(seed=0)
-    engine = wrap(model, plan, apply_precision(model, plan, env.device), plan_dir, env=env)
+    engine = wrap(model, plan, apply_precision(model, plan, env.device), plan_dir, env=env, layout=plan.distributed.layout(env.world_size))
     torch.manual_seed(1 + env.rank)
     data = build_data("synthetic", seq_len=plan.train.seq_len, micro_batch_size=plan.train.micro_batch_size,
                       vocab_size=model.vocab_size, rank=env.rank, world_size=env.world_size, seed=0, spec_dir=".")

@@ -1,6 +1,6 @@
 """The distributed engines behind one small interface: DDP, FSDP2 and DeepSpeed.
 
-    engine = wrap(model, plan, precision, plan_dir, env=env, blocks=blocks, cut=cut)
+    engine = wrap(model, plan, precision, plan_dir, env=env, layout=layout, blocks=blocks, cut=cut)
     loss = engine.train_step(next_batch, loss_fn)  # accum_steps micro-batches' forward and backward: this rank's mean loss
     total = all_reduce_sum(loss) / engine.loss_ranks
     norm = engine.clip_grad_norm(max_norm)         # None where the engine clips inside step()
@@ -27,6 +27,7 @@ from launcher.errors import LauncherError
 from .base import Engine, read_config
 
 if typing.TYPE_CHECKING:
+    from launcher.planning.layout import Layout
     from launcher.planning.plan import Plan
     from launcher.train.materialize import Pending
     from launcher.train.parallel.distributed import DistEnv
@@ -36,10 +37,12 @@ if typing.TYPE_CHECKING:
 __all__ = ["Engine", "wrap", "read_config"]
 
 
-def wrap(model: nn.Module, plan: Plan, precision: Precision, plan_dir: str, *, env: DistEnv,
+def wrap(model: nn.Module, plan: Plan, precision: Precision, plan_dir: str, *, env: DistEnv, layout: Layout,
          blocks: list[nn.Module] | None = None, pending: Pending | None = None, cut: StageCut | None = None) -> Engine:
     """Wrap `model` (already converted by the precision backend, blocks already checkpointed
-    or compiled) in the plan's engine. `blocks` are FSDP2's units (default: the transformer blocks).
+    or compiled) in the plan's engine. `layout`: the job's parallel layout (the plan's for this world, built once:
+    Run.layout, launcher/train/build.py), handed to every step that needs a degree or a mesh. `blocks` are FSDP2's
+    units (default: the transformer blocks).
     `pending`: the model is on the meta device; the engine gives it storage and its initial
     weights (launcher/train/materialize.py) where each rank keeps only its part. `cut`: the model is this rank's pipeline
     stages (launcher/train/parallel/pipeline.py cut_stage; FSDP2 only, rule PP-STRATEGY)."""
@@ -47,14 +50,15 @@ def wrap(model: nn.Module, plan: Plan, precision: Precision, plan_dir: str, *, e
     if strategy == "ddp":
         from .ddp import wrap_ddp
 
-        return wrap_ddp(model, plan, precision, env=env, pending=pending)
+        return wrap_ddp(model, plan, precision, env=env, layout=layout, pending=pending)
     if strategy == "fsdp2":
         from .fsdp2 import wrap_fsdp2
 
-        return wrap_fsdp2(model, plan, precision, read_config(plan_dir, "fsdp2.json"), env=env, blocks=blocks, pending=pending,
-                          cut=cut)
+        return wrap_fsdp2(model, plan, precision, read_config(plan_dir, "fsdp2.json"), env=env, layout=layout, blocks=blocks,
+                          pending=pending, cut=cut)
     if strategy == "deepspeed":
         from .deepspeed_engine import wrap_deepspeed
 
-        return wrap_deepspeed(model, plan, precision, read_config(plan_dir, "deepspeed.json"), env=env, pending=pending)
+        return wrap_deepspeed(model, plan, precision, read_config(plan_dir, "deepspeed.json"), env=env, layout=layout,
+                              pending=pending)
     raise LauncherError(f"unknown distributed.strategy {strategy!r} in plan.json; fix: use ddp, fsdp2 or deepspeed")

@@ -27,6 +27,7 @@ from launcher.train.optim import build_optimizer, build_scheduler, param_groups
 from .base import Engine
 
 if typing.TYPE_CHECKING:
+    from launcher.planning.layout import Layout
     from launcher.planning.plan import Plan
     from launcher.train.materialize import Pending
     from launcher.train.parallel.distributed import DistEnv
@@ -160,7 +161,7 @@ def zero3_compiled_blocks(model: nn.Module) -> int:
     return n
 
 
-def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: dict, *, env: DistEnv,
+def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: dict, *, env: DistEnv, layout: Layout,
                    pending: Pending | None = None) -> DeepSpeedEngine:
     """`pending` (a meta-built model) gets its storage and weights on the device before
     deepspeed.initialize: under ZeRO-3 one module at a time, each partitioned as soon as it is
@@ -197,4 +198,4 @@ def wrap_deepspeed(model: nn.Module, plan: Plan, precision: Precision, config: d
     return DeepSpeedEngine(model=engine, module=engine.module, optimizer=ds_optimizer, scheduler=scheduler,
                            precision=precision, accum_steps=plan.train.grad_accum_steps,
                            grad_reduction=install(engine, plan, "deepspeed", world_size=env.world_size),
-                           layout=plan.distributed.layout(env.world_size))
+                           layout=layout)

@@ -90,11 +90,11 @@ class Meshes:
     """Expert parallelism's efsdp x ep (expert_parallel > 1)."""
 
 
-def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict, *, env: DistEnv,
+def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict, *, env: DistEnv, layout: Layout,
                blocks: list[nn.Module] | None = None, pending: Pending | None = None, cut: StageCut | None = None) -> FSDP2Engine:
     """Shard `model` (this rank's pipeline stages where `cut`) as fsdp2.json says and wrap it in its engine."""
-    layout = check_layout(plan, config, env)
-    meshes = build_meshes(plan, layout, env)
+    check_layout(layout, config, plan)
+    meshes = build_meshes(layout, env)
     kwargs = fsdp2_kwargs(config, precision, env.device)
     if pending is None and not config["cpu_offload"]:
         model.to(env.device)
@@ -112,43 +112,41 @@ def wrap_fsdp2(model: nn.Module, plan: Plan, precision: Precision, config: dict,
         from launcher.train.parallel.context import apply_context_parallel
 
         apply_context_parallel(model, meshes.cp, plan.train.seq_len)
-    parts = engine_parts(model, plan, precision, env, layout)
+    parts = engine_parts(model, plan, precision, layout)
     if cut is not None:
-        return build_pipeline(parts, roots, cut, plan, env, meshes.job, layout)
+        return build_pipeline(parts, roots, cut, plan, env.device, meshes.job, layout)
     return FSDP2Engine(**parts, cp_mesh=meshes.cp)
 
 
-def check_layout(plan: Plan, config: dict, env: DistEnv) -> Layout:
-    """The plan's layout for this world, checked against fsdp2.json's mesh and the compositions a hand-edited plan.json
-    could hold that planning refuses (EP-TENSOR-PARALLEL, PP-EXPERT-PARALLEL)."""
+def check_layout(layout: Layout, config: dict, plan: Plan) -> None:
+    """The job's layout checked against fsdp2.json's mesh and the compositions a hand-edited plan.json could hold that
+    planning refuses (EP-TENSOR-PARALLEL, PP-EXPERT-PARALLEL: `plan` names them)."""
     from launcher.planning.rules import Facts, rule_error
 
-    layout = plan.distributed.layout(env.world_size)
     shape = tuple(config["mesh"]["shape"])
     if shape != layout.mesh_shape:
         degrees = "".join(f" and {k} {v}" for k, v in (("tensor_parallel", layout.tp), ("context_parallel", layout.cp),
                                                        ("pipeline_parallel", layout.pp)) if v > 1)
         raise LauncherError(
-            f"fsdp2.json shards over a mesh of {list(shape)} but this job has world size {env.world_size}{degrees}; "
+            f"fsdp2.json shards over a mesh of {list(shape)} but this job has world size {layout.world_size}{degrees}; "
             "fix: regenerate the plan for this many nodes and processes (`fp8launch run` does it)"
         )
     for rule, other in (("EP-TENSOR-PARALLEL", layout.tp), ("PP-EXPERT-PARALLEL", layout.pp)):
         if layout.ep > 1 and other > 1:
             raise rule_error(rule, Facts(plan=plan))
-    return layout
 
 
-def build_meshes(plan: Plan, layout: Layout, env: DistEnv) -> Meshes:
+def build_meshes(layout: Layout, env: DistEnv) -> Meshes:
     """The job's mesh from the layout (launcher/train/parallel/distributed.py device_mesh), or with expert parallelism
     (launcher/train/parallel/expert_parallel.py) experts over efsdp x ep and dense parameters over both flattened."""
     if layout.ep > 1:
         from launcher.train.parallel.expert_parallel import ep_mesh
 
-        experts, dense = ep_mesh(env, layout.ep)
+        experts, dense = ep_mesh(env, layout)
         return Meshes(job=dense, shard=dense, experts=experts)
     from launcher.train.parallel.distributed import device_mesh
 
-    job = device_mesh(env, plan.distributed)
+    job = device_mesh(env, layout)
     # FSDP2 over dp_shard x cp with context parallel (torchtitan: a CP group's ranks hold different tokens, so they
     # average gradients), over dp_shard with tensor or pipeline parallel, else over the whole (one-dim) mesh
     shard = job[layout.shard_dim] if layout.shard_dim is not None else job
@@ -193,19 +191,20 @@ def apply_fsdp2(model: nn.Module, blocks: list[nn.Module], config: dict, mesh, k
     return roots
 
 
-def engine_parts(model: nn.Module, plan: Plan, precision: Precision, env: DistEnv, layout: Layout) -> dict:
+def engine_parts(model: nn.Module, plan: Plan, precision: Precision, layout: Layout) -> dict:
     """The optimizer on the sharded parameters (the precision backend may wrap it), the lr schedule and the gradient
     reduction (a custom reduce-scatter unless grad_reduce = "auto"): what every FSDP2 engine holds."""
     from launcher.train.parallel.grad_reduce import install
 
     optimizer = build_optimizer(model.parameters(), plan.train, plan.precision)
     model, optimizer = precision.wrap_optimizer(model, optimizer)
-    reduction = install(model, plan, "fsdp2", world_size=env.world_size)
-    return dict(model=model, module=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, plan.train),
-                precision=precision, accum_steps=plan.train.grad_accum_steps, grad_reduction=reduction, layout=layout)
+    scheduler = build_scheduler(optimizer, plan.train)
+    reduction = install(model, plan, "fsdp2", world_size=layout.world_size)
+    return dict(model=model, module=model, optimizer=optimizer, scheduler=scheduler, precision=precision,
+                accum_steps=plan.train.grad_accum_steps, grad_reduction=reduction, layout=layout)
 
 
-def build_pipeline(parts: dict, roots: list[nn.Module], cut: StageCut, plan: Plan, env: DistEnv, mesh,
+def build_pipeline(parts: dict, roots: list[nn.Module], cut: StageCut, plan: Plan, device: torch.device, mesh,
                    layout: Layout) -> FSDP2Engine:
     """The PipelineStages of this rank's sharded stages and the plan's schedule over the pipeline ranks, in their engine;
     MoE load balancing sums over the ranks that hold this stage."""
@@ -214,6 +213,7 @@ def build_pipeline(parts: dict, roots: list[nn.Module], cut: StageCut, plan: Pla
     from .pipeline import PipelineEngine
 
     pp_group = mesh["pp"].get_group()
-    stages, schedule = make_schedule(roots, cut, plan, env.device, pp_group, loss_function(plan))
+    stages, schedule = make_schedule(roots, cut, layout.schedule, plan.pipeline_microbatches, device, pp_group,
+                                     loss_function(plan))
     return PipelineEngine(cut=cut, stages=stages, schedule=schedule, pp_group=pp_group,
                           balance_group=mesh[layout.stage_dim].get_group(), **parts)

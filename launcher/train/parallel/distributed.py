@@ -22,7 +22,6 @@ from launcher.errors import EnvironmentProblem
 
 if typing.TYPE_CHECKING:
     from launcher.planning.layout import Layout
-    from launcher.planning.plan import DistributedConfig
 
 ERROR_KEY = "fp8launch/error_reported"
 """Store key the first rank to report an error sets, so the message is printed once."""
@@ -174,8 +173,8 @@ def first_to_report(wait_s: float = 2.0) -> bool:
         return True
 
 
-def device_mesh(env: DistEnv, distributed: DistributedConfig):
-    """The job's DeviceMesh, as the plan's layout for this world says (launcher/planning/layout.py: the layout fsdp2.json
+def device_mesh(env: DistEnv, layout: Layout):
+    """The job's DeviceMesh, as the job's layout says (launcher/planning/layout.py: the layout fsdp2.json
     shows): pp x dp_shard x cp x tp, each of pp, cp and tp only where above 1, with the layout's flattened dims
     (dp_shard_tp for a one-collective gradient norm, dp_shard_cp for FSDP2 under context parallel, as torchtitan).
     Ranks are row-major, so a TP group's ranks are adjacent: inside one node when tp divides procs_per_node (rule
@@ -183,7 +182,6 @@ def device_mesh(env: DistEnv, distributed: DistributedConfig):
     attention; and a stage's ranks are adjacent, so the pipeline's point-to-point sends are what crosses nodes."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    layout = distributed.layout(env.world_size)
     if not layout.divides:
         raise _undivided(layout)
     mesh = init_device_mesh(env.device.type, layout.mesh_shape, mesh_dim_names=layout.mesh_names)

@@ -1,6 +1,6 @@
 """Expert parallelism for MoE models, in torchtitan's manner (distributed.expert_parallel).
 
-    mesh, dense = ep_mesh(env, ep)                   # ("efsdp", "ep"), EP ranks adjacent; dense: both flattened
+    mesh, dense = ep_mesh(env, layout)               # ("efsdp", "ep"), EP ranks adjacent; dense: both flattened
     apply_expert_parallel(model, mesh["ep"])          # this module: after the precision backend
     fully_shard(experts, mesh=mesh["efsdp"])          # FSDP2 of the experts over world / ep ranks,
     experts.set_gradient_divide_factor(world_size)    #   their gradients averaged as the dense ones
@@ -38,6 +38,7 @@ from launcher.errors import EnvironmentProblem, LauncherError
 if typing.TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+    from launcher.planning.layout import Layout
     from launcher.train.parallel.distributed import DistEnv
 
 __all__ = ["ALIGN", "ep_mesh", "experts_modules", "apply_expert_parallel", "expert_parallel_degree", "ep_report",
@@ -81,20 +82,19 @@ def check_divides(model: nn.Module, ep: int) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def ep_mesh(env: DistEnv, ep: int) -> tuple[DeviceMesh, DeviceMesh]:
-    """(the 2D mesh ("efsdp", "ep") of shape (world / ep, ep), its two dimensions flattened: "dp_shard").
+def ep_mesh(env: DistEnv, layout: Layout) -> tuple[DeviceMesh, DeviceMesh]:
+    """(the 2D mesh ("efsdp", "ep") of the job's `layout`, shape (world / ep, ep), its two dimensions flattened: "dp_shard").
     The ranks of one EP group are adjacent (rank = efsdp_rank * ep + ep_rank, inside one node when ep
     divides procs_per_node); "dp_shard" is every rank: the mesh FSDP2 shards the dense parameters over."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if ep < 1 or env.world_size % ep:
+    ep = layout.ep
+    if env.world_size % ep:
         raise EnvironmentProblem(
             f"distributed.expert_parallel = {ep} does not divide the world size {env.world_size}; "
             "fix: set distributed.expert_parallel to a divisor of distributed.nodes x procs_per_node",
             rule="EP-DIVIDES-WORLD")
-    from launcher.planning.layout import Layout
-
-    mesh = init_device_mesh(env.device.type, (Layout.of_degrees(env.world_size, ep=ep).expert_shards, ep),
+    mesh = init_device_mesh(env.device.type, (layout.expert_shards, ep),
                             mesh_dim_names=("efsdp", "ep"))
     return mesh, mesh["efsdp", "ep"]._flatten("dp_shard")
 

@@ -35,7 +35,7 @@ from launcher.planning.plan import stage_blocks
 from launcher.train.compat import after_shape_inference
 
 if typing.TYPE_CHECKING:
-    from launcher.planning.plan import Plan
+    from launcher.planning.layout import Layout
 
 SCHEDULES = {"1F1B": "Schedule1F1B", "GPipe": "ScheduleGPipe", "Interleaved1F1B": "ScheduleInterleaved1F1B",
              "ZBVZeroBubble": "ScheduleZBVZeroBubble"}
@@ -61,12 +61,12 @@ class StageCut:
         return [i for s in self.stages for i in stage_blocks(self.split, s)]
 
 
-def split_for(plan: Plan, n_layers: int) -> tuple[int, ...]:
-    """The blocks per stage: the plan's, checked against the model (an hf: / py: model is refused at plan time)."""
-    split = plan.distributed.stage_split(n_layers)
-    if len(split) != plan.distributed.pipeline_stages or sum(split) != n_layers or min(split) < 1:
+def split_for(layout: Layout, n_layers: int) -> tuple[int, ...]:
+    """The blocks per stage: the layout's, checked against the model (an hf: / py: model is refused at plan time)."""
+    split = layout.stage_split(n_layers)
+    if len(split) != layout.pipeline_stages or sum(split) != n_layers or min(split) < 1:
         raise LauncherError(f"distributed.pipeline.layers_per_stage {list(split)} does not cut the model's {n_layers} blocks into "
-                            f"{plan.distributed.pipeline_stages} stages; fix: regenerate the plan with `fp8launch plan SPEC`",
+                            f"{layout.pipeline_stages} stages; fix: regenerate the plan with `fp8launch plan SPEC`",
                             rule="PP-LAYERS")
     return split
 
@@ -113,17 +113,19 @@ def stage_roots(model: nn.Module, cut: StageCut) -> list[nn.Module]:
     return [_view(model, s, cut.split) for s in cut.stages]
 
 
-def make_schedule(roots: typing.Sequence[nn.Module], cut: StageCut, plan: Plan, device, group, loss_fn: typing.Callable):
+def make_schedule(roots: typing.Sequence[nn.Module], cut: StageCut, schedule: str, microbatches: int, device, group,
+                  loss_fn: typing.Callable):
     """(PipelineStages, schedule) of `roots` (the stages of `cut`, as stage_roots gives them, sharded or not) over
-    `group`, the pipeline ranks: a single-stage schedule takes its one stage, a multi-stage one the list."""
+    `group`, the pipeline ranks: `schedule` (distributed.pipeline.schedule) over `microbatches` micro-batches
+    (plan.pipeline_microbatches); a single-stage schedule takes its one stage, a multi-stage one the list."""
     from torch.distributed import pipelining
 
     stages = [pipelining.PipelineStage(root, s, cut.count, device, group=group) for root, s in zip(roots, cut.stages, strict=True)]
     for stage in stages:
         _uncount_shape_inference(stage)
-    cls = getattr(pipelining, SCHEDULES[plan.distributed.pipeline.schedule])
+    cls = getattr(pipelining, SCHEDULES[schedule])
     several = issubclass(cls, pipelining.schedules.PipelineScheduleMulti)
-    return stages, cls(stages if several else stages[0], n_microbatches=plan.pipeline_microbatches, loss_fn=loss_fn,
+    return stages, cls(stages if several else stages[0], n_microbatches=microbatches, loss_fn=loss_fn,
                        scale_grads=True)
 
 

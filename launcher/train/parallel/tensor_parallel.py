@@ -1,6 +1,6 @@
 """Tensor parallelism (with sequence parallelism) for the builtin Llama, in torchtitan's manner.
 
-    mesh = distributed.device_mesh(env, plan.distributed)  # ("dp_shard", "tp"), TP ranks adjacent (inside a node)
+    mesh = distributed.device_mesh(env, layout)     # ("dp_shard", "tp"), TP ranks adjacent (inside a node)
     precision = apply_precision(model, plan, device)
     parallelize(model, plan, mesh["tp"])            # this module: after the precision backend
     fully_shard(block, mesh=mesh["dp_shard"]) ...   # FSDP2 over the data-parallel dimension
