@@ -27,6 +27,7 @@ NOT_RULE_IDS = {
     "AVX-NE-CONVERT": "an x86 CPU feature (launcher/commands/doctor.py: fast bf16 matmuls)",
     "CRC-32": "the checksum a checkpoint's record keeps per file (launcher/targets/checkpoint_record.py)",
     "DNS-1123": "the Kubernetes name format (launch.kubernetes.namespace)",
+    "GPT-3": "a model family an imported config names (launcher/commands/importer/hub.py)",
     "GPT-2": "the model family (Conv1D, its tokenizer)",
     "MS-AMP": "Microsoft's FP8 library",
     "SHA-256": "a hash (the checkpoint record's benchmark compares it with CRC-32)",
