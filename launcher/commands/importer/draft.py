@@ -53,6 +53,23 @@ def flatten(data: Any, limit: int = 20000) -> dict[str, Any]:
     return out
 
 
+def dig(node: Any, key: str, default: Any = None) -> Any:
+    """The value at dotted `key` in nested tables `node`, else `default`."""
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def put(node: dict, key: str, value: Any) -> None:
+    """Set dotted `key` in nested tables `node`, making the tables on the way."""
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
 def spec_name(text: str) -> str:
     """A valid spec name from a run name or file stem: lowercase, other characters -> '-', at most 64."""
     name = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")[:64].rstrip("-._")
@@ -103,11 +120,7 @@ class Draft:
         self.leaves.update({f"{prefix}.{k}": v for k, v in flatten(self.data[prefix]).items()})
 
     def get(self, path: str, default: Any = None) -> Any:
-        node: Any = self.data
-        for part in path.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
+        node = dig(self.data, path)
         return default if node is None else node
 
     def has(self, path: str) -> bool:
@@ -124,29 +137,17 @@ class Draft:
     # --- the spec --------------------------------------------------------------------------------
 
     def set(self, key: str, value: Any) -> None:
-        node = self.spec
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        put(self.spec, key, value)
 
     def used(self, key: str) -> Any:
         """What the spec runs with for `key`: its value, else fp8launch's default."""
         value = self.value(key)
         if value is not None:
             return value
-        node: Any = defaults()
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        return node
+        return dig(defaults(), key)
 
     def value(self, key: str, default: Any = None) -> Any:
-        node: Any = self.spec
-        for part in key.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return node
+        return dig(self.spec, key, default)
 
     def unset(self, key: str) -> None:
         *parents, leaf = key.split(".")

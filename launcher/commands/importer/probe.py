@@ -18,6 +18,8 @@ from launcher.planning.read import SpecSource, check_builtin_model, validate
 from launcher.planning.rules import Facts, check
 from launcher.targets.render import render
 
+from .draft import dig, put
+
 
 def facts_of(spec: dict, folder: str) -> Facts | None:
     """The facts `fp8launch plan` checks its rules against, for `spec` (the spec's tables) planned in `folder`; None when
@@ -54,12 +56,7 @@ def value_of(spec: dict, key: str):
     if key == WORLD:
         d = spec.get("distributed", {})
         return d.get("nodes", 1) * d.get("procs_per_node", 8)
-    node = spec
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
+    return dig(spec, key)
 
 
 def with_value(spec: dict, key: str, value) -> dict:
@@ -69,11 +66,7 @@ def with_value(spec: dict, key: str, value) -> dict:
         nodes, procs = layout(value)
         out.setdefault("distributed", {}).update(nodes=nodes, procs_per_node=procs)
         return out
-    node = out
-    *parents, leaf = key.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[leaf] = value
+    put(out, key, value)
     return out
 
 
