@@ -24,8 +24,6 @@ from typing import Callable
 
 import torch
 
-from . import QUANTS
-
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 SCALE_FLOOR = 1e-12
@@ -131,4 +129,3 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
                "mxfp8-quantized", _ct_args("group", group_size=MX_BLOCK, scale_dtype="torch.uint8"),
                {**_ct_args("group", group_size=MX_BLOCK, scale_dtype="torch.uint8"), "dynamic": True}, ignore)),
 )}
-assert tuple(FORMATS) == QUANTS
